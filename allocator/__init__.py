@@ -1,0 +1,1 @@
+"""Dynamic Rollout Allocation: the allocation algorithm, its Redis statistics and its gRPC service."""

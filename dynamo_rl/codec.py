@@ -1,0 +1,104 @@
+"""Trajectory codec: one :class:`TrajectoryGroup` per Redis Stream entry.
+
+Wire format of a stream entry (a Redis hash of fields):
+
+- ``v``: the codec version, ``b"1"``;
+- ``g``: the ``dynamo.v1.TrajectoryGroup`` protobuf (``proto/dynamo/v1/trajectory.proto``),
+  serialised.
+
+:func:`decode_group` validates what the learner relies on (at least one response, one log-prob per
+token, finite values) and raises :class:`TrajectoryDecodeError` with the reason otherwise, so a
+poison entry goes to the dead-letter stream instead of crashing the learner.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from google.protobuf.message import DecodeError
+
+from dynamo_rl.proto.dynamo.v1.trajectory_pb2 import (
+    Response,
+    SamplingParams,
+    Timing,
+    TrajectoryGroup,
+)
+
+__all__ = [
+    "CODEC_VERSION",
+    "MAX_ENTRY_BYTES",
+    "Response",
+    "SamplingParams",
+    "Timing",
+    "TrajectoryDecodeError",
+    "TrajectoryGroup",
+    "decode_entry",
+    "decode_group",
+    "encode_entry",
+    "encode_group",
+]
+
+CODEC_VERSION = b"1"
+MAX_ENTRY_BYTES = 64 * 1024 * 1024
+
+
+class TrajectoryDecodeError(ValueError):
+    """A stream entry that is not a valid trajectory group; the message is the reason."""
+
+
+def validate_group(group: TrajectoryGroup) -> TrajectoryGroup:
+    if not group.prompt_id:
+        raise TrajectoryDecodeError("prompt_id is empty")
+    if not group.responses:
+        raise TrajectoryDecodeError(f"group {group.prompt_id!r} has no responses")
+    for i, r in enumerate(group.responses):
+        if len(r.logprobs) != len(r.token_ids):
+            raise TrajectoryDecodeError(
+                f"response {i}: {len(r.logprobs)} logprobs for {len(r.token_ids)} tokens"
+            )
+        if not math.isfinite(r.reward):
+            raise TrajectoryDecodeError(f"response {i}: reward is not finite ({r.reward})")
+        if any(not math.isfinite(x) or x > 0 for x in r.logprobs):
+            raise TrajectoryDecodeError(f"response {i}: log-probs must be finite and <= 0")
+        if any(t < 0 for t in r.token_ids):
+            raise TrajectoryDecodeError(f"response {i}: negative token id")
+    return group
+
+
+def encode_group(group: TrajectoryGroup) -> bytes:
+    return validate_group(group).SerializeToString()
+
+
+def decode_group(data: bytes) -> TrajectoryGroup:
+    if len(data) > MAX_ENTRY_BYTES:
+        raise TrajectoryDecodeError(f"entry of {len(data)} bytes exceeds {MAX_ENTRY_BYTES}")
+    group = TrajectoryGroup()
+    try:
+        group.ParseFromString(data)
+    except DecodeError as e:
+        raise TrajectoryDecodeError(f"not a TrajectoryGroup protobuf: {e}") from None
+    return validate_group(group)
+
+
+def encode_entry(group: TrajectoryGroup) -> dict[bytes, bytes]:
+    """The fields of a stream entry (for ``XADD``)."""
+    return {b"v": CODEC_VERSION, b"g": encode_group(group)}
+
+
+def decode_entry(fields: Mapping[bytes | str, bytes | str]) -> TrajectoryGroup:
+    """Decode the fields of a stream entry (as ``XREADGROUP`` returns them)."""
+    norm = {(k.encode() if isinstance(k, str) else k): v for k, v in fields.items()}
+    version = norm.get(b"v")
+    if isinstance(version, str):
+        version = version.encode()
+    if version != CODEC_VERSION:
+        raise TrajectoryDecodeError(
+            f"unknown codec version {version!r} (expected {CODEC_VERSION!r})"
+        )
+    payload = norm.get(b"g")
+    if payload is None:
+        raise TrajectoryDecodeError("entry has no 'g' field")
+    if isinstance(payload, str):
+        raise TrajectoryDecodeError("'g' field must be bytes (use a Redis client without decoding)")
+    return decode_group(payload)

@@ -1,0 +1,176 @@
+"""Experiment configuration: one YAML file with a section per service, validated by pydantic.
+
+Layering, lowest first: the schema's defaults, the YAML file, environment variables for addresses
+and secrets (``ENV_VARS`` below), then dotted command-line overrides (``learner.lr=1e-6``).
+Every section forbids unknown keys. Any mistake raises :class:`ConfigError`, whose message names the
+dotted key, the value given and what is allowed; the command line prints it and exits 2 without a
+traceback.
+
+Each service owns the module that holds its section (``dynamo_rl/config/<service>.py``); this module
+only assembles them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from dynamo_rl.config.allocator import AllocatorConfig
+from dynamo_rl.config.base import ConfigError, Section
+from dynamo_rl.config.common import EndpointsConfig, RunConfig
+from dynamo_rl.config.engine import EngineConfig
+from dynamo_rl.config.learner import LearnerConfig
+from dynamo_rl.config.reward import RewardConfig
+from dynamo_rl.config.rollout import RolloutConfig
+
+__all__ = [
+    "ENV_VARS",
+    "AllocatorConfig",
+    "ConfigError",
+    "EndpointsConfig",
+    "EngineConfig",
+    "ExperimentConfig",
+    "LearnerConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "Section",
+    "apply_overrides",
+    "load_config",
+]
+
+
+class ExperimentConfig(Section):
+    """One experiment: where the services are, and each service's settings."""
+
+    run: RunConfig = RunConfig()
+    endpoints: EndpointsConfig = EndpointsConfig()
+    allocator: AllocatorConfig = AllocatorConfig()
+    reward: RewardConfig = RewardConfig()
+    engine: EngineConfig = EngineConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    learner: LearnerConfig = LearnerConfig()
+
+
+# Environment variable -> dotted key. Addresses and secrets come from the environment in
+# containers and clusters; an explicit command-line override still wins.
+ENV_VARS: dict[str, str] = {
+    "REDIS_URL": "endpoints.redis_url",
+    "ALLOCATOR_ADDR": "endpoints.allocator_addr",
+    "REWARD_URL": "endpoints.reward_url",
+    "ENGINE_URLS": "endpoints.engine_urls",
+    "DYNAMO_CONTROL_TOKEN": "endpoints.control_token",
+}
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override's value as YAML scalar/list (``1e-6`` → float, ``[a, b]`` → list)."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, model: type[BaseModel]) -> None:
+    parts = dotted.split(".")
+    if any(not p for p in parts):
+        raise ConfigError(f"override {dotted!r}: empty key segment")
+    node = tree
+    cls: type[BaseModel] | None = model
+    for i, part in enumerate(parts):
+        if cls is not None:
+            fields = cls.model_fields
+            if part not in fields:
+                where = ".".join(parts[:i]) or "<top level>"
+                raise ConfigError(
+                    f"{'.'.join(parts[: i + 1])}: unknown key under {where}; "
+                    f"allowed: {', '.join(sorted(fields))}"
+                )
+            ann = fields[part].annotation
+            cls = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if i == len(parts) - 1:
+            node[part] = value
+        else:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+
+
+def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings to a raw config tree (in place) and return it."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. learner.lr=1e-6")
+        _set_dotted(tree, key.strip(), _parse_value(raw), ExperimentConfig)
+    return tree
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the section at ``loc`` (for 'allowed:' hints)."""
+    cls: type[BaseModel] = ExperimentConfig
+    for part in loc:
+        ann = cls.model_fields.get(str(part))
+        if ann is None or not (
+            isinstance(ann.annotation, type) and issubclass(ann.annotation, BaseModel)
+        ):
+            return []
+        cls = ann.annotation
+    return sorted(cls.model_fields)
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<top level>"
+        if e["type"] == "extra_forbidden":
+            allowed = _fields_at(e["loc"][:-1])
+            lines.append(f"{key}: unknown key; allowed: {', '.join(allowed)}")
+            continue
+        value = e.get("input")
+        shown = repr(value) if not isinstance(value, dict) else "{...}"
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        lines.append(f"{key}: {e['msg']} (got {shown})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> ExperimentConfig:
+    """Build the experiment config from a YAML file, the environment and overrides."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: expected a mapping of sections at the top level")
+        tree = loaded
+    env = os.environ if env is None else env
+    env_overrides = [f"{key}={env[var]}" for var, key in ENV_VARS.items() if env.get(var)]
+    # Env values are taken as plain strings except lists (ENGINE_URLS=a,b).
+    for item in env_overrides:
+        key, _, raw = item.partition("=")
+        value: Any = raw.split(",") if key == "endpoints.engine_urls" else raw
+        _set_dotted(tree, key, value, ExperimentConfig)
+    apply_overrides(tree, overrides)
+    try:
+        return ExperimentConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e)) from None

@@ -1,0 +1,55 @@
+"""Every Redis key the services share, named in one place.
+
+All keys start with ``dynamo:``; most are scoped by a namespace (the experiment / dataset name,
+``run.name`` by default) so several experiments can share one Redis.
+"""
+
+from __future__ import annotations
+
+PREFIX = "dynamo"
+
+
+def _check(namespace: str) -> str:
+    if not namespace or any(c in namespace for c in " \t\r\n{}"):
+        raise ValueError(f"namespace must be non-empty without spaces or braces, got {namespace!r}")
+    return namespace
+
+
+def stats_key(namespace: str) -> str:
+    """Hash of per-prompt success statistics (allocator)."""
+    return f"{PREFIX}:stats:{_check(namespace)}"
+
+
+def trajectory_stream(namespace: str) -> str:
+    """Stream of encoded trajectory groups (rollout workers XADD, learner XREADGROUP)."""
+    return f"{PREFIX}:traj:{_check(namespace)}"
+
+
+def dead_letter_stream(namespace: str) -> str:
+    """Stream of entries the learner could not decode, each with its reason."""
+    return f"{PREFIX}:traj-dead:{_check(namespace)}"
+
+
+def learner_group(namespace: str) -> str:
+    """Consumer group name of the learner on the trajectory stream."""
+    return f"learner:{_check(namespace)}"
+
+
+def weight_version_key(namespace: str) -> str:
+    """Integer weight version the learner bumps after every push."""
+    return f"{PREFIX}:weights:version:{_check(namespace)}"
+
+
+def engines_key(namespace: str) -> str:
+    """Hash of registered inference engines (url -> JSON with address and version)."""
+    return f"{PREFIX}:engines:{_check(namespace)}"
+
+
+def consumed_key(namespace: str) -> str:
+    """Set of trajectory entry ids the learner has trained on (exactly-once bookkeeping)."""
+    return f"{PREFIX}:consumed:{_check(namespace)}"
+
+
+def lease_key(namespace: str, worker_id: str) -> str:
+    """A rollout worker's lease on the prompts it holds (expires if the worker dies)."""
+    return f"{PREFIX}:lease:{_check(namespace)}:{worker_id}"

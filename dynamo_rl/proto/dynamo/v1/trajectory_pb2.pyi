@@ -1,0 +1,90 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class Response(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "reward", "correct", "format_ok", "reason", "finish_reason", "reward_components", "text")
+    class RewardComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    reward: float
+    correct: bool
+    format_ok: bool
+    reason: str
+    finish_reason: str
+    reward_components: _containers.ScalarMap[str, float]
+    text: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., correct: _Optional[bool] = ..., format_ok: _Optional[bool] = ..., reason: _Optional[str] = ..., finish_reason: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("created_unix", "generate_s", "verify_s")
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    GENERATE_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_S_FIELD_NUMBER: _ClassVar[int]
+    created_unix: float
+    generate_s: float
+    verify_s: float
+    def __init__(self, created_unix: _Optional[float] = ..., generate_s: _Optional[float] = ..., verify_s: _Optional[float] = ...) -> None: ...
+
+class TrajectoryGroup(_message.Message):
+    __slots__ = ("prompt_id", "prompt_token_ids", "responses", "weight_version", "sampling", "data_source", "namespace", "prompt_text", "timing", "worker_id", "allocated_n", "priority", "batch_id")
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_N_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    prompt_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    responses: _containers.RepeatedCompositeFieldContainer[Response]
+    weight_version: int
+    sampling: SamplingParams
+    data_source: str
+    namespace: str
+    prompt_text: str
+    timing: Timing
+    worker_id: str
+    allocated_n: int
+    priority: float
+    batch_id: str
+    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., weight_version: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., data_source: _Optional[str] = ..., namespace: _Optional[str] = ..., prompt_text: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., worker_id: _Optional[str] = ..., allocated_n: _Optional[int] = ..., priority: _Optional[float] = ..., batch_id: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The learner: FSDP2 training on the trajectory stream, checkpoints and weight push."""

@@ -1,0 +1,1 @@
+"""Pure policy-optimisation functions of tensors: advantages, losses, KL, DynaMO modulation."""

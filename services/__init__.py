@@ -1,0 +1,1 @@
+"""The network services: reward (verification) and rollout (engines and workers)."""

@@ -1,0 +1,1 @@
+"""The reward service: math verification and sandboxed code execution over HTTP."""

@@ -1,0 +1,1 @@
+"""Rollout: the embedded inference engine, engine clients and rollout workers."""

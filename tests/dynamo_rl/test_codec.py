@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+
+from dynamo_rl.codec import (
+    Response,
+    TrajectoryDecodeError,
+    TrajectoryGroup,
+    decode_entry,
+    decode_group,
+    encode_entry,
+)
+
+
+def _group() -> TrajectoryGroup:
+    return TrajectoryGroup(
+        prompt_id="p1",
+        prompt_token_ids=[1, 2, 3],
+        weight_version=4,
+        responses=[
+            Response(token_ids=[5, 6], logprobs=[-0.5, -1.0], reward=1.0, reason="ok"),
+            Response(token_ids=[7], logprobs=[-2.0], reward=0.0, reason="wrong_answer"),
+        ],
+    )
+
+
+def test_roundtrip_through_stream_fields() -> None:
+    fields = encode_entry(_group())
+    back = decode_entry({k.decode(): v for k, v in fields.items()})
+    assert back == _group()
+    assert list(back.responses[0].token_ids) == [5, 6]
+
+
+def test_roundtrip_through_real_redis_stream(redis_url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    entry_id = client.xadd("s", encode_entry(_group()))
+    [(_, [(got_id, fields)])] = client.xread({"s": 0})
+    assert got_id == entry_id
+    assert decode_entry(fields) == _group()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda g: g.responses[0].logprobs.append(-1.0), "3 logprobs for 2 tokens"),
+        (lambda g: g.ClearField("responses"), "no responses"),
+        (lambda g: setattr(g, "prompt_id", ""), "prompt_id"),
+        (lambda g: setattr(g.responses[1], "reward", float("nan")), "not finite"),
+        (lambda g: g.responses[1].logprobs.__setitem__(0, 0.5), "<= 0"),
+    ],
+)
+def test_invalid_groups_are_refused(mutate, reason: str) -> None:
+    group = _group()
+    mutate(group)
+    with pytest.raises(TrajectoryDecodeError, match=reason):
+        decode_group(group.SerializeToString())
+
+
+def test_garbage_and_wrong_version() -> None:
+    with pytest.raises(TrajectoryDecodeError, match="protobuf"):
+        decode_group(b"\xff\xff\xff")
+    with pytest.raises(TrajectoryDecodeError, match="version"):
+        decode_entry({b"v": b"9", b"g": b""})
+    with pytest.raises(TrajectoryDecodeError, match="no 'g'"):
+        decode_entry({b"v": b"1"})

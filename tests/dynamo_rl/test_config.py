@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dynamo_rl.config import ConfigError, ExperimentConfig, load_config
+from tests.conftest import dynamo_rl_argv
+
+
+def test_defaults_validate() -> None:
+    cfg = load_config(env={})
+    assert isinstance(cfg, ExperimentConfig)
+    assert cfg.endpoints.redis_url.startswith("redis://")
+
+
+def test_yaml_then_env_then_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        "run:\n  name: exp1\nlearner:\n  lr: 3.0e-6\nendpoints:\n  reward_url: http://a\n"
+    )
+    env = {"REWARD_URL": "http://b:1", "ENGINE_URLS": "http://e1,http://e2"}
+    cfg = load_config(path, ["learner.lr=1e-5", "run.seed=7"], env=env)
+    assert cfg.run.name == "exp1"
+    assert cfg.run.seed == 7
+    assert cfg.learner.lr == pytest.approx(1e-5)
+    assert cfg.endpoints.reward_url == "http://b:1"
+    assert cfg.endpoints.engine_urls == ["http://e1", "http://e2"]
+    # An explicit override beats the environment.
+    cfg = load_config(path, ["endpoints.reward_url=http://c"], env=env)
+    assert cfg.endpoints.reward_url == "http://c"
+
+
+def test_secret_is_not_shown() -> None:
+    cfg = load_config(env={"DYNAMO_CONTROL_TOKEN": "s3cret"})
+    assert cfg.endpoints.control_token is not None
+    assert cfg.endpoints.control_token.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(cfg) and "s3cret" not in str(cfg.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["learner.lr=abc"], ["learner.lr", "abc", "valid number"]),
+        (["learner.lr=-1"], ["learner.lr", "greater than 0"]),
+        (["learner.bogus=1"], ["learner.bogus", "unknown key", "allowed", "lr"]),
+        (["bogus.x=1"], ["bogus", "unknown key", "allowed", "learner"]),
+        (["run.log_level=loud"], ["run.log_level", "loud", "'debug'", "'error'"]),
+        (["allocator.port=70000"], ["allocator.port", "70000", "65535"]),
+        (["run.name=has space"], ["run.name", "has space"]),
+        (["learner.lr"], ["KEY=VALUE"]),
+        (["learner..lr=1"], ["empty key"]),
+    ],
+)
+def test_bad_values_name_the_field(overrides: list[str], expected: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides, env={})
+    for text in expected:
+        assert text in str(info.value)
+
+
+def test_unknown_yaml_key_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text("learner:\n  lr: 1.0e-6\n  lrr: 2\n")
+    with pytest.raises(ConfigError, match=r"learner\.lrr: unknown key; allowed: .*lr"):
+        load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("[1, 2", "not valid YAML"), ("- a\n- b\n", "mapping of sections")],
+)
+def test_malformed_yaml(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=expected):
+        load_config(path, env={})
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("/nonexistent/exp.yaml", env={})
+
+
+def test_cli_reports_config_errors_without_traceback() -> None:
+    result = subprocess.run(
+        dynamo_rl_argv("config", "learner.lr=abc"), capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert "learner.lr" in result.stderr and "abc" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_prints_resolved_config() -> None:
+    result = subprocess.run(
+        dynamo_rl_argv("config", "--json", "run.name=zz"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"name": "zz"' in result.stdout
+
+
+def test_shipped_configs_validate() -> None:
+    configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+    for path in configs:
+        load_config(path, env={})

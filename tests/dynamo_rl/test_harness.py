@@ -1,0 +1,94 @@
+"""The harness itself: real Redis, service processes that are waited for and cleaned up."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+
+from dynamo_rl.keys import stats_key, trajectory_stream
+from dynamo_rl.metrics import ServiceMetrics
+from dynamo_rl.procs import ServiceProcess, http_ok
+
+
+def test_redis_fixture_is_real_and_empty(redis_url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    assert client.dbsize() == 0
+    client.hincrby("h", "f", 2)
+    assert client.hget("h", "f") == b"2"
+    assert client.info("server")["tcp_port"] > 0
+
+
+def test_service_waits_for_health_and_stops_group(service, free_port: int, tmp_path) -> None:
+    # A server that also leaves a child behind: stop() must kill the whole group.
+    pidfile = tmp_path / "child.pid"
+    code = (
+        "import http.server, subprocess, sys\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
+        f"http.server.HTTPServer(('127.0.0.1', {free_port}), http.server.SimpleHTTPRequestHandler)"
+        ".serve_forever()\n"
+    )
+    proc = service("web", [sys.executable, "-c", code], http_ok(f"http://127.0.0.1:{free_port}/"))
+    assert proc.alive()
+    child = int(pidfile.read_text())
+    proc.stop(grace=5)
+    assert not proc.alive()
+    assert not _running(child)
+
+
+def _running(pid: int) -> bool:
+    """True unless the process is gone or a zombie (killed, waiting to be reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_dead_service_fails_fast_with_its_log(tmp_path) -> None:
+    code = "import sys; print('boom: bad flag'); sys.exit(3)"
+    proc = ServiceProcess("bad", [sys.executable, "-c", code], tmp_path / "bad.log").start()
+    with pytest.raises(RuntimeError, match="boom: bad flag"):
+        proc.wait_ready(lambda: False, timeout=30)
+    proc.stop()
+
+
+def test_keys_are_namespaced_and_checked() -> None:
+    assert stats_key("exp") == "dynamo:stats:exp"
+    assert trajectory_stream("exp") != trajectory_stream("other")
+    with pytest.raises(ValueError, match="namespace"):
+        stats_key("")
+    with pytest.raises(ValueError, match="namespace"):
+        stats_key("a b")
+
+
+def test_metrics_helper_names() -> None:
+    m = ServiceMetrics("reward")
+    m.counter("requests_total", "requests", ["kind"]).labels("math").inc()
+    m.histogram("latency_seconds", "latency").observe(0.01)
+    assert "dynamo_reward_requests_total" in m.names()
+    assert "dynamo_reward_latency_seconds_bucket" in m.names()
+    assert b"dynamo_reward_requests_total" in m.exposition()
+    with pytest.raises(ValueError, match="_total"):
+        m.counter("requests", "x")
+    with pytest.raises(ValueError):
+        ServiceMetrics("Bad-Name")
+
+
+def test_sigterm_is_used_before_sigkill(tmp_path) -> None:
+    marker = tmp_path / "got-term"
+    code = (
+        "import signal, sys, time, pathlib\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).touch(), sys.exit(0)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = ServiceProcess("t", [sys.executable, "-c", code], tmp_path / "t.log").start()
+    proc.wait_ready(lambda: "ready" in proc.log_tail(), timeout=30)
+    assert proc.stop(grace=10) == 0
+    assert marker.exists()
+    assert signal.SIGTERM  # documented order: TERM first

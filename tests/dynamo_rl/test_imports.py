@@ -1,0 +1,42 @@
+"""The shared package and the command line stay light: no torch before a subcommand needs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.conftest import dynamo_rl_argv
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+
+
+def test_importing_dynamo_rl_does_not_import_torch() -> None:
+    code = (
+        "import sys, dynamo_rl, dynamo_rl.config, dynamo_rl.codec, dynamo_rl.keys, "
+        "dynamo_rl.metrics, dynamo_rl.procs, dynamo_rl.cli\n"
+        "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not heavy, heavy"
+    )
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+
+
+def test_help_is_fast_and_light() -> None:
+    start = time.perf_counter()
+    result = subprocess.run(dynamo_rl_argv("--help"), capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    for name in ("allocator", "reward", "engine", "rollout", "learner", "up", "eval"):
+        assert name in result.stdout
+    # Generous bound for a loaded CI machine; the real figure is ~0.1 s.
+    assert elapsed < 3.0, elapsed
+    code = (
+        "import sys\n"
+        "from dynamo_rl.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
+    assert _run(code).returncode == 0
