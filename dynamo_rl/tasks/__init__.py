@@ -1,0 +1,1 @@
+"""Built-in tasks: small verifiable datasets generated locally (no download)."""

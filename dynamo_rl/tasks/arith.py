@@ -1,0 +1,139 @@
+"""The built-in ``arith`` task: integer arithmetic in difficulty tiers, in the verl parquet layout.
+
+DynaMO matters when prompts differ in how much they can still teach, so the task mixes tiers a small
+model finds easy (one-digit sums), half-solvable (two-digit sums and differences) and hopeless
+(two-digit products). Every row follows verl's layout::
+
+    data_source   "arith"
+    prompt        [{"role": "user", "content": "37+48="}]
+    ability       "math"
+    reward_model  {"style": "rule", "ground_truth": "85"}
+    extra_info    {"index": 17, "split": "train", "tier": "medium", "answer": "\\boxed{85}"}
+
+``extra_info.answer`` is the reference response (used by the supervised warm start and the
+preference-pair generator); responses are scored by the reward service's math verifier, which reads
+the last ``\\boxed{...}``. Train and test prompts never share a question.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_SOURCE = "arith"
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    weight: float
+    make: Callable[[random.Random], tuple[str, int]]
+
+
+def _sum(lo_a: int, hi_a: int, lo_b: int, hi_b: int) -> Callable[[random.Random], tuple[str, int]]:
+    def make(rng: random.Random) -> tuple[str, int]:
+        a, b = rng.randint(lo_a, hi_a), rng.randint(lo_b, hi_b)
+        return f"{a}+{b}=", a + b
+
+    return make
+
+
+def _diff(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(10, 99), rng.randint(0, 9)
+    a, b = max(a, b), min(a, b)
+    return f"{a}-{b}=", a - b
+
+
+def _product(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(12, 99), rng.randint(12, 99)
+    return f"{a}*{b}=", a * b
+
+
+TIERS: tuple[Tier, ...] = (
+    Tier("easy", 0.25, _sum(0, 9, 0, 9)),
+    Tier("medium", 0.35, _sum(10, 99, 0, 9)),
+    Tier("medium-sub", 0.15, _diff),
+    Tier("hard", 0.15, _sum(10, 99, 10, 99)),
+    Tier("hopeless", 0.10, _product),
+)
+
+
+def reference_answer(value: int) -> str:
+    return f"\\boxed{{{value}}}"
+
+
+def _row(question: str, value: int, tier: str, split: str, index: int) -> dict:
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(value)},
+        "extra_info": {
+            "index": index,
+            "split": split,
+            "tier": tier,
+            "answer": reference_answer(value),
+        },
+    }
+
+
+def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Distinct questions split into train and test rows (verl layout).
+
+    Questions are drawn tier by tier in proportion to the tier weights (a tier whose distinct
+    questions run out, such as the 100 one-digit sums, drops out and the others fill its share),
+    and each tier is split train/test in the same proportion, so both splits hold the same mix.
+    """
+    rng = random.Random(seed)
+    total = n_train + n_test
+    test_fraction = n_test / total
+    train: list[dict] = []
+    test: list[dict] = []
+    drawn: dict[str, list[tuple[str, int]]] = {t.name: [] for t in TIERS}
+    open_tiers = list(TIERS)
+    seen: set[str] = set()
+    count = 0
+    while count < total and open_tiers:
+        tier = rng.choices(open_tiers, [t.weight for t in open_tiers])[0]
+        for _ in range(200):  # a tier that keeps repeating itself is exhausted
+            question, value = tier.make(rng)
+            if question not in seen:
+                seen.add(question)
+                drawn[tier.name].append((question, value))
+                count += 1
+                break
+        else:
+            open_tiers.remove(tier)
+    for tier in TIERS:
+        rows = drawn[tier.name]
+        k = round(len(rows) * test_fraction)
+        test += [{"tier": tier.name, "q": q, "v": v} for q, v in rows[:k]]
+        train += [{"tier": tier.name, "q": q, "v": v} for q, v in rows[k:]]
+    if not train or not test:
+        raise ValueError(f"cannot draw {n_train} train and {n_test} test questions")
+    rng.shuffle(train)
+    rng.shuffle(test)
+    return (
+        [_row(r["q"], r["v"], r["tier"], "train", i) for i, r in enumerate(train[:n_train])],
+        [_row(r["q"], r["v"], r["tier"], "test", i) for i, r in enumerate(test[:n_test])],
+    )
+
+
+def write_task(
+    out_dir: str | Path, n_train: int = 4000, n_test: int = 1000, seed: int = 0
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``test.parquet`` into ``out_dir``; returns their paths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train, test = generate_rows(n_train, n_test, seed)
+    paths = {}
+    for name, rows in (("train", train), ("test", test)):
+        path = out / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        paths[name] = path
+    return paths
