@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64ynamo/v1/allocator.proto\x12\tdynamo.v1\"\xbd\x02\n\x0f\x41llocateRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\t\x12\x10\n\x06\x62udget\x18\x03 \x01(\x03H\x00\x12\x16\n\x0cn_per_prompt\x18\x04 \x01(\x05H\x00\x12\r\n\x05n_min\x18\x05 \x01(\x05\x12\r\n\x05n_max\x18\x06 \x01(\x05\x12\x1b\n\x0einitial_budget\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x1e\n\x11mastery_threshold\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x19\n\x0cmin_priority\x18\t \x01(\x01H\x03\x88\x01\x01\x12\x10\n\x08priority\x18\n \x01(\t\x12\x0e\n\x06scheme\x18\x0b \x01(\tB\x07\n\x05totalB\x11\n\x0f_initial_budgetB\x14\n\x12_mastery_thresholdB\x0f\n\r_min_priority\"F\n\x10\x41llocateResponse\x12\x0e\n\x06\x63ounts\x18\x01 \x03(\x05\x12\x12\n\npriorities\x18\x02 \x03(\x01\x12\x0e\n\x06\x62udget\x18\x03 \x01(\x03\"A\n\x07Outcome\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x02 \x01(\x03\x12\x11\n\tsuccesses\x18\x03 \x01(\x03\"P\n\x15ReportOutcomesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12$\n\x08outcomes\x18\x02 \x03(\x0b\x32\x12.dynamo.v1.Outcome\"=\n\x16ReportOutcomesResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x17\n\x0fprompts_updated\x18\x02 \x01(\x03\"8\n\x0fGetStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\t\"Z\n\x0bPromptStats\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x0f\n\x07samples\x18\x02 \x01(\x01\x12\x11\n\tsuccesses\x18\x03 \x01(\x01\x12\x14\n\x0cupdated_unix\x18\x04 \x01(\x01\"9\n\x10GetStatsResponse\x12%\n\x05stats\x18\x01 \x03(\x0b\x32\x16.dynamo.v1.PromptStats2\xec\x01\n\tAllocator\x12\x43\n\x08\x41llocate\x12\x1a.dynamo.v1.AllocateRequest\x1a\x1b.dynamo.v1.AllocateResponse\x12U\n\x0eReportOutcomes\x12 .dynamo.v1.ReportOutcomesRequest\x1a!.dynamo.v1.ReportOutcomesResponse\x12\x43\n\x08GetStats\x12\x1a.dynamo.v1.GetStatsRequest\x1a\x1b.dynamo.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64ynamo/v1/allocator.proto\x12\tdynamo.v1\"\xdb\x02\n\x0f\x41llocateRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\t\x12\x10\n\x06\x62udget\x18\x03 \x01(\x03H\x00\x12\x16\n\x0cn_per_prompt\x18\x04 \x01(\x05H\x00\x12\x12\n\x05n_min\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05n_max\x18\x06 \x01(\x05H\x02\x88\x01\x01\x12\x1b\n\x0einitial_budget\x18\x07 \x01(\x05H\x03\x88\x01\x01\x12\x1e\n\x11mastery_threshold\x18\x08 \x01(\x01H\x04\x88\x01\x01\x12\x19\n\x0cmin_priority\x18\t \x01(\x01H\x05\x88\x01\x01\x12\x10\n\x08priority\x18\n \x01(\t\x12\x0e\n\x06scheme\x18\x0b \x01(\tB\x07\n\x05totalB\x08\n\x06_n_minB\x08\n\x06_n_maxB\x11\n\x0f_initial_budgetB\x14\n\x12_mastery_thresholdB\x0f\n\r_min_priority\"F\n\x10\x41llocateResponse\x12\x0e\n\x06\x63ounts\x18\x01 \x03(\x05\x12\x12\n\npriorities\x18\x02 \x03(\x01\x12\x0e\n\x06\x62udget\x18\x03 \x01(\x03\"A\n\x07Outcome\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x02 \x01(\x03\x12\x11\n\tsuccesses\x18\x03 \x01(\x03\"P\n\x15ReportOutcomesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12$\n\x08outcomes\x18\x02 \x03(\x0b\x32\x12.dynamo.v1.Outcome\"=\n\x16ReportOutcomesResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x17\n\x0fprompts_updated\x18\x02 \x01(\x03\"8\n\x0fGetStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\t\"Z\n\x0bPromptStats\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x0f\n\x07samples\x18\x02 \x01(\x01\x12\x11\n\tsuccesses\x18\x03 \x01(\x01\x12\x14\n\x0cupdated_unix\x18\x04 \x01(\x01\"9\n\x10GetStatsResponse\x12%\n\x05stats\x18\x01 \x03(\x0b\x32\x16.dynamo.v1.PromptStats\"*\n\x15ResetNamespaceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"1\n\x16ResetNamespaceResponse\x12\x17\n\x0fprompts_removed\x18\x01 \x01(\x03\"+\n\x16\x45xportNamespaceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\'\n\x17\x45xportNamespaceResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\x9d\x03\n\tAllocator\x12\x43\n\x08\x41llocate\x12\x1a.dynamo.v1.AllocateRequest\x1a\x1b.dynamo.v1.AllocateResponse\x12U\n\x0eReportOutcomes\x12 .dynamo.v1.ReportOutcomesRequest\x1a!.dynamo.v1.ReportOutcomesResponse\x12\x43\n\x08GetStats\x12\x1a.dynamo.v1.GetStatsRequest\x1a\x1b.dynamo.v1.GetStatsResponse\x12U\n\x0eResetNamespace\x12 .dynamo.v1.ResetNamespaceRequest\x1a!.dynamo.v1.ResetNamespaceResponse\x12X\n\x0f\x45xportNamespace\x12!.dynamo.v1.ExportNamespaceRequest\x1a\".dynamo.v1.ExportNamespaceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,21 +32,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dynamo.v1.allocator_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ALLOCATEREQUEST']._serialized_start=41
-  _globals['_ALLOCATEREQUEST']._serialized_end=358
-  _globals['_ALLOCATERESPONSE']._serialized_start=360
-  _globals['_ALLOCATERESPONSE']._serialized_end=430
-  _globals['_OUTCOME']._serialized_start=432
-  _globals['_OUTCOME']._serialized_end=497
-  _globals['_REPORTOUTCOMESREQUEST']._serialized_start=499
-  _globals['_REPORTOUTCOMESREQUEST']._serialized_end=579
-  _globals['_REPORTOUTCOMESRESPONSE']._serialized_start=581
-  _globals['_REPORTOUTCOMESRESPONSE']._serialized_end=642
-  _globals['_GETSTATSREQUEST']._serialized_start=644
-  _globals['_GETSTATSREQUEST']._serialized_end=700
-  _globals['_PROMPTSTATS']._serialized_start=702
-  _globals['_PROMPTSTATS']._serialized_end=792
-  _globals['_GETSTATSRESPONSE']._serialized_start=794
-  _globals['_GETSTATSRESPONSE']._serialized_end=851
-  _globals['_ALLOCATOR']._serialized_start=854
-  _globals['_ALLOCATOR']._serialized_end=1090
+  _globals['_ALLOCATEREQUEST']._serialized_end=388
+  _globals['_ALLOCATERESPONSE']._serialized_start=390
+  _globals['_ALLOCATERESPONSE']._serialized_end=460
+  _globals['_OUTCOME']._serialized_start=462
+  _globals['_OUTCOME']._serialized_end=527
+  _globals['_REPORTOUTCOMESREQUEST']._serialized_start=529
+  _globals['_REPORTOUTCOMESREQUEST']._serialized_end=609
+  _globals['_REPORTOUTCOMESRESPONSE']._serialized_start=611
+  _globals['_REPORTOUTCOMESRESPONSE']._serialized_end=672
+  _globals['_GETSTATSREQUEST']._serialized_start=674
+  _globals['_GETSTATSREQUEST']._serialized_end=730
+  _globals['_PROMPTSTATS']._serialized_start=732
+  _globals['_PROMPTSTATS']._serialized_end=822
+  _globals['_GETSTATSRESPONSE']._serialized_start=824
+  _globals['_GETSTATSRESPONSE']._serialized_end=881
+  _globals['_RESETNAMESPACEREQUEST']._serialized_start=883
+  _globals['_RESETNAMESPACEREQUEST']._serialized_end=925
+  _globals['_RESETNAMESPACERESPONSE']._serialized_start=927
+  _globals['_RESETNAMESPACERESPONSE']._serialized_end=976
+  _globals['_EXPORTNAMESPACEREQUEST']._serialized_start=978
+  _globals['_EXPORTNAMESPACEREQUEST']._serialized_end=1021
+  _globals['_EXPORTNAMESPACERESPONSE']._serialized_start=1023
+  _globals['_EXPORTNAMESPACERESPONSE']._serialized_end=1062
+  _globals['_ALLOCATOR']._serialized_start=1065
+  _globals['_ALLOCATOR']._serialized_end=1478
 # @@protoc_insertion_point(module_scope)

@@ -93,3 +93,27 @@ class GetStatsResponse(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     stats: _containers.RepeatedCompositeFieldContainer[PromptStats]
     def __init__(self, stats: _Optional[_Iterable[_Union[PromptStats, _Mapping]]] = ...) -> None: ...
+
+class ResetNamespaceRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class ResetNamespaceResponse(_message.Message):
+    __slots__ = ("prompts_removed",)
+    PROMPTS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    prompts_removed: int
+    def __init__(self, prompts_removed: _Optional[int] = ...) -> None: ...
+
+class ExportNamespaceRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class ExportNamespaceResponse(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,16 @@ class AllocatorStub:
                 request_serializer=dynamo_dot_v1_dot_allocator__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=dynamo_dot_v1_dot_allocator__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.ResetNamespace = channel.unary_unary(
+                '/dynamo.v1.Allocator/ResetNamespace',
+                request_serializer=dynamo_dot_v1_dot_allocator__pb2.ResetNamespaceRequest.SerializeToString,
+                response_deserializer=dynamo_dot_v1_dot_allocator__pb2.ResetNamespaceResponse.FromString,
+                _registered_method=True)
+        self.ExportNamespace = channel.unary_unary(
+                '/dynamo.v1.Allocator/ExportNamespace',
+                request_serializer=dynamo_dot_v1_dot_allocator__pb2.ExportNamespaceRequest.SerializeToString,
+                response_deserializer=dynamo_dot_v1_dot_allocator__pb2.ExportNamespaceResponse.FromString,
+                _registered_method=True)
 
 
 class AllocatorServicer:
@@ -76,6 +86,21 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetNamespace(self, request, context):
+        """Deletes every statistic of a namespace. Needs the control token when the server has one
+        (metadata "authorization: Bearer <token>").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportNamespace(self, request, context):
+        """Every statistic of a namespace as one JSON document (see docs/allocator.md for its shape).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +118,16 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=dynamo_dot_v1_dot_allocator__pb2.GetStatsRequest.FromString,
                     response_serializer=dynamo_dot_v1_dot_allocator__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'ResetNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetNamespace,
+                    request_deserializer=dynamo_dot_v1_dot_allocator__pb2.ResetNamespaceRequest.FromString,
+                    response_serializer=dynamo_dot_v1_dot_allocator__pb2.ResetNamespaceResponse.SerializeToString,
+            ),
+            'ExportNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportNamespace,
+                    request_deserializer=dynamo_dot_v1_dot_allocator__pb2.ExportNamespaceRequest.FromString,
+                    response_serializer=dynamo_dot_v1_dot_allocator__pb2.ExportNamespaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +211,60 @@ class Allocator:
             '/dynamo.v1.Allocator/GetStats',
             dynamo_dot_v1_dot_allocator__pb2.GetStatsRequest.SerializeToString,
             dynamo_dot_v1_dot_allocator__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.Allocator/ResetNamespace',
+            dynamo_dot_v1_dot_allocator__pb2.ResetNamespaceRequest.SerializeToString,
+            dynamo_dot_v1_dot_allocator__pb2.ResetNamespaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.Allocator/ExportNamespace',
+            dynamo_dot_v1_dot_allocator__pb2.ExportNamespaceRequest.SerializeToString,
+            dynamo_dot_v1_dot_allocator__pb2.ExportNamespaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,191 @@
+"""A small, thread-safe Python client for the allocator's gRPC service (``dynamo.v1.Allocator``).
+
+It adds what every caller needs around the generated stub: a deadline on every call, retries with
+exponential backoff on ``UNAVAILABLE`` (the server or its Redis is briefly gone), and a bound on the
+calls in flight so a burst of rollout workers cannot pile unbounded work onto one server. Any other
+error (``INVALID_ARGUMENT`` above all) is raised at once: retrying a bad request cannot help.
+
+After the retries are spent the ``grpc.RpcError`` propagates; callers fall back to uniform counts.
+Note that a retried ``report_outcomes`` may count a batch twice in the rare case where Redis applied
+it and the reply was lost; statistics are estimates, so that is preferred to losing outcomes.
+
+It imports nothing of the server (no numpy, no Redis), so any framework can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
+from dynamo_rl.proto.dynamo.v1 import allocator_pb2_grpc as pb_grpc
+
+__all__ = ["AllocationResult", "AllocatorClient", "PromptStats"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class AllocationResult:
+    """Counts per prompt (request order) and the priority behind each."""
+
+    counts: list[int]
+    """Responses to sample per prompt, one per prompt id, same order; sums to ``budget``."""
+    priorities: list[float]
+    """Priority per prompt; -1.0 while a prompt is still explored."""
+    budget: int
+    """The budget actually shared out (the requested one clipped to [N·n_min, N·n_max])."""
+
+
+@dataclass(frozen=True)
+class PromptStats:
+    """One prompt's statistics (floats: with decay < 1 old counts are scaled down)."""
+
+    prompt_id: str
+    samples: float
+    successes: float
+    updated_unix: float
+    """When outcomes were last reported (0 for a prompt never reported)."""
+
+
+class AllocatorClient:
+    """Client of one allocator server; share one instance between threads."""
+
+    def __init__(
+        self,
+        addr: str,
+        timeout_s: float = 5.0,
+        retries: int = 3,
+        max_in_flight: int = 256,
+        backoff_s: float = 0.1,
+        control_token: str | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.addr = addr
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._control_token = control_token
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        # Large batches (tens of thousands of prompt ids) exceed gRPC's 4 MB default.
+        options = [
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ]
+        self._channel = grpc.insecure_channel(addr, options=options)
+        self._stub = pb_grpc.AllocatorStub(self._channel)
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def allocate(
+        self,
+        namespace: str,
+        prompt_ids: Sequence[str],
+        n_per_prompt: int | None = None,
+        *,
+        budget: int | None = None,
+        n_min: int | None = None,
+        n_max: int | None = None,
+        initial_budget: int | None = None,
+        mastery_threshold: float | None = None,
+        min_priority: float | None = None,
+        priority: str | None = None,
+        scheme: str | None = None,
+    ) -> AllocationResult:
+        """Counts per prompt for a batch; give ``n_per_prompt`` or ``budget`` (not both).
+
+        Unset arguments take the server's configured defaults.
+        """
+        if n_per_prompt is not None and budget is not None:
+            raise ValueError("give n_per_prompt or budget, not both")
+        request = pb.AllocateRequest(namespace=namespace, prompt_ids=list(prompt_ids))
+        if budget is not None:
+            request.budget = budget
+        if n_per_prompt is not None:
+            request.n_per_prompt = n_per_prompt
+        optional: dict[str, Any] = {
+            "n_min": n_min,
+            "n_max": n_max,
+            "initial_budget": initial_budget,
+            "mastery_threshold": mastery_threshold,
+            "min_priority": min_priority,
+            "priority": priority,
+            "scheme": scheme,
+        }
+        for name, value in optional.items():
+            if value is not None:
+                setattr(request, name, value)
+        reply = self._call(self._stub.Allocate, request)
+        return AllocationResult(
+            counts=list(reply.counts), priorities=list(reply.priorities), budget=reply.budget
+        )
+
+    def report_outcomes(self, namespace: str, outcomes: Iterable[tuple[str, int, int]]) -> int:
+        """Add ``(prompt_id, attempts, successes)`` per prompt; returns how many prompts changed."""
+        request = pb.ReportOutcomesRequest(
+            namespace=namespace,
+            outcomes=[
+                pb.Outcome(prompt_id=pid, attempts=int(a), successes=int(s))
+                for pid, a, s in outcomes
+            ],
+        )
+        return int(self._call(self._stub.ReportOutcomes, request).prompts_updated)
+
+    def get_stats(self, namespace: str, prompt_ids: Sequence[str]) -> list[PromptStats]:
+        """Statistics per prompt, in request order (zeros for a prompt never reported)."""
+        reply = self._call(
+            self._stub.GetStats, pb.GetStatsRequest(namespace=namespace, prompt_ids=prompt_ids)
+        )
+        return [
+            PromptStats(s.prompt_id, s.samples, s.successes, s.updated_unix) for s in reply.stats
+        ]
+
+    def reset_namespace(self, namespace: str) -> int:
+        """Delete a namespace's statistics; returns how many prompts had some."""
+        reply = self._call(self._stub.ResetNamespace, pb.ResetNamespaceRequest(namespace=namespace))
+        return int(reply.prompts_removed)
+
+    def export_namespace(self, namespace: str) -> dict[str, Any]:
+        """Every statistic of a namespace, as the parsed JSON document."""
+        reply = self._call(
+            self._stub.ExportNamespace, pb.ExportNamespaceRequest(namespace=namespace)
+        )
+        return dict(json.loads(reply.json))
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _call(self, method: Callable[..., T], request: Any) -> T:
+        metadata = []
+        if self._control_token:
+            metadata.append(("authorization", f"Bearer {self._control_token}"))
+        with self._slots:
+            attempt = 0
+            while True:
+                try:
+                    return method(request, timeout=self.timeout_s, metadata=metadata or None)
+                except grpc.RpcError as e:
+                    code = e.code() if hasattr(e, "code") else None
+                    if code != grpc.StatusCode.UNAVAILABLE or attempt >= self.retries:
+                        raise
+                    time.sleep(self.backoff_s * (2**attempt))
+                    attempt += 1
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> AllocatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
