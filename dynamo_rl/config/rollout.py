@@ -1,11 +1,141 @@
-"""The rollout worker's section."""
+"""The rollout worker's section: the dataset, how many responses per prompt, sampling, the engine
+protocol, and the bounds that keep the worker from running ahead of the learner."""
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Port
+
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class SamplingConfig(Section):
+    """Sampling parameters sent to the engines with every request."""
+
+    max_tokens: Annotated[int, Field(ge=1)] = 256
+    """Most tokens generated per response."""
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    """Softmax temperature (1.0: sample from the policy itself, as on-policy RL needs)."""
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling mass (1.0: off)."""
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    """Top-k sampling (-1: off)."""
+    stop: list[str] = []
+    """Strings that end a response (the engine's EOS always does)."""
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = []
+    """Token ids that end a response, besides EOS."""
+    seed: int | None = None
+    """Base seed; each request gets its own seed derived from it, the batch, prompt and chunk
+    (None: unseeded sampling)."""
 
 
 class RolloutConfig(Section):
     metrics_port: Port = 9102
     """Prometheus /metrics port (0: a free port)."""
+    namespace: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
+    """Allocator namespace and stream scope (None: run.name)."""
+    worker_id: Annotated[str, Field(min_length=1)] | None = None
+    """Name of this worker in the trajectory groups it writes (None: hostname-pid)."""
+
+    # Dataset.
+    dataset: str | None = None
+    """Prompt file: JSONL (one object per line) or parquet in the verl layout."""
+    dataset_format: Literal["auto", "jsonl", "parquet"] = "auto"
+    """File format (auto: from the extension, .jsonl/.json or .parquet)."""
+    tokenizer: str | None = None
+    """Hugging Face tokenizer directory (None: engine.model)."""
+    prompt_template: Literal["auto", "chat", "plain"] = "auto"
+    """How chat messages become text: the tokenizer's chat template (chat), 'Role: content' lines
+    ending in 'Assistant:' (plain), or chat when the tokenizer has a template, else plain (auto)."""
+    default_kind: Literal["math", "code"] = "math"
+    """Reward kind for rows that do not name one (a row's 'kind' or extra_info.kind wins)."""
+    shuffle: bool = True
+    """Shuffle the prompts each epoch (seeded by run.seed and the epoch)."""
+    num_workers: Annotated[int, Field(ge=1)] = 1
+    """Workers sharing the dataset; each takes every num_workers-th prompt."""
+    worker_index: Annotated[int, Field(ge=0)] = 0
+    """This worker's shard, 0 .. num_workers-1."""
+
+    # Responses per prompt.
+    batch_size: Annotated[int, Field(ge=1)] = 8
+    """Prompts per batch (one Allocate call, one trajectory group each)."""
+    n: Annotated[int, Field(ge=1)] = 8
+    """Mean responses per prompt: the batch budget is n x batch_size, as uniform GRPO's."""
+    n_min: Annotated[int, Field(ge=0)] = 2
+    """Fewest responses the allocator may give a prompt."""
+    n_max: Annotated[int, Field(ge=1)] = 16
+    """Most responses the allocator may give a prompt."""
+    allocation: Literal["dynamic", "uniform"] = "dynamic"
+    """dynamic: counts from the allocator (DRA); uniform: n per prompt, the allocator is only told
+    the outcomes."""
+    max_n_per_request: Annotated[int, Field(ge=1)] = 8
+    """A prompt's count is split into engine requests of at most this many samples, so one
+    prompt's responses spread across replicas."""
+    num_batches: Annotated[int, Field(ge=0)] = 0
+    """Batches to produce before exiting (0: run until stopped)."""
+
+    # Engines.
+    engine_api: Literal["openai", "sglang"] = "openai"
+    """Generation protocol: OpenAI /v1/completions (embedded engine, vLLM, SGLang) or SGLang's
+    native /generate."""
+    weight_api: Literal["sglang", "vllm"] = "sglang"
+    """Weight-update and version endpoints: SGLang's (embedded engine, SGLang) or vLLM's native
+    weight-transfer API."""
+    model_name: str | None = None
+    """The 'model' field of OpenAI requests (None: the first id of GET /v1/models)."""
+    request_timeout_s: Seconds = 600.0
+    """Deadline of one generation request."""
+    engine_max_wait_s: Annotated[float, Field(ge=0)] = 0.0
+    """How long to wait when every engine replica is down before failing (0: forever)."""
+
+    # Reward service.
+    reward_timeout_s: Seconds = 120.0
+    """Deadline of one /v1/verify request."""
+    reward_batch_items: Annotated[int, Field(ge=1)] = 512
+    """Most items per /v1/verify request."""
+    reward_max_wait_s: Annotated[float, Field(ge=0)] = 0.0
+    """How long to keep retrying an unreachable reward service before failing (0: forever);
+    nothing is pushed unscored either way."""
+
+    # Allocator.
+    allocator_timeout_s: Seconds = 5.0
+    """Deadline of one allocator call; past its retries the worker falls back to uniform n."""
+
+    # Bounds.
+    max_staleness: Annotated[int, Field(ge=0)] = 1
+    """Start a batch only when the engines' weights are at most this many versions behind the
+    learner's latest (0: on-policy); otherwise wait for the push."""
+    max_pending_groups: Annotated[int, Field(ge=0)] = 256
+    """Pause while the stream holds at least this many groups the learner has not acknowledged
+    (0: no bound)."""
+    poll_interval_s: Seconds = 0.5
+    """How often a waiting worker checks again (staleness, backpressure)."""
+    backoff_s: Seconds = 0.5
+    """First retry delay after a failure (engines, reward service, Redis); doubles per retry."""
+    backoff_max_s: Seconds = 10.0
+    """Longest retry delay."""
+
+    sampling: SamplingConfig = SamplingConfig()
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RolloutConfig:
+        if not self.n_min <= self.n <= self.n_max:
+            raise ValueError(
+                f"rollout.n_min <= rollout.n <= rollout.n_max must hold, got "
+                f"{self.n_min} <= {self.n} <= {self.n_max}"
+            )
+        if self.worker_index >= self.num_workers:
+            raise ValueError(
+                f"rollout.worker_index ({self.worker_index}) must be < rollout.num_workers "
+                f"({self.num_workers})"
+            )
+        if self.backoff_s > self.backoff_max_s:
+            raise ValueError(
+                f"rollout.backoff_s ({self.backoff_s}) must be <= rollout.backoff_max_s "
+                f"({self.backoff_max_s})"
+            )
+        return self
