@@ -1,1 +1,85 @@
-"""Pure policy-optimisation functions of tensors: advantages, losses, KL, DynaMO modulation."""
+"""Pure policy-optimisation functions of tensors: advantages, losses, KL, DynaMO modulation.
+
+Everything here is a function of tensors and masks (no config objects, services or distributed
+state) and imports only torch. Shapes: ``B`` responses, ``T`` response tokens, ``mask`` a {0, 1}
+float/bool ``[B, T]``. The learner picks variants by name from ``ADVANTAGE_ESTIMATORS`` and
+``POLICY_LOSSES``, whose entries share one signature each (see ``registry``). Formulas are in each
+function's docstring and in ``docs/algorithms.md``.
+"""
+
+from learner.algorithms.advantages import (
+    dapo_keep_groups,
+    discounted_returns,
+    drgrpo_advantages,
+    gae_advantages,
+    group_index,
+    grpo_advantages,
+    masked_mean,
+    masked_whiten,
+    outcome_token_rewards,
+    overlong_penalty,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from learner.algorithms.dynamo import DYNAMO_PRESETS, DynamoParams, dynamo_modulate, dynamo_params
+from learner.algorithms.logits import (
+    entropy_from_logits,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
+from learner.algorithms.losses import (
+    AGG_MODES,
+    DPO_KINDS,
+    KL_KINDS,
+    aggregate_loss,
+    dpo_loss,
+    gspo_loss,
+    kl_penalty,
+    policy_loss,
+    value_loss,
+)
+from learner.algorithms.registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    AdvantageEstimator,
+    PolicyLoss,
+    Registry,
+    UnknownNameError,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "DPO_KINDS",
+    "DYNAMO_PRESETS",
+    "KL_KINDS",
+    "POLICY_LOSSES",
+    "AdvantageEstimator",
+    "DynamoParams",
+    "PolicyLoss",
+    "Registry",
+    "UnknownNameError",
+    "aggregate_loss",
+    "dapo_keep_groups",
+    "discounted_returns",
+    "dpo_loss",
+    "drgrpo_advantages",
+    "dynamo_modulate",
+    "dynamo_params",
+    "entropy_from_logits",
+    "gae_advantages",
+    "group_index",
+    "grpo_advantages",
+    "gspo_loss",
+    "kl_penalty",
+    "masked_mean",
+    "masked_whiten",
+    "outcome_token_rewards",
+    "overlong_penalty",
+    "policy_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "token_logprobs",
+    "token_logprobs_and_entropy",
+    "value_loss",
+]

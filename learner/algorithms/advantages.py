@@ -1,0 +1,376 @@
+"""Advantage estimators and the DAPO sampling helpers, as pure functions of tensors.
+
+Shapes: ``B`` responses, ``T`` response tokens, ``mask`` a {0, 1} float or bool tensor ``[B, T]``
+(right padding is the common case, but nothing assumes it). ``group_ids[B]`` says which prompt each
+response answers; groups may have different sizes (DynaMO gives prompts different rollout counts)
+and may be given as an integer tensor or as any sequence of hashable ids (prompt-id strings).
+
+Outcome estimators (GRPO, Dr.GRPO, RLOO) return one number per response; the registry adapters at
+the bottom broadcast it over the response's valid tokens so every estimator in
+``ADVANTAGE_ESTIMATORS`` has the same signature and output shape. All outputs are zero at masked
+positions and never depend on what the masked positions of the inputs hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from learner.algorithms.registry import ADVANTAGE_ESTIMATORS
+
+GroupIds = torch.Tensor | Sequence[Hashable]
+
+
+def group_index(
+    group_ids: GroupIds, device: torch.device | None = None
+) -> tuple[torch.Tensor, int]:
+    """Map arbitrary group ids to dense indices: ``(index[B] in 0..G-1, G)``.
+
+    Integer tensors go through ``torch.unique``; other sequences (strings) through a dict in
+    first-seen order. The numbering is only used for segment sums, so its order does not matter.
+    """
+    if isinstance(group_ids, torch.Tensor):
+        if group_ids.dim() != 1:
+            raise ValueError(f"group_ids must be 1-D [B], got shape {tuple(group_ids.shape)}")
+        if group_ids.is_floating_point():
+            raise ValueError("group_ids must be an integer (or bool) tensor, not floating point")
+        uniq, index = torch.unique(group_ids, return_inverse=True)
+        return index.to(device or group_ids.device), int(uniq.numel())
+    seen: dict[Hashable, int] = {}
+    index_list = [seen.setdefault(g, len(seen)) for g in group_ids]
+    return torch.tensor(index_list, dtype=torch.long, device=device), len(seen)
+
+
+def _check_batch(name: str, x: torch.Tensor, b: int) -> None:
+    if x.dim() != 1 or x.shape[0] != b:
+        raise ValueError(f"{name} must have shape [B]=[{b}], got {tuple(x.shape)}")
+
+
+def _segment_sum(x: torch.Tensor, index: torch.Tensor, g: int) -> torch.Tensor:
+    return torch.zeros(g, dtype=x.dtype, device=x.device).index_add_(0, index, x)
+
+
+def _float(x: torch.Tensor) -> torch.Tensor:
+    """Work in at least float32 (bf16 rewards/values would lose the small differences)."""
+    return x.to(torch.float64) if x.dtype == torch.float64 else x.to(torch.float32)
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO advantages: ``A_i = (r_i − mean_g) / (std_g + eps)``, ``std_g`` the unbiased std.
+
+    ``mean_g`` and ``std_g = sqrt(Σ_{j∈g}(r_j − mean_g)² / (n_g − 1))`` are over the response's
+    group g of size n_g. A group of one gets mean 0 and std 1 (so ``A_i = r_i / (1 + eps)``, as in
+    verl). ``norm_by_std=False`` is Dr.GRPO: ``A_i = r_i − mean_g``. Returns ``[B]``.
+    """
+    _check_batch("rewards", rewards, rewards.shape[0] if rewards.dim() == 1 else -1)
+    r = _float(rewards)
+    index, g = group_index(group_ids, r.device)
+    _check_batch("group_ids", index, r.shape[0])
+    count = _segment_sum(torch.ones_like(r), index, g)
+    mean = _segment_sum(r, index, g) / count
+    single = count < 2
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    centred = r - mean[index]
+    if not norm_by_std:
+        return centred
+    var = _segment_sum(centred.square(), index, g) / (count - 1).clamp(min=1)
+    std = torch.where(single, torch.ones_like(var), var.sqrt())
+    return centred / (std[index] + eps)
+
+
+def drgrpo_advantages(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
+    """Dr.GRPO advantages: ``A_i = r_i − mean_g`` (no std normalisation). Returns ``[B]``."""
+    return grpo_advantages(rewards, group_ids, norm_by_std=False)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
+    """RLOO advantages: ``A_i = r_i − (Σ_{j∈g, j≠i} r_j) / (n_g − 1)``; a group of one gets 0.
+
+    Equivalently ``n_g / (n_g − 1) · (r_i − mean_g)``. Returns ``[B]``.
+    """
+    _check_batch("rewards", rewards, rewards.shape[0] if rewards.dim() == 1 else -1)
+    r = _float(rewards)
+    index, g = group_index(group_ids, r.device)
+    _check_batch("group_ids", index, r.shape[0])
+    count = _segment_sum(torch.ones_like(r), index, g)[index]
+    total = _segment_sum(r, index, g)[index]
+    baseline = (total - r) / (count - 1).clamp(min=1)
+    return torch.where(count > 1, r - baseline, torch.zeros_like(r))
+
+
+def _check_bt(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
+    if x.shape != mask.shape or x.dim() != 2:
+        raise ValueError(
+            f"{name} must have the shape of mask [B, T]={tuple(mask.shape)}, got {tuple(x.shape)}"
+        )
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is 1 (0 where there are none)."""
+    m = mask.to(x.dtype)
+    x = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    if dim is None:
+        return (x * m).sum() / m.sum().clamp(min=1)
+    return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(x − μ) / sqrt(σ² + eps)`` over valid positions, μ and the unbiased σ² over valid ones.
+
+    Masked positions come out 0. With fewer than two valid positions σ² is taken as 0.
+    """
+    valid = mask.bool()
+    x = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    n = valid.sum()
+    mean = x.sum() / n.clamp(min=1)
+    centred = torch.where(valid, x - mean, torch.zeros((), dtype=x.dtype, device=x.device))
+    var = centred.square().sum() / (n - 1).clamp(min=1)
+    return centred * torch.rsqrt(var + eps)
+
+
+def discounted_returns(
+    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+) -> torch.Tensor:
+    """``G_t = Σ_{k ≥ t, k valid} γ^{(number of valid steps from t to k)} r_k`` per row, 0 where masked.
+
+    Masked positions are skipped (they neither add reward nor count as a discount step).
+    """
+    _check_bt("token_rewards", token_rewards, mask)
+    valid = mask.bool()
+    r = torch.where(valid, _float(token_rewards), 0.0)
+    if gamma == 1.0:
+        return torch.where(valid, r.flip(-1).cumsum(-1).flip(-1), 0.0)
+    out = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0])
+    for t in range(r.shape[1] - 1, -1, -1):
+        running = torch.where(valid[:, t], r[:, t] + gamma * running, running)
+        out[:, t] = running
+    return torch.where(valid, out, 0.0)
+
+
+def reinforce_pp_advantages(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    group_ids: GroupIds | None = None,
+) -> torch.Tensor:
+    """REINFORCE++ advantages: discounted returns ``G_t`` whitened over all valid tokens.
+
+    ``G_t = r_t + γ G_{t+1}`` over valid tokens (see ``discounted_returns``). Without
+    ``group_ids``: ``A = whiten(G)``. With ``group_ids`` (REINFORCE++-baseline): each response's
+    group-mean sequence return is subtracted first, ``A = whiten(G_t − mean_{j∈g} G_{j,0})``, where
+    ``G_{j,0}`` is response j's return from its first valid token (a group of one has baseline 0).
+    Returns ``[B, T]``, 0 at masked positions.
+    """
+    returns = discounted_returns(token_rewards, mask, gamma)
+    if group_ids is not None:
+        valid = mask.bool()
+        first = valid.to(torch.int8).argmax(-1)  # first valid position (0 for empty rows)
+        seq_return = returns.gather(1, first[:, None]).squeeze(1)
+        index, g = group_index(group_ids, returns.device)
+        _check_batch("group_ids", index, returns.shape[0])
+        count = _segment_sum(torch.ones_like(seq_return), index, g)
+        mean = _segment_sum(seq_return, index, g) / count
+        mean = torch.where(count < 2, torch.zeros_like(mean), mean)
+        returns = torch.where(valid, returns - mean[index, None], 0.0)
+    return masked_whiten(returns, mask)
+
+
+def gae_advantages(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation; returns ``(advantages, returns)``, both ``[B, T]``.
+
+    Over the valid tokens of a row (masked ones are skipped, the value after the last valid token
+    is 0): ``δ_t = r_t + γ V_{t+1} − V_t``, ``Â_t = δ_t + γλ Â_{t+1}``, ``returns = Â + V``
+    (the value targets, not whitened), ``advantages = whiten(Â)`` over valid tokens.
+    """
+    _check_bt("token_rewards", token_rewards, mask)
+    _check_bt("values", values, mask)
+    valid = mask.bool()
+    r = torch.where(valid, _float(token_rewards), 0.0)
+    v = torch.where(valid, _float(values), 0.0)
+    adv = torch.zeros_like(r)
+    next_value = torch.zeros_like(r[:, 0])
+    last_gae = torch.zeros_like(r[:, 0])
+    for t in range(r.shape[1] - 1, -1, -1):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        gae = delta + gamma * lam * last_gae
+        m = valid[:, t]
+        last_gae = torch.where(m, gae, last_gae)
+        next_value = torch.where(m, v[:, t], next_value)
+        adv[:, t] = last_gae
+    adv = torch.where(valid, adv, 0.0)
+    returns = torch.where(valid, adv + v, 0.0)
+    return masked_whiten(adv, mask), returns
+
+
+def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place each response's outcome reward on its last valid token: ``[B] -> [B, T]``.
+
+    Rows without a valid token get no reward.
+    """
+    _check_batch("rewards", rewards, mask.shape[0])
+    valid = mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.where(valid, positions, -1).amax(-1)
+    out = torch.zeros(mask.shape, dtype=_float(rewards).dtype, device=rewards.device)
+    has_any = last >= 0
+    rows = torch.arange(mask.shape[0], device=mask.device)[has_any]
+    out[rows, last[has_any]] = _float(rewards)[has_any]
+    return out
+
+
+def dapo_keep_groups(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
+    """DAPO dynamic sampling: ``True`` for responses whose group's rewards are not all equal.
+
+    A group whose responses all scored the same gives zero GRPO advantage (no learning signal), so
+    DAPO drops it and samples more. A group of one is dropped too. Returns a bool ``[B]``.
+    """
+    _check_batch("rewards", rewards, rewards.shape[0] if rewards.dim() == 1 else -1)
+    r = _float(rewards)
+    index, g = group_index(group_ids, r.device)
+    _check_batch("group_ids", index, r.shape[0])
+    hi = torch.full((g,), -torch.inf, dtype=r.dtype, device=r.device)
+    lo = torch.full((g,), torch.inf, dtype=r.dtype, device=r.device)
+    hi = hi.scatter_reduce(0, index, r, reduce="amax")
+    lo = lo.scatter_reduce(0, index, r, reduce="amin")
+    return (hi > lo)[index]
+
+
+def overlong_penalty(
+    lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float = 1.0
+) -> torch.Tensor:
+    """DAPO soft overlong punishment, added to the reward: ``[B]``, in ``[−factor, 0]``.
+
+    With ``L_exp = max_len − buffer_len``: 0 when ``L ≤ L_exp``; ``factor · (L_exp − L) /
+    buffer_len`` when ``L_exp < L ≤ max_len`` (a linear ramp); ``−factor`` beyond ``max_len``.
+    """
+    if not 0 < buffer_len <= max_len:
+        raise ValueError(
+            f"buffer_len must satisfy 0 < buffer_len <= max_len ({max_len}), got {buffer_len}"
+        )
+    if factor < 0:
+        raise ValueError(f"factor must be >= 0, got {factor}")
+    expected = max_len - buffer_len
+    ramp = (expected - _float(lengths)) / buffer_len
+    return ramp.clamp(min=-1.0, max=0.0) * factor
+
+
+# --- registry adapters: one signature for every estimator -----------------------------------
+
+
+def _broadcast(per_response: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask.bool(), per_response[:, None], 0.0)
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo")
+def _grpo_estimator(
+    *,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: GroupIds,
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO (outcome rewards, group mean/std); advantages are also the returns."""
+    adv = _broadcast(grpo_advantages(rewards, group_ids), mask)
+    return adv, adv
+
+
+@ADVANTAGE_ESTIMATORS.register("drgrpo")
+def _drgrpo_estimator(
+    *,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: GroupIds,
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr.GRPO (outcome rewards, group mean only)."""
+    adv = _broadcast(drgrpo_advantages(rewards, group_ids), mask)
+    return adv, adv
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def _rloo_estimator(
+    *,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: GroupIds,
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (outcome rewards, leave-one-out baseline)."""
+    adv = _broadcast(rloo_advantages(rewards, group_ids), mask)
+    return adv, adv
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
+def _reinforce_pp_estimator(
+    *,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: GroupIds,
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (token rewards, batch whitening); returns are the discounted returns."""
+    tr = outcome_token_rewards(rewards, mask) if token_rewards is None else token_rewards
+    return reinforce_pp_advantages(tr, mask, gamma=gamma), discounted_returns(tr, mask, gamma)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp_baseline")
+def _reinforce_pp_baseline_estimator(
+    *,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: GroupIds,
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline (group-mean baseline, then batch whitening)."""
+    tr = outcome_token_rewards(rewards, mask) if token_rewards is None else token_rewards
+    adv = reinforce_pp_advantages(tr, mask, gamma=gamma, group_ids=group_ids)
+    return adv, discounted_returns(tr, mask, gamma)
+
+
+@ADVANTAGE_ESTIMATORS.register("gae")
+def _gae_estimator(
+    *,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: GroupIds,
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's GAE with a critic; ``values`` is required."""
+    if values is None:
+        raise ValueError("advantage estimator 'gae' needs values[B, T] from a critic (got None)")
+    tr = outcome_token_rewards(rewards, mask) if token_rewards is None else token_rewards
+    return gae_advantages(tr, values, mask, gamma=gamma, lam=lam)
