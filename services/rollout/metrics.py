@@ -44,3 +44,60 @@ class EngineMetrics:
         self.weight_update_seconds = m.histogram(
             "weight_update_seconds", "Time to receive and load one weight update", ["source"]
         )
+
+
+class WorkerMetrics:
+    """The rollout worker's metrics (``dynamo_rollout_*``)."""
+
+    def __init__(self) -> None:
+        m = ServiceMetrics("rollout")
+        self.metrics = m
+        self.batches = m.counter("batches_total", "Rollout batches pushed to the stream")
+        self.groups = m.counter("groups_total", "Trajectory groups pushed (one per prompt)")
+        self.responses = m.counter("responses_total", "Responses pushed")
+        self.tokens = m.counter("tokens_generated_total", "Response tokens generated")
+        self.tokens_per_second = m.gauge(
+            "tokens_per_second", "Generated tokens per second of generation in the last batch"
+        )
+        self.reward_mean = m.gauge("reward_mean", "Mean reward of the last batch's responses")
+        self.correct_fraction = m.gauge(
+            "correct_fraction", "Fraction of the last batch's responses judged correct"
+        )
+        self.allocation = m.histogram(
+            "allocation_count",
+            "Responses allocated per prompt",
+            buckets=(0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128),
+        )
+        self.allocator_fallbacks = m.counter(
+            "allocator_fallbacks_total", "Batches that used uniform n because the allocator failed"
+        )
+        self.report_failures = m.counter(
+            "report_failures_total", "ReportOutcomes calls that failed (outcomes kept for the next)"
+        )
+        self.staleness = m.gauge(
+            "staleness_versions", "Learner's latest weight version minus the engines' (oldest)"
+        )
+        self.weight_version = m.gauge("weight_version", "Oldest weight version among the engines")
+        self.waits = m.counter(
+            "waits_total",
+            "Times the worker waited, by reason (staleness, backpressure, engine, reward, redis)",
+            ["reason"],
+        )
+        self.wait_seconds = m.counter(
+            "wait_seconds_total", "Seconds spent waiting, by reason", ["reason"]
+        )
+        self.pending_groups = m.gauge(
+            "pending_groups", "Groups in the stream the learner has not acknowledged"
+        )
+        self.engine_failures = m.counter(
+            "engine_failures_total", "Failed engine requests (retried elsewhere)", ["url"]
+        )
+        self.reward_retries = m.counter(
+            "reward_retries_total", "Retried /v1/verify requests (reward service down or busy)"
+        )
+        self.batch_seconds = m.histogram(
+            "batch_seconds",
+            "Wall time of one batch, by phase (allocate, generate, verify, push, total)",
+            ["phase"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )
