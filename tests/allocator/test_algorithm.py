@@ -1,0 +1,300 @@
+"""allocate_rollouts against a plain loop twin of the same steps, plus its guarantees.
+
+The twin below follows ``allocator/algorithm.py``'s docstring one prompt at a time: water-filling
+pass by pass (as the authors' code does), bisection for the water level, largest remainder and
+round-robin with explicit loops. It shares no code with the vectorised version.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from allocator.algorithm import UNEXPLORED, allocate_rollouts, compute_priorities
+
+# -- the loop twin -----------------------------------------------------------------------------
+
+
+def loop_priorities(g, k, initial_budget, mastery, min_p, priority):
+    out = []
+    for big_g, small_k in zip(g, k, strict=True):
+        if big_g < initial_budget:
+            out.append(-1.0)
+            continue
+        acc = small_k / big_g if big_g > 0 else 0.0
+        if acc >= mastery:
+            value = min_p
+        else:
+            var = small_k * (big_g - small_k) / (big_g * (big_g - 1)) if big_g > 1 else 0.0
+            value = max(var, min_p)
+        out.append(math.sqrt(value) if priority == "std" else value)
+    return out
+
+
+def loop_largest_remainder(shares, total, caps):
+    ints = [min(math.floor(s + 1e-9), math.floor(c)) for s, c in zip(shares, caps, strict=True)]
+    left = total - sum(ints)
+    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - ints[i]), i))
+    for i in order:
+        if left <= 0:
+            break
+        if ints[i] < caps[i]:
+            ints[i] += 1
+            left -= 1
+    return ints
+
+
+def loop_allocate(g, k, budget, *, n_min, n_max, initial_budget, mastery, min_p, priority, scheme):
+    n_max = max(n_min, n_max)
+    initial_budget = max(n_min, initial_budget)
+    n = len(g)
+    p = loop_priorities(g, k, initial_budget, mastery, min_p, priority)
+    total = min(max(budget, n * n_min), n * n_max)
+    counts = [n_min] * n  # step 2 first: n_min for everyone is reserved
+    spare = total - n * n_min
+    # Step 1: exploration above n_min.
+    extra = []
+    for i in range(n):
+        if p[i] == -1.0:
+            need = min(max(initial_budget - g[i], 0), n_max)
+            extra.append(max(math.ceil(need) - n_min, 0))
+        else:
+            extra.append(0)
+    if sum(extra) <= spare:
+        for i in range(n):
+            counts[i] += extra[i]
+        spare -= sum(extra)
+    else:
+        shares = [e * spare / sum(extra) for e in extra]
+        add = loop_largest_remainder(shares, spare, extra)
+        for i in range(n):
+            counts[i] += add[i]
+        spare = 0
+    # Step 3: by priority.
+    room = n_max - n_min
+    eligible = [i for i in range(n) if p[i] != -1.0 and p[i] > 0]
+    if spare > 0 and eligible and room > 0:
+        x = dict.fromkeys(eligible, 0.0)
+        if scheme == "reference":
+            active = list(eligible)
+            remaining = float(spare)
+            while remaining > 1e-9 and active:  # one proportional pass, then cap, redistribute
+                weight = sum(p[i] for i in active)
+                for i in active:
+                    x[i] += remaining * p[i] / weight
+                remaining = 0.0
+                still = []
+                for i in active:
+                    if x[i] > room:
+                        remaining += x[i] - room
+                        x[i] = float(room)
+                    else:
+                        still.append(i)
+                active = still
+        else:
+
+            def level_sum(lam):
+                return sum(min(max(lam * p[i], n_min), n_max) - n_min for i in eligible)
+
+            lo, hi = 0.0, n_max / min(p[i] for i in eligible)
+            if level_sum(hi) <= spare:
+                for i in eligible:
+                    x[i] = float(room)
+            else:
+                for _ in range(200):
+                    mid = (lo + hi) / 2
+                    lo, hi = (mid, hi) if level_sum(mid) < spare else (lo, mid)
+                for i in eligible:
+                    x[i] = min(max(hi * p[i], n_min), n_max) - n_min
+        shares = [x[i] for i in eligible]
+        target = min(spare, round(sum(shares)))
+        add = loop_largest_remainder(shares, target, [room] * len(eligible))
+        for j, i in enumerate(eligible):
+            counts[i] += add[j]
+        spare -= sum(add)
+    while spare > 0:  # round-robin, lowest index first
+        for i in range(n):
+            if spare > 0 and counts[i] < n_max:
+                counts[i] += 1
+                spare -= 1
+    return counts, p
+
+
+# -- random cases ------------------------------------------------------------------------------
+
+
+def _random_case(rng: np.random.Generator) -> dict:
+    n = int(rng.integers(0, 80))
+    n_min = int(rng.integers(0, 10))
+    n_max = n_min + int(rng.integers(0, 20)) if rng.random() < 0.9 else n_min - 1
+    decayed = rng.random() < 0.3
+    g = rng.integers(0, 60, n).astype(float)
+    if decayed:
+        g = g * rng.uniform(0.3, 1.0, n)
+    k = np.floor(g * rng.random(n)) if not decayed else g * rng.random(n)
+    # Make some prompts all-wrong / all-right, the corner cases of the variance.
+    k[rng.random(n) < 0.1] = 0
+    sel = rng.random(n) < 0.1
+    k[sel] = g[sel]
+    budget = int(rng.integers(0, max(1, n * (max(n_max, n_min) + 4)) + 1))
+    return {
+        "g": g,
+        "k": k,
+        "budget": budget,
+        "n_min": n_min,
+        "n_max": n_max,
+        "initial_budget": int(rng.integers(0, 16)),
+        "mastery": float(rng.choice([0.85, 0.5, 1.0])),
+        "min_p": float(rng.choice([0.01, 0.0, 0.05])),
+        "priority": str(rng.choice(["variance", "std"])),
+        "scheme": str(rng.choice(["reference", "water-level"])),
+    }
+
+
+def _vectorised(case: dict):
+    return allocate_rollouts(
+        case["g"],
+        case["k"],
+        case["budget"],
+        n_min=case["n_min"],
+        n_max=case["n_max"],
+        initial_budget=case["initial_budget"],
+        mastery_threshold=case["mastery"],
+        min_priority=case["min_p"],
+        priority=case["priority"],
+        scheme=case["scheme"],
+        return_priorities=True,
+    )
+
+
+def _loop(case: dict):
+    return loop_allocate(
+        list(case["g"]),
+        list(case["k"]),
+        case["budget"],
+        n_min=case["n_min"],
+        n_max=case["n_max"],
+        initial_budget=case["initial_budget"],
+        mastery=case["mastery"],
+        min_p=case["min_p"],
+        priority=case["priority"],
+        scheme=case["scheme"],
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_loop_twin_and_keeps_guarantees(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        case = _random_case(rng)
+        counts, prio = _vectorised(case)
+        twin, twin_prio = _loop(case)
+        n = len(case["g"])
+        n_min, n_max = case["n_min"], max(case["n_min"], case["n_max"])
+        expected_total = min(max(case["budget"], n * n_min), n * n_max)
+        assert counts.dtype == np.int64 and counts.shape == (n,)
+        np.testing.assert_allclose(prio, twin_prio, rtol=1e-12, atol=1e-12)
+        assert int(counts.sum()) == expected_total == sum(twin), case
+        if n:
+            assert counts.min() >= n_min and counts.max() <= n_max, case
+            assert np.abs(counts - np.array(twin)).max() <= 1, (case, counts, twin)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_more_priority_never_means_fewer_samples(seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(40):
+        case = _random_case(rng)
+        counts, prio = _vectorised(case)
+        done = np.flatnonzero(prio != UNEXPLORED)
+        n_max = max(case["n_min"], case["n_max"])
+        for i in done:
+            for j in done:
+                if prio[i] > prio[j] and counts[i] < counts[j]:
+                    assert counts[i] == n_max, (case, i, j)  # only a binding cap may do that
+
+
+def test_priorities_by_hand() -> None:
+    g = [4, 16, 16, 16, 20, 16]
+    k = [2, 8, 0, 16, 17, 1]
+    p = compute_priorities(g, k, initial_budget=8)
+    assert p[0] == UNEXPLORED
+    assert p[1] == pytest.approx(8 * 8 / (16 * 15))
+    assert p[2] == pytest.approx(0.01)  # never solved: variance 0, floored
+    assert p[3] == pytest.approx(0.01)  # mastered
+    assert p[4] == pytest.approx(0.01)  # 0.85 exactly counts as mastered
+    assert p[5] == pytest.approx(15 / (16 * 15))
+    s = compute_priorities(g, k, initial_budget=8, priority="std")
+    np.testing.assert_allclose(s[1:], np.sqrt(p[1:]))
+
+
+def test_counts_move_toward_half_solved_prompts() -> None:
+    g = np.array([32, 32, 32, 32])
+    k = np.array([16, 2, 31, 0])  # half-solved, hard, easy, never solved
+    counts = allocate_rollouts(g, k, 4 * 16, n_min=8, n_max=24)
+    assert counts.sum() == 64
+    assert counts[0] == 24  # capped; its overflow goes to the others by priority
+    assert counts[1] > counts[2] == counts[3] >= 8
+
+
+def test_unexplored_prompts_get_their_initial_budget() -> None:
+    g = np.array([0, 0, 32, 32])
+    k = np.array([0, 0, 16, 16])
+    counts = allocate_rollouts(g, k, 4 * 6, n_min=4, n_max=24, initial_budget=8)
+    assert list(counts) == [8, 8, 4, 4]
+    # Budget short: the part above n_min is scaled, never below n_min for anyone.
+    counts = allocate_rollouts(g, k, 4 * 5, n_min=4, n_max=24, initial_budget=8)
+    assert list(counts) == [6, 6, 4, 4]
+
+
+def test_round_robin_when_no_priority() -> None:
+    g = np.full(3, 10.0)
+    k = np.zeros(3)
+    counts = allocate_rollouts(g, k, 3 * 4 + 2, n_min=4, n_max=8, min_priority=0.0)
+    assert list(counts) == [5, 5, 4]
+
+
+def test_budget_is_clipped_and_empty_input() -> None:
+    g, k = np.full(5, 20.0), np.full(5, 10.0)
+    assert allocate_rollouts(g, k, 0, n_min=4, n_max=24).tolist() == [4] * 5
+    assert allocate_rollouts(g, k, 10**9, n_min=4, n_max=24).tolist() == [24] * 5
+    assert allocate_rollouts([], [], 100).size == 0
+
+
+def test_water_level_std_beats_reference_on_the_variance_objective() -> None:
+    rng = np.random.default_rng(7)
+    g = np.full(2000, 32.0)
+    k = rng.binomial(32, rng.random(2000)).astype(float)
+    sigma2 = compute_priorities(g, k)  # variance, floored
+    objective = {}
+    for scheme in ("reference", "water-level"):
+        counts = allocate_rollouts(
+            g, k, 16 * 2000, n_min=4, n_max=32, scheme=scheme, priority="std"
+        )
+        objective[scheme] = float((sigma2 / counts).sum())
+    uniform = float((sigma2 / 16).sum())
+    assert objective["water-level"] < objective["reference"] < uniform
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"scheme": "nope"}, "scheme"),
+        ({"priority": "nope"}, "priority"),
+        ({"n_min": -1}, "n_min"),
+        ({"budget": -5}, "budget"),
+    ],
+)
+def test_bad_arguments_name_the_field(kwargs: dict, match: str) -> None:
+    args = {"sample_counts": [10, 10], "success_counts": [5, 5], "budget": 32, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        allocate_rollouts(**args)
+
+
+def test_bad_statistics_are_rejected() -> None:
+    with pytest.raises(ValueError, match="success_counts"):
+        allocate_rollouts([4, 4], [5, 1], 16)
+    with pytest.raises(ValueError, match="entries"):
+        allocate_rollouts([4, 4], [1], 16)
