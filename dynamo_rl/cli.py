@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "measure pass@1 / avg@k of a model through the reward service",
     ),
     "config": ("dynamo_rl.config_cli", "validate an experiment config and print it resolved"),
+    "dashboard": ("dynamo_rl.dashboard.cli", "serve the built-in dashboard (charts and samples)"),
     "task": ("dynamo_rl.task_cli", "write a built-in task's train/test data (verl parquet layout)"),
 }
 

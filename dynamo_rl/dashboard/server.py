@@ -1,0 +1,150 @@
+"""The dashboard's HTTP server: two pages, one script, and three JSON routes.
+
+Routes (all GET): ``/`` charts page, ``/samples`` samples page, ``/static/dashboard.js``,
+``/api/charts`` (every chart with its lines, plus the state of each data source), ``/api/samples``
+(filtered rows; query ``source``, ``min_reward``, ``max_reward``, ``correct``, ``reason``, ``q``,
+``limit``), ``/healthz``. The standard library's threading server is enough: a handful of people
+poll it every few seconds, and it keeps the shared package free of another web framework.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from dynamo_rl.dashboard.charts import CHARTS, Chart
+from dynamo_rl.dashboard.sources import JsonlLog, SampleFilter, SampleReader, Scraper, chart_data
+
+__all__ = ["Dashboard", "make_server"]
+
+log = logging.getLogger("dynamo_rl.dashboard")
+
+STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/samples": ("samples.html", "text/html; charset=utf-8"),
+    "/static/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+}
+
+
+@dataclass
+class Dashboard:
+    """The run being watched: its metrics log, the scraped endpoints and the trajectory stream."""
+
+    log: JsonlLog
+    scraper: Scraper
+    samples: SampleReader | None
+    run_name: str
+    charts: tuple[Chart, ...] = CHARTS
+
+    def charts_payload(self) -> dict[str, Any]:
+        self.log.refresh()
+        charts = [chart_data(c, self.log, self.scraper) for c in self.charts]
+        redis_status: dict[str, Any] = {"configured": self.samples is not None}
+        if self.samples is not None:
+            try:
+                bars = self.samples.allocated_counts()
+                charts.insert(
+                    5,
+                    {
+                        "id": "stream_alloc",
+                        "title": "Allocated count of the newest groups (stream)",
+                        "group": "allocation",
+                        "unit": "groups",
+                        "kind": "bars",
+                        "series": [],
+                        "lines": [],
+                        "bars": bars,
+                    },
+                )
+                redis_status["ok"] = True
+            except Exception as e:  # Redis down: the other charts still render
+                redis_status.update(ok=False, error=f"{type(e).__name__}: {e}")
+        return {
+            "run": self.run_name,
+            "now": time.time(),
+            "charts": charts,
+            "sources": {
+                "metrics_log": self.log.status(),
+                "scrape": self.scraper.status(),
+                "redis": redis_status,
+            },
+        }
+
+    def samples_payload(self, flt: SampleFilter) -> dict[str, Any]:
+        if self.samples is None:
+            return {"rows": [], "sources": [], "reasons": [], "error": "no Redis configured"}
+        return self.samples.read(flt)
+
+
+def _static(name: str) -> bytes:
+    return resources.files("dynamo_rl.dashboard").joinpath("static", name).read_bytes()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    dashboard: Dashboard
+    server_version = "dynamo-rl-dashboard"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per poll is noise
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        # The pages load only their own script; nothing from anywhere else.
+        self.send_header(
+            "Content-Security-Policy",
+            "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:",
+        )
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        path = url.path
+        if path in STATIC:
+            name, ctype = STATIC[path]
+            self._send(HTTPStatus.OK, _static(name), ctype)
+        elif path == "/healthz":
+            self._json(HTTPStatus.OK, {"ok": True})
+        elif path == "/api/charts":
+            self._json(HTTPStatus.OK, self.dashboard.charts_payload())
+        elif path == "/api/samples":
+            try:
+                flt = SampleFilter.from_query(parse_qs(url.query))
+            except ValueError as e:
+                self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+                return
+            try:
+                self._json(HTTPStatus.OK, self.dashboard.samples_payload(flt))
+            except Exception as e:  # Redis unreachable: say so instead of a bare 500
+                self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"{type(e).__name__}: {e}"})
+        else:
+            self._json(HTTPStatus.NOT_FOUND, {"error": f"no route {path}"})
+
+
+def make_server(dashboard: Dashboard, host: str, port: int) -> ThreadingHTTPServer:
+    """A server bound to ``host:port`` (port 0: a free one); call ``serve_forever`` on it."""
+    handler = type("Handler", (_Handler,), {"dashboard": dashboard})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
+    thread.start()
+    return thread
