@@ -1,6 +1,14 @@
-"""The embedded inference engine's section."""
+"""The embedded inference engine's section (``dynamo-rl engine``).
+
+The bearer token for the control endpoints is not here: it is ``endpoints.control_token``
+(``DYNAMO_CONTROL_TOKEN``), shared with the learner that pushes weights.
+"""
 
 from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
@@ -8,6 +16,36 @@ from dynamo_rl.config.common import Host, Port
 
 class EngineConfig(Section):
     host: Host = "127.0.0.1"
+    """Address to bind. A non-loopback address needs ``endpoints.control_token`` set."""
     port: Port = 8000
+    """HTTP port (0: a free one, printed in the log)."""
     model: str | None = None
-    """Hugging Face model directory to serve."""
+    """Hugging Face model directory to serve (required to start the engine)."""
+    served_model_name: str | None = None
+    """Model name reported by ``/v1/models`` and in responses (default: the directory's name)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the model runs; ``cuda`` also allows NCCL weight-update groups."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Weights and activations dtype; ``auto`` keeps the checkpoint's. float32 keeps returned
+    log-probs within 1e-4 of the learner's forward pass."""
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
+    """Most sequences decoded together in one batch (prompts x n)."""
+    batch_wait_ms: Annotated[float, Field(ge=0, le=1000)] = 2.0
+    """After the first request of an idle engine arrives, wait this long for others to join its
+    batch ("requests that arrive together are decoded together")."""
+    max_new_tokens: Annotated[int, Field(ge=1)] = 4096
+    """Cap on ``max_tokens`` per request; a larger request is a 422 naming the field."""
+    default_max_tokens: Annotated[int, Field(ge=1)] = 256
+    """``max_tokens`` when a request leaves it out (also capped by the context left)."""
+    max_logprobs: Annotated[int, Field(ge=0, le=20)] = 5
+    """Largest ``logprobs`` (top-k alternatives per token) a request may ask for."""
+    threads: Annotated[int, Field(ge=1)] | None = None
+    """torch intra-op threads (default: torch's own choice, OMP_NUM_THREADS)."""
+    register_in_redis: bool = True
+    """Register in Redis (``engines_key(run.name)`` at ``endpoints.redis_url``) on start and after
+    every weight update; an unreachable Redis is logged, never fatal."""
+    advertise_url: str | None = None
+    """Base URL others reach this engine at, as registered in Redis
+    (default: ``http://HOST:PORT`` with the bound port)."""
+    weight_update_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Timeout of the weight-update process group (forming it and each broadcast)."""

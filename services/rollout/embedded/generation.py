@@ -1,0 +1,418 @@
+"""Batched generation with a KV cache, owned by one scheduler thread.
+
+Why one thread: the model is only ever touched by the scheduler thread, so a weight update (run
+by that same thread *between* batches) can never interleave with a decoding step. A batch that
+started on version v finishes on version v; requests queued behind an update run on the new
+weights. No response is ever sampled from a half-updated model, and no lock is needed.
+
+Batching is static: when the engine is idle, the first request waits ``batch_wait_s`` for others
+to arrive, then every queued sequence (prompts x n, up to ``max_batch_size``) is prefilled
+together with left padding and decoded step by step sharing one ``DynamicCache``. Finished rows
+are dropped from the cache as they finish, so long tails do not pay for short ones. Requests
+arriving mid-batch wait for the next batch (no continuous batching: simpler, and enough for CPU).
+
+Sampling per row: temperature (0 = greedy), top-k, top-p, and a per-row ``torch.Generator`` when
+a seed is given, so a seeded request gives the same tokens whatever else shares its batch (up to
+float reduction order). The returned log-probs are those of the *raw* model distribution
+(``log_softmax`` of the logits, before temperature/top-k/top-p), i.e. what the learner's forward
+pass computes on the same tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one sequence (already validated by the HTTP layer)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    top_logprobs: int = 0  # alternatives per token to return (0: only the sampled token's)
+
+
+@dataclass
+class SequenceResult:
+    """One generated sequence."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    matched_stop: int | str | None
+    stop_text_end: int | None  # where the text is cut when a stop string matched
+    top_logprobs: list[list[tuple[int, float]]] | None
+    weight_version: int
+
+
+@dataclass
+class _Seq:
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+@dataclass
+class _Job:
+    seqs: list[_Seq]
+    future: Future[list[SequenceResult]]
+    results: list[SequenceResult | None]
+    next_index: int = 0  # sequences before this one are already scheduled
+    done: int = 0
+
+
+@dataclass
+class _Task:
+    fn: Callable[[], Any]
+    future: Future[Any]
+
+
+@dataclass
+class BatchStats:
+    """What one decoded batch did (for metrics)."""
+
+    sequences: int
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers 5 renamed ``past_key_values`` to ``cache``; accept both versions."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class BatchGenerator:
+    """Owns the model in a scheduler thread; ``submit`` sequences, ``run_exclusive`` updates."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        decode: Callable[[list[int]], str],
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.002,
+        seed: int = 0,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.pad_token_id = int(pad_token_id)
+        self.decode = decode
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.on_batch = on_batch
+        self.weight_version = 0
+        self._cache_kw = _cache_kwarg(model)
+        self._rng = torch.Generator(device="cpu").manual_seed(seed)
+        self._queue: collections.deque[_Job | _Task] = collections.deque()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---- public API (any thread) ----
+
+    def submit(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+    ) -> Future[list[SequenceResult]]:
+        """Queue sequences (one per (prompt, params) pair); the future gets results in order."""
+        if len(prompts) != len(params):
+            raise ValueError("one SamplingParams per prompt")
+        seqs = []
+        for prompt, p in zip(prompts, params, strict=True):
+            gen = None
+            if p.seed is not None:
+                gen = torch.Generator(device="cpu").manual_seed(p.seed)
+            seqs.append(_Seq(list(prompt), p, gen))
+        job = _Job(seqs, Future(), [None] * len(seqs))
+        if not seqs:
+            job.future.set_result([])
+            return job.future
+        self._put(job)
+        return job.future
+
+    def run_exclusive(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run ``fn`` in the scheduler thread between batches (weight updates)."""
+        task = _Task(fn, Future())
+        self._put(task)
+        return task.future
+
+    def pending(self) -> int:
+        """Sequences queued and not yet scheduled."""
+        with self._cv:
+            return sum(len(j.seqs) - j.next_index for j in self._queue if isinstance(j, _Job))
+
+    def close(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30)
+
+    # ---- scheduler thread ----
+
+    def _put(self, item: _Job | _Task) -> None:
+        with self._cv:
+            if self._stopped:
+                raise RuntimeError("engine is shutting down")
+            self._queue.append(item)
+            self._cv.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stopped:
+                    self._cv.wait()
+                if self._stopped:
+                    break
+                head = self._queue[0]
+            if isinstance(head, _Task):
+                with self._cv:
+                    self._queue.popleft()
+                self._run_task(head)
+                continue
+            # Let requests that arrive together join one batch.
+            if self.batch_wait_s > 0:
+                time.sleep(self.batch_wait_s)
+            batch = self._take_batch()
+            if batch:
+                self._run_batch(batch)
+        # Fail whatever is left so no caller waits forever.
+        with self._cv:
+            left = list(self._queue)
+            self._queue.clear()
+        for item in left:
+            if not item.future.done():
+                item.future.set_exception(RuntimeError("engine shut down"))
+
+    def _run_task(self, task: _Task) -> None:
+        try:
+            task.future.set_result(task.fn())
+        except BaseException as e:  # report to the caller, keep serving
+            task.future.set_exception(e)
+
+    def _take_batch(self) -> list[tuple[_Job, int]]:
+        """Up to max_batch_size queued sequences, stopping at the first exclusive task."""
+        batch: list[tuple[_Job, int]] = []
+        with self._cv:
+            while self._queue and len(batch) < self.max_batch_size:
+                head = self._queue[0]
+                if isinstance(head, _Task):
+                    break
+                take = min(len(head.seqs) - head.next_index, self.max_batch_size - len(batch))
+                batch.extend((head, head.next_index + k) for k in range(take))
+                head.next_index += take
+                if head.next_index == len(head.seqs):
+                    self._queue.popleft()
+        return batch
+
+    def _run_batch(self, batch: list[tuple[_Job, int]]) -> None:
+        seqs = [job.seqs[i] for job, i in batch]
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                results = self._decode(seqs)
+        except BaseException as e:
+            log.exception("generation failed for a batch of %d sequences", len(seqs))
+            for job, _ in batch:
+                if not job.future.done():
+                    job.future.set_exception(e)
+            return
+        for (job, i), res in zip(batch, results, strict=True):
+            job.results[i] = res
+            job.done += 1
+            if job.done == len(job.seqs) and not job.future.done():
+                job.future.set_result(list(job.results))  # type: ignore[arg-type]
+        if self.on_batch is not None:
+            self.on_batch(
+                BatchStats(
+                    sequences=len(seqs),
+                    prompt_tokens=sum(len(s.prompt) for s in seqs),
+                    generated_tokens=sum(len(s.tokens) for s in seqs),
+                    seconds=time.perf_counter() - t0,
+                )
+            )
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
+        return out.logits[:, -1, :].float()
+
+    def _decode(self, seqs: list[_Seq]) -> list[SequenceResult]:
+        from transformers import DynamicCache
+
+        version = self.weight_version
+        results: list[SequenceResult | None] = [None] * len(seqs)
+        # Rows that need no generation at all (max_tokens == 0).
+        rows = []
+        for i, s in enumerate(seqs):
+            if s.params.max_tokens == 0:
+                results[i] = self._result(s, "length", None, None, version)
+            else:
+                rows.append(i)
+        if not rows:
+            return results  # type: ignore[return-value]
+
+        dev = self.device
+        lengths = [len(seqs[i].prompt) for i in rows]
+        width = max(lengths)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, i in enumerate(rows):
+            n = lengths[r]
+            ids[r, width - n :] = torch.tensor(seqs[i].prompt, dtype=torch.long)
+            mask[r, width - n :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        # Left padding: positions count real tokens only, as in an unpadded forward pass.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache)
+        next_pos = positions[:, -1] + 1
+
+        active = list(rows)  # active[r] = index into seqs of cache row r
+        while active:
+            tokens, token_lp = self._sample(logits, [seqs[i] for i in active])
+            keep: list[int] = []
+            for r, i in enumerate(active):
+                s = seqs[i]
+                tok = int(tokens[r])
+                s.tokens.append(tok)
+                s.logprobs.append(float(token_lp[r]))
+                if s.params.top_logprobs:
+                    k = s.params.top_logprobs
+                    vals, idx = torch.topk(torch.log_softmax(logits[r], -1), k)
+                    s.top.append(list(zip(idx.tolist(), vals.tolist(), strict=True)))
+                done = self._finished(s, tok)
+                if done is None:
+                    keep.append(r)
+                else:
+                    reason, matched, cut = done
+                    results[i] = self._result(s, reason, matched, cut, version)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                sel = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(sel)
+                mask, next_pos, tokens = mask[sel], next_pos[sel], tokens[sel]
+                active = [active[r] for r in keep]
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache)
+            next_pos = next_pos + 1
+        return results  # type: ignore[return-value]
+
+    def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled token per row and its log-prob under the raw model distribution."""
+        logp = torch.log_softmax(logits, dim=-1)
+        n, vocab = logits.shape
+        temps = [s.params.temperature for s in seqs]
+        greedy = [t == 0.0 for t in temps]
+        if all(greedy):
+            tokens = logits.argmax(-1)
+        else:
+            scaled = logits / torch.tensor([t if t > 0 else 1.0 for t in temps])[:, None]
+            top_ks = [s.params.top_k if 0 < s.params.top_k < vocab else 0 for s in seqs]
+            if any(top_ks):
+                kmax = max(top_ks)
+                kth = torch.topk(scaled, kmax, dim=-1).values
+                idx = torch.tensor([(k or kmax) - 1 for k in top_ks])
+                thresh = kth.gather(1, idx[:, None])
+                off = torch.tensor([k == 0 for k in top_ks])[:, None]
+                scaled = scaled.masked_fill((scaled < thresh) & ~off, float("-inf"))
+            top_ps = [s.params.top_p for s in seqs]
+            if any(p < 1.0 for p in top_ps):
+                sorted_logits, order = scaled.sort(dim=-1, descending=True)
+                probs_sorted = sorted_logits.softmax(-1)
+                cum = probs_sorted.cumsum(-1)
+                p = torch.tensor(top_ps)[:, None]
+                # Drop a token when the mass before it already reaches top_p (keeps >= 1 token).
+                drop_sorted = (cum - probs_sorted) >= p
+                drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+                scaled = scaled.masked_fill(drop, float("-inf"))
+            probs = scaled.softmax(-1)
+            # Exponential race (argmax p/E, E ~ Exp(1)) is exact categorical sampling and lets
+            # each seeded row draw its noise from its own generator.
+            noise = torch.empty((n, vocab), dtype=probs.dtype)
+            unseeded = [r for r, s in enumerate(seqs) if s.generator is None]
+            if unseeded:
+                noise[unseeded] = torch.empty(
+                    (len(unseeded), vocab), dtype=probs.dtype
+                ).exponential_(generator=self._rng)
+            for r, s in enumerate(seqs):
+                if s.generator is not None:
+                    noise[r].exponential_(generator=s.generator)
+            tokens = (probs / noise.to(probs.device)).argmax(-1)
+            if any(greedy):
+                g = torch.tensor(greedy, device=logits.device)
+                tokens = torch.where(g, logits.argmax(-1), tokens)
+        token_lp = logp.gather(1, tokens[:, None])[:, 0]
+        return tokens.cpu(), token_lp.cpu()
+
+    def _finished(self, s: _Seq, tok: int) -> tuple[str, int | str | None, int | None] | None:
+        p = s.params
+        if tok in p.stop_token_ids:
+            return "stop", tok, None
+        if not p.ignore_eos and tok in self.eos_token_ids:
+            return "stop", tok, None
+        if p.stop:
+            text = self.decode(s.tokens)
+            hits = [(text.find(stop), stop) for stop in p.stop if stop in text]
+            if hits:
+                cut, stop = min(hits)
+                return "stop", stop, cut
+        if len(s.tokens) >= p.max_tokens:
+            return "length", None, None
+        return None
+
+    def _result(
+        self,
+        s: _Seq,
+        reason: str,
+        matched: int | str | None,
+        cut: int | None,
+        version: int,
+    ) -> SequenceResult:
+        return SequenceResult(
+            token_ids=list(s.tokens),
+            logprobs=list(s.logprobs),
+            finish_reason=reason,
+            matched_stop=matched,
+            stop_text_end=cut,
+            top_logprobs=list(s.top) if s.params.top_logprobs else None,
+            weight_version=version,
+        )

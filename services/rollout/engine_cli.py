@@ -1,0 +1,133 @@
+"""``dynamo-rl engine``: serve a Hugging Face model with the embedded inference engine.
+
+The config is parsed (and the bind address checked) before torch is imported, so ``--help`` and
+config mistakes answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dynamo_rl.cli import EXIT_CONFIG, parse_config, service_parser
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = service_parser(
+        "engine",
+        "Serve a Hugging Face causal LM: OpenAI /v1/completions, SGLang /generate and "
+        "SGLang-shaped weight updates (control endpoints need DYNAMO_CONTROL_TOKEN when set).",
+    )
+    p.add_argument(
+        "--model", dest="engine.model", metavar="DIR", help="model directory (engine.model)"
+    )
+    p.add_argument(
+        "--host", dest="engine.host", help="address to bind (engine.host, default 127.0.0.1)"
+    )
+    p.add_argument(
+        "--port", dest="engine.port", type=int, help="port (engine.port, default 8000; 0: free)"
+    )
+    p.add_argument(
+        "--dtype", dest="engine.dtype", help="float32 | bfloat16 | float16 | auto (engine.dtype)"
+    )
+    p.add_argument("--device", dest="engine.device", help="cpu | cuda (engine.device)")
+    p.add_argument(
+        "--max-batch-size",
+        dest="engine.max_batch_size",
+        type=int,
+        help="sequences decoded together (engine.max_batch_size, default 64)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        dest="engine.served_model_name",
+        help="name in /v1/models (engine.served_model_name)",
+    )
+    p.add_argument(
+        "--threads", dest="engine.threads", type=int, help="torch threads (engine.threads)"
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    _args, cfg = parse_config(parser, argv)
+    ecfg = cfg.engine
+    if ecfg.model is None:
+        print("dynamo-rl engine: engine.model: required (--model DIR)", file=sys.stderr)
+        return EXIT_CONFIG
+    if not (Path(ecfg.model) / "config.json").is_file():
+        print(
+            f"dynamo-rl engine: engine.model: {ecfg.model!r} is not a Hugging Face model "
+            "directory (no config.json)",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    token = cfg.endpoints.control_token
+    token_value = token.get_secret_value() if token is not None else None
+    if not is_loopback(ecfg.host) and not token_value:
+        print(
+            f"dynamo-rl engine: engine.host: refusing to bind {ecfg.host!r} (not loopback) "
+            "without a control token; set endpoints.control_token (DYNAMO_CONTROL_TOKEN) or "
+            "bind 127.0.0.1",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    logging.basicConfig(
+        level=cfg.run.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    log = logging.getLogger("dynamo_rl.engine")
+
+    # Bind first so port 0 resolves to a real port before anything registers it.
+    family = socket.AF_INET6 if ":" in ecfg.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((ecfg.host, ecfg.port))
+    except OSError as e:
+        print(f"dynamo-rl engine: engine.port: cannot bind {ecfg.host}:{ecfg.port}: {e}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    port = sock.getsockname()[1]
+
+    import torch
+    import uvicorn
+
+    from services.rollout.embedded.server import Engine, EngineRegistry, create_app, load_model
+
+    if ecfg.threads:
+        torch.set_num_threads(ecfg.threads)
+    torch.manual_seed(cfg.run.seed)
+    model, tokenizer = load_model(ecfg.model, ecfg.dtype, ecfg.device)
+    name = ecfg.served_model_name or Path(ecfg.model).resolve().name
+    registry = None
+    if ecfg.register_in_redis:
+        shown = "127.0.0.1" if ecfg.host in ("0.0.0.0", "::") else ecfg.host
+        url = ecfg.advertise_url or f"http://{shown}:{port}"
+        registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
+    engine = Engine(model, tokenizer, ecfg, name, token_value, registry, seed=cfg.run.seed)
+    app = create_app(engine)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info(
+        "serving %s (%.1fM parameters, %s, %s) on http://%s:%d",
+        name, n_params / 1e6, ecfg.dtype, ecfg.device, ecfg.host, port,
+    )  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=cfg.run.log_level, access_log=False, lifespan="on")
+    )
+    server.run(sockets=[sock])
+    return 0
