@@ -47,8 +47,21 @@ def _check_batch(name: str, x: torch.Tensor, b: int) -> None:
         raise ValueError(f"{name} must have shape [B]=[{b}], got {tuple(x.shape)}")
 
 
+def _check_1d(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 1:
+        raise ValueError(f"{name} must be 1-D [B], got shape {tuple(x.shape)}")
+
+
 def _segment_sum(x: torch.Tensor, index: torch.Tensor, g: int) -> torch.Tensor:
     return torch.zeros(g, dtype=x.dtype, device=x.device).index_add_(0, index, x)
+
+
+def _group_min(x: torch.Tensor, index: torch.Tensor, g: int) -> torch.Tensor:
+    """Per-group minimum. Subtracting it first (both estimators are shift-invariant) makes a
+    constant group exactly 0 instead of a rounding error, and keeps large offsets from eating
+    precision."""
+    init = torch.full((g,), torch.inf, dtype=x.dtype, device=x.device)
+    return init.scatter_reduce(0, index, x, reduce="amin")
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:
@@ -69,15 +82,15 @@ def grpo_advantages(
     group g of size n_g. A group of one gets mean 0 and std 1 (so ``A_i = r_i / (1 + eps)``, as in
     verl). ``norm_by_std=False`` is Dr.GRPO: ``A_i = r_i − mean_g``. Returns ``[B]``.
     """
-    _check_batch("rewards", rewards, rewards.shape[0] if rewards.dim() == 1 else -1)
+    _check_1d("rewards", rewards)
     r = _float(rewards)
     index, g = group_index(group_ids, r.device)
     _check_batch("group_ids", index, r.shape[0])
     count = _segment_sum(torch.ones_like(r), index, g)
-    mean = _segment_sum(r, index, g) / count
     single = count < 2
-    mean = torch.where(single, torch.zeros_like(mean), mean)
-    centred = r - mean[index]
+    shifted = r - _group_min(r, index, g)[index]
+    mean = _segment_sum(shifted, index, g) / count
+    centred = torch.where(single[index], r, shifted - mean[index])
     if not norm_by_std:
         return centred
     var = _segment_sum(centred.square(), index, g) / (count - 1).clamp(min=1)
@@ -95,14 +108,15 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
 
     Equivalently ``n_g / (n_g − 1) · (r_i − mean_g)``. Returns ``[B]``.
     """
-    _check_batch("rewards", rewards, rewards.shape[0] if rewards.dim() == 1 else -1)
+    _check_1d("rewards", rewards)
     r = _float(rewards)
     index, g = group_index(group_ids, r.device)
     _check_batch("group_ids", index, r.shape[0])
+    shifted = r - _group_min(r, index, g)[index]
     count = _segment_sum(torch.ones_like(r), index, g)[index]
-    total = _segment_sum(r, index, g)[index]
-    baseline = (total - r) / (count - 1).clamp(min=1)
-    return torch.where(count > 1, r - baseline, torch.zeros_like(r))
+    total = _segment_sum(shifted, index, g)[index]
+    baseline = (total - shifted) / (count - 1).clamp(min=1)
+    return torch.where(count > 1, shifted - baseline, torch.zeros_like(r))
 
 
 def _check_bt(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
@@ -240,7 +254,7 @@ def dapo_keep_groups(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor
     A group whose responses all scored the same gives zero GRPO advantage (no learning signal), so
     DAPO drops it and samples more. A group of one is dropped too. Returns a bool ``[B]``.
     """
-    _check_batch("rewards", rewards, rewards.shape[0] if rewards.dim() == 1 else -1)
+    _check_1d("rewards", rewards)
     r = _float(rewards)
     index, g = group_index(group_ids, r.device)
     _check_batch("group_ids", index, r.shape[0])

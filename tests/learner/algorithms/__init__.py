@@ -1,0 +1,1 @@
+"""Tests of learner.algorithms: pure tensor functions."""
