@@ -1,0 +1,256 @@
+"""Prompt datasets: JSONL and the verl parquet layout, rendered to token ids, served in batches.
+
+Row layouts (both file formats accept both):
+
+- verl: ``prompt`` as chat messages (``[{"role": "user", "content": ...}]``), ``data_source``,
+  ``reward_model.ground_truth``, ``extra_info.index``;
+- flat: ``prompt`` as text or messages, ``ground_truth`` (or ``answer``), optional ``id``,
+  ``data_source``, ``kind`` (``math`` | ``code``); code rows carry ``tests`` (and ``language``).
+
+A prompt's id is what the allocator keeps statistics under, so it must be stable across epochs and
+workers: the row's ``id`` if it has one, else ``<data_source>-<extra_info.index>``, else
+``<data_source>-<row number>``.
+
+Chat messages become text with the tokenizer's chat template when it has one (``auto``/``chat``) or
+with a plain template (``Role: content`` lines, then ``Assistant:``) otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DatasetError",
+    "PromptRecord",
+    "PromptRenderer",
+    "PromptSampler",
+    "load_records",
+    "record_from_row",
+]
+
+
+class DatasetError(ValueError):
+    """A dataset file or row this loader cannot use; the message names the row and field."""
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    prompt_id: str
+    prompt: str | list[dict[str, str]]
+    """Text, or chat messages with 'role' and 'content'."""
+    ground_truth: str
+    data_source: str
+    kind: str
+    """Reward kind: "math" | "code"."""
+    reward_extra: dict[str, Any] = field(default_factory=dict)
+    """Extra fields for the reward item (code: 'tests', 'language')."""
+
+
+def _get(row: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = row
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or node.get(part) is None:
+            return None
+        node = node[part]
+    return node
+
+
+def _messages(value: Any, where: str) -> str | list[dict[str, str]]:
+    if isinstance(value, str):
+        return value
+    # parquet gives numpy-free lists of dicts through pyarrow's to_pylist.
+    if isinstance(value, Sequence) and value and all(isinstance(m, Mapping) for m in value):
+        out = []
+        for i, m in enumerate(value):
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise DatasetError(f"{where}: prompt[{i}] needs string 'role' and 'content'")
+            out.append({"role": m["role"], "content": m["content"]})
+        return out
+    raise DatasetError(f"{where}: 'prompt' must be text or a non-empty list of chat messages")
+
+
+def record_from_row(
+    row: Mapping[str, Any], row_number: int, default_kind: str = "math"
+) -> PromptRecord:
+    """One dataset row (verl or flat layout) as a :class:`PromptRecord`."""
+    where = f"row {row_number}"
+    if not isinstance(row, Mapping):
+        raise DatasetError(f"{where}: expected an object, got {type(row).__name__}")
+    if row.get("prompt") is None:
+        raise DatasetError(f"{where}: missing field 'prompt'")
+    prompt = _messages(row["prompt"], where)
+    data_source = str(row.get("data_source") or "data")
+    kind = str(row.get("kind") or _get(row, "extra_info.kind") or default_kind)
+    if kind not in ("math", "code"):
+        raise DatasetError(f"{where}: kind must be 'math' or 'code', got {kind!r}")
+    truth = _get(row, "reward_model.ground_truth")
+    if truth is None:
+        truth = row.get("ground_truth", row.get("answer"))
+    extra: dict[str, Any] = {}
+    if kind == "code":
+        tests = row.get("tests") or _get(row, "extra_info.tests")
+        if tests is None and isinstance(truth, str):
+            # verl's code datasets keep the test cases as JSON in reward_model.ground_truth.
+            try:
+                tests = json.loads(truth)
+            except ValueError:
+                tests = None
+        if tests is None:
+            raise DatasetError(f"{where}: code rows need 'tests' (or JSON tests in ground_truth)")
+        extra["tests"] = tests
+        extra["language"] = str(row.get("language") or _get(row, "extra_info.language") or "python")
+        truth = truth if isinstance(truth, str) else ""
+    elif truth is None:
+        raise DatasetError(
+            f"{where}: missing field 'reward_model.ground_truth' (or 'ground_truth'/'answer')"
+        )
+    if row.get("id") is not None:
+        prompt_id = str(row["id"])
+    elif _get(row, "extra_info.index") is not None:
+        prompt_id = f"{data_source}-{_get(row, 'extra_info.index')}"
+    else:
+        prompt_id = f"{data_source}-{row_number}"
+    return PromptRecord(
+        prompt_id=prompt_id,
+        prompt=prompt,
+        ground_truth=str(truth),
+        data_source=data_source,
+        kind=kind,
+        reward_extra=extra,
+    )
+
+
+def _rows(path: Path, fmt: str) -> Iterator[Any]:
+    if fmt == "auto":
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json", ".ndjson"):
+            fmt = "jsonl"
+        elif suffix in (".parquet", ".pq"):
+            fmt = "parquet"
+        else:
+            raise DatasetError(
+                f"{path}: cannot tell the format from the extension {suffix!r}; set "
+                "rollout.dataset_format to 'jsonl' or 'parquet'"
+            )
+    if fmt == "jsonl":
+        with path.open() as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DatasetError(f"{path}: line {number} is not JSON: {e}") from None
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        yield from pq.read_table(path).to_pylist()
+    else:
+        raise DatasetError(f"dataset_format must be auto, jsonl or parquet, got {fmt!r}")
+
+
+def load_records(
+    path: str | Path, fmt: str = "auto", default_kind: str = "math"
+) -> list[PromptRecord]:
+    """Every row of a JSONL or parquet file; duplicate prompt ids are an error."""
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetError(f"dataset file not found: {p}")
+    records = [record_from_row(row, i, default_kind) for i, row in enumerate(_rows(p, fmt))]
+    if not records:
+        raise DatasetError(f"{p}: no rows")
+    seen: dict[str, int] = {}
+    for i, r in enumerate(records):
+        if r.prompt_id in seen:
+            raise DatasetError(
+                f"{p}: rows {seen[r.prompt_id]} and {i} share the prompt id {r.prompt_id!r}"
+            )
+        seen[r.prompt_id] = i
+    return records
+
+
+class PromptRenderer:
+    """Turns a record's prompt into (text, token ids) with a tokenizer."""
+
+    def __init__(self, tokenizer: Any, template: str = "auto") -> None:
+        if template not in ("auto", "chat", "plain"):
+            raise ValueError(f"prompt_template must be auto, chat or plain, got {template!r}")
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if template == "chat" and not has_template:
+            raise ValueError(
+                "rollout.prompt_template is 'chat' but the tokenizer has no chat template; "
+                "use 'plain' or 'auto'"
+            )
+        self.tokenizer = tokenizer
+        self.use_chat = template == "chat" or (template == "auto" and has_template)
+
+    @staticmethod
+    def plain(messages: Sequence[Mapping[str, str]]) -> str:
+        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+        return "\n".join([*lines, "Assistant:"])
+
+    def render(self, prompt: str | list[dict[str, str]]) -> tuple[str, list[int]]:
+        if isinstance(prompt, str):
+            # Raw text is the prompt verbatim: the dataset already chose its format.
+            return prompt, list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        if self.use_chat:
+            text = self.tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=True
+            )
+            # The template already wrote any BOS; adding special tokens would double it.
+            return text, list(self.tokenizer.encode(text, add_special_tokens=False))
+        text = self.plain(prompt)
+        return text, list(self.tokenizer.encode(text, add_special_tokens=True))
+
+
+class PromptSampler:
+    """Batches of records, epoch after epoch, shuffled per epoch, one shard per worker."""
+
+    def __init__(
+        self,
+        records: Sequence[PromptRecord],
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_shards: int = 1,
+        shard: int = 0,
+    ) -> None:
+        mine = [r for i, r in enumerate(records) if i % num_shards == shard]
+        if not mine:
+            raise DatasetError(
+                f"worker shard {shard} of {num_shards} holds no prompts ({len(records)} rows)"
+            )
+        self.records = mine
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self._order: list[int] = []
+        self._pos = 0
+
+    def _new_epoch(self) -> None:
+        self._order = list(range(len(self.records)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self._order)
+        self._pos = 0
+        self.epoch += 1
+
+    def next_batch(self, size: int) -> list[PromptRecord]:
+        """``size`` distinct records while the shard holds that many; wraps into the next epoch."""
+        size = min(size, len(self.records))
+        batch: list[PromptRecord] = []
+        taken: set[str] = set()
+        while len(batch) < size:
+            if self._pos >= len(self._order):
+                self._new_epoch()
+            r = self.records[self._order[self._pos]]
+            self._pos += 1
+            # Across an epoch boundary a prompt could come twice; one group per prompt per batch.
+            if r.prompt_id not in taken:
+                taken.add(r.prompt_id)
+                batch.append(r)
+        return batch

@@ -1,0 +1,64 @@
+"""Inference engine clients: the :class:`Engine` and :class:`WeightUpdater` protocols, the
+OpenAI-compatible and SGLang-native clients, the weight-update adapters, and the replica pool.
+
+:func:`make_engine` builds one replica's client from the rollout config's ``engine_api`` and
+``weight_api``.
+"""
+
+from __future__ import annotations
+
+from services.rollout.engines.base import (
+    Engine,
+    EngineError,
+    EngineProtocolError,
+    EngineRequestError,
+    EngineUnavailable,
+    Sample,
+    Sampling,
+    WeightUpdater,
+)
+from services.rollout.engines.openai import OpenAICompletionsEngine
+from services.rollout.engines.pool import EnginePool
+from services.rollout.engines.sglang import SGLangEngine
+from services.rollout.engines.weights import SGLangWeightUpdater, VLLMWeightUpdater
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EnginePool",
+    "EngineProtocolError",
+    "EngineRequestError",
+    "EngineUnavailable",
+    "OpenAICompletionsEngine",
+    "SGLangEngine",
+    "SGLangWeightUpdater",
+    "Sample",
+    "Sampling",
+    "VLLMWeightUpdater",
+    "WeightUpdater",
+    "make_engine",
+]
+
+
+def make_engine(
+    url: str,
+    *,
+    engine_api: str = "openai",
+    weight_api: str = "sglang",
+    model: str | None = None,
+    timeout_s: float = 600.0,
+    control_token: str | None = None,
+) -> OpenAICompletionsEngine | SGLangEngine:
+    """A client of one replica speaking ``engine_api`` ("openai" | "sglang")."""
+    if engine_api == "openai":
+        return OpenAICompletionsEngine(
+            url, model=model, weight_api=weight_api, timeout_s=timeout_s,
+            control_token=control_token,
+        )  # fmt: skip
+    if engine_api == "sglang":
+        if weight_api != "sglang":
+            raise ValueError(
+                "engine_api 'sglang' uses SGLang's weight endpoints (weight_api sglang)"
+            )
+        return SGLangEngine(url, timeout_s=timeout_s, control_token=control_token)
+    raise ValueError(f"engine_api must be 'openai' or 'sglang', got {engine_api!r}")

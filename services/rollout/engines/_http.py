@@ -1,0 +1,84 @@
+"""HTTP plumbing shared by the engine clients: one ``httpx.AsyncClient`` per replica and one mapping
+from transport failures and status codes to the engine errors of :mod:`.base`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from services.rollout.engines.base import EngineRequestError, EngineUnavailable
+
+# Statuses that mean "this replica cannot serve now" rather than "your request is wrong".
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class HTTPReplica:
+    """Base URL, client and bearer token of one engine replica."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 600.0,
+        control_token: str | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._control_token = control_token
+        # Generation requests are long; connection set-up should fail fast so the pool moves on.
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    def _headers(self, control: bool) -> dict[str, str]:
+        if control and self._control_token:
+            return {"Authorization": f"Bearer {self._control_token}"}
+        return {}
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        *,
+        control: bool = False,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Send one request; return the parsed JSON body or raise an engine error."""
+        url = f"{self.url}{path}"
+        kwargs: dict[str, Any] = {"headers": self._headers(control)}
+        if json is not None:
+            kwargs["json"] = json
+        if timeout_s is not None:
+            kwargs["timeout"] = timeout_s
+        try:
+            response = await self._client.request(method, url, **kwargs)
+        except httpx.TimeoutException as e:
+            raise EngineUnavailable(f"{url}: timed out ({type(e).__name__})") from e
+        except httpx.TransportError as e:
+            raise EngineUnavailable(f"{url}: {type(e).__name__}: {e}") from e
+        if response.status_code in RETRYABLE_STATUS:
+            raise EngineUnavailable(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
+        if response.status_code >= 400:
+            try:
+                detail: object = response.json()
+            except ValueError:
+                detail = response.text[:500]
+            raise EngineRequestError(url, response.status_code, detail)
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    async def ok(self, path: str, timeout_s: float = 2.0) -> bool:
+        try:
+            response = await self._client.get(f"{self.url}{path}", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,137 @@
+"""The small interfaces every inference engine client implements, and the errors they raise.
+
+- :class:`Engine` generates ``n`` samples for one tokenised prompt, each with its token ids and the
+  log-probability the engine sampled it with, and tells its weight version.
+- :class:`WeightUpdater` moves new weights into a running engine (SGLang-shaped or vLLM-shaped).
+
+Errors say what the caller should do: :class:`EngineUnavailable` means "try another replica or wait"
+(connection refused, timeout, 5xx, 429); :class:`EngineRequestError` means the request itself is
+wrong (4xx) and no replica will accept it; :class:`EngineProtocolError` means the engine answered
+something this client cannot use (a missing field, mismatched lengths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EngineProtocolError",
+    "EngineRequestError",
+    "EngineUnavailable",
+    "Sample",
+    "Sampling",
+    "WeightUpdater",
+]
+
+
+class EngineError(Exception):
+    """Base of every engine client error."""
+
+
+class EngineUnavailable(EngineError):
+    """The replica cannot serve now (down, overloaded, timed out): retry elsewhere or later."""
+
+
+class EngineRequestError(EngineError):
+    """The engine refused the request as invalid (HTTP 4xx); retrying cannot help."""
+
+    def __init__(self, url: str, status: int, detail: object) -> None:
+        super().__init__(f"{url}: HTTP {status}: {detail}")
+        self.url = url
+        self.status = status
+        self.detail = detail
+
+
+class EngineProtocolError(EngineError):
+    """The engine's answer lacks what this client needs (wrong API or version)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters of one request (a subset every engine understands)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Sample:
+    """One generated response."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Log-probability of each sampled token under the weights that sampled it."""
+    text: str
+    finish_reason: str
+    """"stop" | "length" | "abort"."""
+    weight_version: int | None = None
+    """The weight version that sampled it, when the engine reports one per response."""
+    engine_url: str = field(default="", compare=False)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A client of one inference engine replica."""
+
+    url: str
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+    ) -> list[Sample]:
+        """``n`` samples for one prompt given as token ids."""
+        ...
+
+    async def weight_version(self) -> int:
+        """The weight version the engine serves now."""
+        ...
+
+    async def health(self) -> bool:
+        """True when the engine answers its health check."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class WeightUpdater(Protocol):
+    """Moves weights into a running engine; the learner's push drives it."""
+
+    async def init_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        """Join the trainer's broadcast group (blocks until every member has joined)."""
+        ...
+
+    async def update_from_distributed(
+        self,
+        *,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        weight_version: int,
+    ) -> None:
+        """Receive the named tensors broadcast from rank 0, in order, and load them."""
+        ...
+
+    async def update_from_disk(self, model_path: str, weight_version: int) -> None:
+        """Load weights from a Hugging Face directory the engine can read."""
+        ...
+
+    async def weight_version(self) -> int: ...

@@ -1,0 +1,143 @@
+"""Client of an OpenAI-compatible ``POST /v1/completions`` engine: vLLM, SGLang or the embedded
+engine (``docs/contracts.md``).
+
+The prompt goes as token ids and ``return_token_ids: true`` asks for each choice's ``token_ids``
+(vLLM's name), so the trainer sees exactly the tokens that were sampled, never a re-tokenisation of
+the text; ``logprobs: 0`` returns the sampled token's log-probability in
+``logprobs.token_logprobs``. A response whose lengths disagree is refused
+(:class:`EngineProtocolError`) rather than silently misaligned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from services.rollout.engines._http import HTTPReplica
+from services.rollout.engines.base import (
+    EngineProtocolError,
+    Sample,
+    Sampling,
+    WeightUpdater,
+)
+from services.rollout.engines.weights import SGLangWeightUpdater, VLLMWeightUpdater
+
+__all__ = ["OpenAICompletionsEngine", "completion_payload", "make_weight_updater"]
+
+
+def make_weight_updater(http: HTTPReplica, weight_api: str) -> WeightUpdater:
+    if weight_api == "sglang":
+        return SGLangWeightUpdater(http, update_timeout_s=http.timeout_s)
+    if weight_api == "vllm":
+        return VLLMWeightUpdater(http, update_timeout_s=http.timeout_s)
+    raise ValueError(f"weight_api must be 'sglang' or 'vllm', got {weight_api!r}")
+
+
+def completion_payload(
+    model: str, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+) -> dict[str, Any]:
+    """The request body; optional knobs are sent only when set (OpenAI servers differ in extras)."""
+    payload: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_token_ids),
+        "n": n,
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    if sampling.top_k > 0:
+        payload["top_k"] = sampling.top_k
+    if sampling.stop:
+        payload["stop"] = list(sampling.stop)
+    if sampling.stop_token_ids:
+        payload["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.seed is not None:
+        payload["seed"] = sampling.seed
+    return payload
+
+
+def _version(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_choices(body: Any, url: str, n: int) -> list[Sample]:
+    """Samples from a completions response, in choice-index order."""
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        raise EngineProtocolError(f"{url}: completions response has no 'choices' list")
+    choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
+    if len(choices) != n:
+        raise EngineProtocolError(f"{url}: asked for {n} choices, got {len(choices)}")
+    body_version = _version(body.get("weight_version"))
+    samples = []
+    for c in choices:
+        token_ids = c.get("token_ids")
+        logprobs = (c.get("logprobs") or {}).get("token_logprobs")
+        if token_ids is None:
+            raise EngineProtocolError(
+                f"{url}: choice has no 'token_ids' (the engine must support return_token_ids)"
+            )
+        if logprobs is None:
+            raise EngineProtocolError(f"{url}: choice has no logprobs.token_logprobs")
+        if len(token_ids) != len(logprobs):
+            raise EngineProtocolError(
+                f"{url}: {len(token_ids)} token ids but {len(logprobs)} log-probs in one choice"
+            )
+        samples.append(
+            Sample(
+                token_ids=[int(t) for t in token_ids],
+                logprobs=[float(x) for x in logprobs],
+                text=c.get("text") or "",
+                finish_reason=c.get("finish_reason") or "stop",
+                weight_version=_version(c.get("weight_version", body_version)),
+                engine_url=url,
+            )
+        )
+    return samples
+
+
+class OpenAICompletionsEngine:
+    """One replica behind ``/v1/completions``; weights through ``weight_api``'s endpoints."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        weight_api: str = "sglang",
+        timeout_s: float = 600.0,
+        control_token: str | None = None,
+    ) -> None:
+        self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
+        self.url = self.http.url
+        self.model = model
+        self.weights = make_weight_updater(self.http, weight_api)
+
+    async def _model_name(self) -> str:
+        if self.model is None:
+            body = await self.http.request("GET", "/v1/models", timeout_s=10.0)
+            data = body.get("data") if isinstance(body, dict) else None
+            if not data:
+                raise EngineProtocolError(f"{self.url}: GET /v1/models lists no model")
+            self.model = str(data[0]["id"])
+        return self.model
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+    ) -> list[Sample]:
+        payload = completion_payload(await self._model_name(), prompt_token_ids, n, sampling)
+        body = await self.http.request("POST", "/v1/completions", payload)
+        return parse_choices(body, self.url, n)
+
+    async def weight_version(self) -> int:
+        return await self.weights.weight_version()
+
+    async def health(self) -> bool:
+        return await self.http.ok("/health")
+
+    async def aclose(self) -> None:
+        await self.http.aclose()

@@ -1,0 +1,131 @@
+"""Several engine replicas behind one client.
+
+Each request goes to the healthy replica with the fewest requests in flight (round-robin among
+equals), so a prompt's chunks spread across replicas. A replica that fails with
+:class:`EngineUnavailable` is benched for a back-off that doubles with each consecutive failure and
+the request moves to another replica at once. When every replica is benched the pool waits for the
+earliest to come back and tries again — forever by default, or until ``max_wait_s`` — so a worker
+rides out an engine restart instead of dying. A request error (4xx) or protocol error is not the
+replica's fault and is raised immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from services.rollout.engines.base import Engine, EngineUnavailable, Sample, Sampling
+
+__all__ = ["EnginePool"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Replica:
+    engine: Engine
+    in_flight: int = 0
+    failures: int = 0
+    benched_until: float = 0.0
+
+
+class EnginePool:
+    """Spread requests over replicas; retry another on failure; wait when none is left."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        *,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        max_wait_s: float = 0.0,
+        on_failure: Callable[[str, Exception], None] | None = None,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("an engine pool needs at least one engine URL (endpoints.engine_urls)")
+        self.replicas = [_Replica(e) for e in engines]
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.max_wait_s = max_wait_s
+        self._on_failure = on_failure
+        self._on_wait = on_wait
+        self._turn = itertools.count()
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.engine.url for r in self.replicas]
+
+    def _pick(self, now: float) -> _Replica | None:
+        ready = [r for r in self.replicas if r.benched_until <= now]
+        if not ready:
+            return None
+        fewest = min(r.in_flight for r in ready)
+        candidates = [r for r in ready if r.in_flight == fewest]
+        return candidates[next(self._turn) % len(candidates)]
+
+    def _bench(self, replica: _Replica, error: Exception) -> None:
+        replica.failures += 1
+        delay = min(self.backoff_s * 2 ** (replica.failures - 1), self.backoff_max_s)
+        replica.benched_until = time.monotonic() + delay
+        log.warning("engine %s failed (%s); benched for %.1fs", replica.engine.url, error, delay)
+        if self._on_failure is not None:
+            self._on_failure(replica.engine.url, error)
+
+    async def _wait_for_replica(self, waiting_since: float) -> None:
+        now = time.monotonic()
+        if self.max_wait_s and now - waiting_since > self.max_wait_s:
+            raise EngineUnavailable(
+                f"no engine replica answered for {now - waiting_since:.0f}s "
+                f"(rollout.engine_max_wait_s={self.max_wait_s}): {', '.join(self.urls)}"
+            )
+        delay = max(0.01, min(r.benched_until for r in self.replicas) - now)
+        if self._on_wait is not None:
+            self._on_wait(delay)
+        await asyncio.sleep(delay)
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+    ) -> list[Sample]:
+        """``n`` samples from one replica, moving to another (or waiting) on failure."""
+        waiting_since: float | None = None
+        while True:
+            replica = self._pick(time.monotonic())
+            if replica is None:
+                if waiting_since is None:
+                    waiting_since = time.monotonic()
+                    log.warning("every engine replica is down; waiting for one to come back")
+                await self._wait_for_replica(waiting_since)
+                continue
+            replica.in_flight += 1
+            try:
+                samples = await replica.engine.generate(prompt_token_ids, n, sampling)
+            except EngineUnavailable as e:
+                self._bench(replica, e)
+                continue
+            finally:
+                replica.in_flight -= 1
+            replica.failures = 0
+            return samples
+
+    async def weight_versions(self) -> dict[str, int]:
+        """The weight version of every replica that answers now (benched ones are skipped)."""
+        now = time.monotonic()
+        live = [r for r in self.replicas if r.benched_until <= now]
+
+        async def one(r: _Replica) -> int | None:
+            try:
+                return await r.engine.weight_version()
+            except EngineUnavailable as e:
+                self._bench(r, e)
+                return None
+
+        versions = await asyncio.gather(*(one(r) for r in live))
+        return {r.engine.url: v for r, v in zip(live, versions, strict=True) if v is not None}
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(r.engine.aclose() for r in self.replicas))

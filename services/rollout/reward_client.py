@@ -1,0 +1,118 @@
+"""Client of the reward service's ``POST /v1/verify`` (``docs/contracts.md``).
+
+Nothing may reach the stream unscored, so an unreachable or busy service (connection refused,
+timeout, 429, 5xx) is retried with exponential back-off — honouring ``Retry-After`` — until it
+answers, or until ``max_wait_s`` when set. Any other 4xx is a bug in the request and raised at once.
+Results are matched to items by id, not position, and a reply missing an item is an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+__all__ = ["RewardClient", "RewardRequestError", "RewardUnavailable"]
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class RewardUnavailable(RuntimeError):
+    """The reward service did not answer within ``max_wait_s``."""
+
+
+class RewardRequestError(RuntimeError):
+    """The reward service refused the request (4xx other than 408/429)."""
+
+
+class RewardClient:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 120.0,
+        batch_items: int = 512,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        max_wait_s: float = 0.0,
+        on_retry: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.batch_items = batch_items
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.max_wait_s = max_wait_s
+        self._on_retry = on_retry
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
+
+    async def _post(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            reason: str
+            retry_after: float | None = None
+            try:
+                response = await self._client.post(f"{self.url}/v1/verify", json={"items": items})
+            except httpx.HTTPError as e:
+                reason = f"{type(e).__name__}: {e}"
+            else:
+                if response.status_code == 200:
+                    return self._results(response.json(), items)
+                if response.status_code not in RETRYABLE_STATUS:
+                    raise RewardRequestError(
+                        f"{self.url}/v1/verify answered {response.status_code}: "
+                        f"{response.text[:500]}"
+                    )
+                reason = f"HTTP {response.status_code}"
+                header = response.headers.get("retry-after")
+                if header:
+                    try:
+                        retry_after = float(header)
+                    except ValueError:
+                        retry_after = None
+            waited = time.monotonic() - started
+            if self.max_wait_s and waited > self.max_wait_s:
+                raise RewardUnavailable(
+                    f"reward service {self.url} unavailable for {waited:.0f}s "
+                    f"(rollout.reward_max_wait_s={self.max_wait_s}): {reason}"
+                )
+            delay = min(self.backoff_s * 2**attempt, self.backoff_max_s)
+            if retry_after is not None:
+                delay = min(max(delay, retry_after), self.backoff_max_s * 6)
+            attempt += 1
+            log.warning(
+                "reward service %s: %s; retry %d in %.1fs", self.url, reason, attempt, delay
+            )
+            if self._on_retry is not None:
+                self._on_retry(reason, delay)
+            await asyncio.sleep(delay)
+
+    @staticmethod
+    def _results(body: Any, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        results = body.get("results") if isinstance(body, dict) else None
+        if not isinstance(results, list):
+            raise RewardRequestError("reward service reply has no 'results' list")
+        by_id = {str(r.get("id")): r for r in results if isinstance(r, dict)}
+        missing = [it["id"] for it in items if it["id"] not in by_id]
+        if missing:
+            raise RewardRequestError(
+                f"reward service reply lacks {len(missing)} of {len(items)} items, e.g. {missing[0]}"
+            )
+        return [by_id[it["id"]] for it in items]
+
+    async def verify(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One result per item, in item order (items need unique string 'id's)."""
+        chunks = [
+            list(items[i : i + self.batch_items]) for i in range(0, len(items), self.batch_items)
+        ]
+        parts = await asyncio.gather(*(self._post(c) for c in chunks))
+        return [r for part in parts for r in part]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

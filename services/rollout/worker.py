@@ -1,0 +1,554 @@
+"""The rollout worker: dataset → allocator → engines → reward service → trajectory stream.
+
+One batch, in order:
+
+1. **Gates.** Wait until the engines' weights are at most ``max_staleness`` versions behind the
+   learner's latest (``weight_version_key``), and until the stream holds fewer than
+   ``max_pending_groups`` groups the learner has not acknowledged (backpressure).
+2. **Allocate.** Ask the allocator for each prompt's count (``n`` on average, within
+   ``n_min..n_max``). If it cannot answer, every prompt gets ``n`` — logged and counted in
+   ``dynamo_rollout_allocator_fallbacks_total`` — and the next batch asks again.
+3. **Generate.** Each prompt's count is split into requests of at most ``max_n_per_request`` samples;
+   all requests of the batch run concurrently over the replica pool (failures move to another
+   replica; with none left the pool waits).
+4. **Verify.** Every response goes to ``/v1/verify`` with an id naming its prompt and position, and
+   results are matched back by id. The service being down means wait and retry: nothing is pushed
+   unscored.
+5. **Report** ``(prompt_id, attempts, successes)`` to the allocator (kept and re-sent with the next
+   batch if the allocator is down), then **push** one ``TrajectoryGroup`` per prompt in a single
+   ``MULTI``/``EXEC`` so a batch lands whole or not at all.
+
+Each prompt's responses are gathered by that prompt's own task, so a group can only ever hold its
+own prompt's responses: counts and metadata cannot misalign (the reference code's repeat/metadata
+bug). A prompt allocated 0 responses gets no group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup, encode_entry
+from dynamo_rl.config import ExperimentConfig, RolloutConfig
+from dynamo_rl.keys import learner_group, trajectory_stream, weight_version_key
+from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler
+from services.rollout.engines import EnginePool, Sample, Sampling, make_engine
+from services.rollout.metrics import WorkerMetrics
+from services.rollout.reward_client import RewardClient
+
+__all__ = ["BatchResult", "RolloutWorker", "build_worker", "split_count"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def split_count(count: int, chunk: int) -> list[int]:
+    """``count`` as request sizes of at most ``chunk`` (``[]`` for 0)."""
+    return [min(chunk, count - i) for i in range(0, count, chunk)]
+
+
+def request_seed(base: int | None, *parts: object) -> int | None:
+    """A per-request seed: the same base seed must not give every chunk the same samples."""
+    if base is None:
+        return None
+    return (base * 1_000_003 + zlib.crc32(":".join(map(str, parts)).encode())) % (2**31 - 1)
+
+
+@dataclass
+class BatchResult:
+    index: int
+    groups: list[TrajectoryGroup]
+    entry_ids: list[str]
+    used_fallback: bool
+
+
+class RolloutWorker:
+    """One rollout worker; ``run`` produces batches until ``num_batches`` or cancellation."""
+
+    def __init__(
+        self,
+        *,
+        cfg: RolloutConfig,
+        namespace: str,
+        worker_id: str,
+        sampler: PromptSampler,
+        renderer: PromptRenderer,
+        pool: EnginePool,
+        reward: RewardClient,
+        redis: aioredis.Redis,
+        allocator: Any | None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.namespace = namespace
+        self.worker_id = worker_id
+        self.sampler = sampler
+        self.renderer = renderer
+        self.pool = pool
+        self.reward = reward
+        self.redis = redis
+        self.allocator = allocator
+        self.metrics = metrics or WorkerMetrics()
+        self.stream = trajectory_stream(namespace)
+        self.group = learner_group(namespace)
+        self.sampling = Sampling(
+            max_tokens=cfg.sampling.max_tokens,
+            temperature=cfg.sampling.temperature,
+            top_p=cfg.sampling.top_p,
+            top_k=cfg.sampling.top_k,
+            stop=tuple(cfg.sampling.stop),
+            stop_token_ids=tuple(cfg.sampling.stop_token_ids),
+            seed=cfg.sampling.seed,
+        )
+        self._unreported: dict[str, list[int]] = {}
+        self._rendered: dict[str, tuple[str, list[int]]] = {}
+        self.batches_done = 0
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    def _waited(self, reason: str, seconds: float) -> None:
+        self.metrics.waits.labels(reason).inc()
+        self.metrics.wait_seconds.labels(reason).inc(seconds)
+
+    async def _redis(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A Redis call retried with back-off while Redis is unreachable (never dropped)."""
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                delay = min(self.cfg.backoff_s * 2**attempt, self.cfg.backoff_max_s)
+                attempt += 1
+                log.warning("redis unavailable (%s); retry %d in %.1fs", e, attempt, delay)
+                self._waited("redis", delay)
+                await asyncio.sleep(delay)
+
+    async def learner_version(self) -> int:
+        raw = await self._redis(lambda: self.redis.get(weight_version_key(self.namespace)))
+        return int(raw) if raw is not None else 0
+
+    async def wait_for_fresh_weights(self) -> int:
+        """Block until the engines are at most ``max_staleness`` behind; returns their version."""
+        started = time.monotonic()
+        reason = ""
+        while True:
+            latest = await self.learner_version()
+            versions = await self.pool.weight_versions()
+            if versions:
+                oldest = min(versions.values())
+                staleness = max(0, latest - oldest)
+                self.metrics.staleness.set(staleness)
+                self.metrics.weight_version.set(oldest)
+                if staleness <= self.cfg.max_staleness:
+                    if reason:
+                        self._waited(reason, time.monotonic() - started)
+                    return oldest
+                if reason != "staleness":
+                    log.info(
+                        "engines at weight version %d, learner at %d (max_staleness %d): "
+                        "waiting for the push", oldest, latest, self.cfg.max_staleness,
+                    )  # fmt: skip
+                reason = "staleness"
+            else:
+                if reason != "engine":
+                    log.warning("no engine replica reports a weight version; waiting")
+                reason = "engine"
+            await asyncio.sleep(self.cfg.poll_interval_s)
+
+    async def pending_groups(self) -> int:
+        """Groups in the stream the learner has not acknowledged (all of them before it joins)."""
+
+        async def read() -> int:
+            try:
+                groups = await self.redis.xinfo_groups(self.stream)
+            except ResponseError:  # no stream yet
+                return 0
+            for g in groups:
+                name = g.get("name")
+                name = name.decode() if isinstance(name, bytes) else name
+                if name != self.group:
+                    continue
+                lag = g.get("lag")
+                pending = int(g.get("pending") or 0)
+                if lag is None:  # Redis cannot tell after deletions; count the whole stream
+                    return int(await self.redis.xlen(self.stream))
+                return int(lag) + pending
+            return int(await self.redis.xlen(self.stream))
+
+        return await self._redis(read)
+
+    async def wait_for_room(self) -> None:
+        if not self.cfg.max_pending_groups:
+            return
+        started = time.monotonic()
+        logged = False
+        while True:
+            pending = await self.pending_groups()
+            self.metrics.pending_groups.set(pending)
+            if pending < self.cfg.max_pending_groups:
+                if logged:
+                    self._waited("backpressure", time.monotonic() - started)
+                return
+            if not logged:
+                log.info(
+                    "stream holds %d unconsumed groups (max_pending_groups %d): pausing",
+                    pending, self.cfg.max_pending_groups,
+                )  # fmt: skip
+                logged = True
+            await asyncio.sleep(self.cfg.poll_interval_s)
+
+    # -- allocator ------------------------------------------------------------------------------
+
+    async def allocate(self, prompt_ids: Sequence[str]) -> tuple[list[int], list[float], bool]:
+        """Counts and priorities per prompt, and whether the uniform fallback was used."""
+        uniform = [self.cfg.n] * len(prompt_ids), [-1.0] * len(prompt_ids)
+        if self.cfg.allocation == "uniform" or self.allocator is None:
+            return *uniform, False
+        try:
+            result = await asyncio.to_thread(
+                self.allocator.allocate,
+                self.namespace,
+                list(prompt_ids),
+                n_per_prompt=self.cfg.n,
+                n_min=self.cfg.n_min,
+                n_max=self.cfg.n_max,
+            )
+        except Exception as e:  # grpc.RpcError above all; any failure means "use uniform n"
+            log.warning(
+                "allocator unavailable (%s); uniform n=%d for this batch", _short(e), self.cfg.n
+            )
+            self.metrics.allocator_fallbacks.inc()
+            return *uniform, True
+        if len(result.counts) != len(prompt_ids):
+            log.error(
+                "allocator returned %d counts for %d prompts; uniform n",
+                len(result.counts),
+                len(prompt_ids),
+            )
+            self.metrics.allocator_fallbacks.inc()
+            return *uniform, True
+        return list(result.counts), list(result.priorities), False
+
+    async def report(self, outcomes: Sequence[tuple[str, int, int]]) -> None:
+        for pid, attempts, successes in outcomes:
+            acc = self._unreported.setdefault(pid, [0, 0])
+            acc[0] += attempts
+            acc[1] += successes
+        if self.allocator is None or not self._unreported:
+            return
+        batch = [(pid, a, s) for pid, (a, s) in self._unreported.items()]
+        try:
+            await asyncio.to_thread(self.allocator.report_outcomes, self.namespace, batch)
+        except Exception as e:
+            log.warning(
+                "ReportOutcomes failed (%s); %d prompts kept for the next batch",
+                _short(e),
+                len(batch),
+            )
+            self.metrics.report_failures.inc()
+            return
+        self._unreported.clear()
+
+    # -- one batch ------------------------------------------------------------------------------
+
+    def render(self, record: PromptRecord) -> tuple[str, list[int]]:
+        cached = self._rendered.get(record.prompt_id)
+        if cached is None:
+            cached = self.renderer.render(record.prompt)
+            self._rendered[record.prompt_id] = cached
+        return cached
+
+    async def generate_prompt(
+        self, tokens: list[int], count: int, batch_index: int, prompt_id: str
+    ) -> list[Sample]:
+        sizes = split_count(count, self.cfg.max_n_per_request)
+        parts = await asyncio.gather(
+            *(
+                self.pool.generate(
+                    tokens,
+                    size,
+                    Sampling(
+                        **{
+                            **self.sampling.__dict__,
+                            "seed": request_seed(
+                                self.sampling.seed, self.worker_id, batch_index, prompt_id, chunk
+                            ),
+                        }
+                    ),
+                )
+                for chunk, size in enumerate(sizes)
+            )
+        )
+        return [s for part in parts for s in part]
+
+    def reward_item(self, record: PromptRecord, item_id: str, sample: Sample) -> dict[str, Any]:
+        item: dict[str, Any] = {"id": item_id, "kind": record.kind, "response": sample.text}
+        if record.kind == "math":
+            item["ground_truth"] = record.ground_truth
+        item.update(record.reward_extra)
+        return item
+
+    async def run_batch(self, batch_index: int) -> BatchResult:
+        t0 = time.monotonic()
+        engine_version = await self.wait_for_fresh_weights()
+        await self.wait_for_room()
+        records = self.sampler.next_batch(self.cfg.batch_size)
+        rendered = [self.render(r) for r in records]
+
+        t_alloc = time.monotonic()
+        counts, priorities, fallback = await self.allocate([r.prompt_id for r in records])
+        for c in counts:
+            self.metrics.allocation.observe(c)
+
+        t_gen = time.monotonic()
+        samples = await asyncio.gather(
+            *(
+                self.generate_prompt(tokens, count, batch_index, r.prompt_id)
+                for r, (_text, tokens), count in zip(records, rendered, counts, strict=True)
+            )
+        )
+        generate_s = time.monotonic() - t_gen
+        n_tokens = sum(len(s.token_ids) for group in samples for s in group)
+
+        t_ver = time.monotonic()
+        items = [
+            self.reward_item(r, f"{batch_index}:{p}:{j}", s)
+            for p, (r, group) in enumerate(zip(records, samples, strict=True))
+            for j, s in enumerate(group)
+        ]
+        results = await self.reward.verify(items) if items else []
+        verify_s = time.monotonic() - t_ver
+        by_id = {it["id"]: res for it, res in zip(items, results, strict=True)}
+
+        created = time.time()
+        groups: list[TrajectoryGroup] = []
+        outcomes: list[tuple[str, int, int]] = []
+        rewards: list[float] = []
+        corrects = 0
+        for p, (r, (text, tokens), group, count, priority) in enumerate(
+            zip(records, rendered, samples, counts, priorities, strict=True)
+        ):
+            if not group:
+                continue
+            responses = []
+            for j, s in enumerate(group):
+                res = by_id[f"{batch_index}:{p}:{j}"]
+                reward = float(res.get("score", 0.0))
+                correct = bool(res.get("correct", False))
+                rewards.append(reward)
+                corrects += correct
+                components = res.get("reward_components") or {}
+                responses.append(
+                    Response(
+                        token_ids=s.token_ids,
+                        logprobs=s.logprobs,
+                        reward=reward,
+                        correct=correct,
+                        format_ok=bool(res.get("format_ok", False)),
+                        reason=str(res.get("reason") or ""),
+                        finish_reason=s.finish_reason,
+                        reward_components={str(k): float(v) for k, v in components.items()},
+                        text=s.text,
+                    )
+                )
+            reported = [s.weight_version for s in group if s.weight_version is not None]
+            groups.append(
+                TrajectoryGroup(
+                    prompt_id=r.prompt_id,
+                    prompt_token_ids=tokens,
+                    responses=responses,
+                    weight_version=min(reported) if reported else engine_version,
+                    sampling=SamplingParams(
+                        temperature=self.sampling.temperature,
+                        top_p=self.sampling.top_p,
+                        top_k=self.sampling.top_k,
+                        max_tokens=self.sampling.max_tokens,
+                        seed=self.sampling.seed or 0,
+                    ),
+                    data_source=r.data_source,
+                    namespace=self.namespace,
+                    prompt_text=text,
+                    timing=Timing(created_unix=created, generate_s=generate_s, verify_s=verify_s),
+                    worker_id=self.worker_id,
+                    allocated_n=count,
+                    priority=priority,
+                    batch_id=f"{self.worker_id}:{batch_index}",
+                )
+            )
+            outcomes.append((r.prompt_id, len(group), sum(resp.correct for resp in responses)))
+
+        await self.report(outcomes)
+        t_push = time.monotonic()
+        entry_ids = await self.push(groups)
+        t_end = time.monotonic()
+
+        m = self.metrics
+        m.batches.inc()
+        m.groups.inc(len(groups))
+        m.responses.inc(len(rewards))
+        m.tokens.inc(n_tokens)
+        if generate_s > 0:
+            m.tokens_per_second.set(n_tokens / generate_s)
+        if rewards:
+            m.reward_mean.set(sum(rewards) / len(rewards))
+            m.correct_fraction.set(corrects / len(rewards))
+        for phase, seconds in (
+            ("allocate", t_gen - t_alloc),
+            ("generate", generate_s),
+            ("verify", verify_s),
+            ("push", t_end - t_push),
+            ("total", t_end - t0),
+        ):
+            m.batch_seconds.labels(phase).observe(seconds)
+        log.info(
+            "batch %d: %d groups, %d responses, %d tokens (%.0f tok/s), reward %.3f%s",
+            batch_index, len(groups), len(rewards), n_tokens,
+            n_tokens / generate_s if generate_s > 0 else 0.0,
+            sum(rewards) / len(rewards) if rewards else 0.0,
+            " [uniform fallback]" if fallback else "",
+        )  # fmt: skip
+        return BatchResult(batch_index, groups, entry_ids, fallback)
+
+    async def push(self, groups: Sequence[TrajectoryGroup]) -> list[str]:
+        """XADD every group in one transaction; returns the entry ids."""
+        if not groups:
+            return []
+        entries = [encode_entry(g) for g in groups]
+
+        async def xadd_all() -> list[Any]:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                for fields in entries:
+                    pipe.xadd(self.stream, fields)
+                return await pipe.execute()
+
+        ids = await self._redis(xadd_all)
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+
+    async def run(self, num_batches: int | None = None) -> int:
+        """Produce batches until ``num_batches`` (None: the config's; 0: forever)."""
+        limit = self.cfg.num_batches if num_batches is None else num_batches
+        while not limit or self.batches_done < limit:
+            await self.run_batch(self.batches_done)
+            self.batches_done += 1
+        return self.batches_done
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+        await self.reward.aclose()
+        await self.redis.aclose()
+        if self.allocator is not None:
+            await asyncio.to_thread(self.allocator.close)
+
+
+def _short(e: BaseException) -> str:
+    details = getattr(e, "details", None)
+    if callable(details):
+        try:
+            return f"{e.code().name}: {details()}"  # type: ignore[attr-defined]
+        except Exception:
+            pass
+    return f"{type(e).__name__}: {e}"
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) -> RolloutWorker:
+    """A worker wired to the endpoints of ``cfg`` (raises ValueError naming a missing setting)."""
+    from services.rollout.datasets import load_records
+
+    rc = cfg.rollout
+    if not rc.dataset:
+        raise ValueError("rollout.dataset is not set: give a JSONL or verl parquet file")
+    tokenizer_path = rc.tokenizer or cfg.engine.model
+    if not tokenizer_path:
+        raise ValueError(
+            "set rollout.tokenizer (or engine.model) to the model's tokenizer directory"
+        )
+    if not cfg.endpoints.engine_urls:
+        raise ValueError("endpoints.engine_urls is empty: give at least one engine base URL")
+    metrics = metrics or WorkerMetrics()
+    records = load_records(rc.dataset, rc.dataset_format, rc.default_kind)
+    sampler = PromptSampler(
+        records,
+        shuffle=rc.shuffle,
+        seed=cfg.run.seed,
+        num_shards=rc.num_workers,
+        shard=rc.worker_index,
+    )
+    renderer = PromptRenderer(load_tokenizer(tokenizer_path), rc.prompt_template)
+    token = cfg.endpoints.control_token.get_secret_value() if cfg.endpoints.control_token else None
+    engines = [
+        make_engine(
+            url,
+            engine_api=rc.engine_api,
+            weight_api=rc.weight_api,
+            model=rc.model_name,
+            timeout_s=rc.request_timeout_s,
+            control_token=token,
+        )
+        for url in cfg.endpoints.engine_urls
+    ]
+
+    def engine_waited(seconds: float) -> None:
+        metrics.waits.labels("engine").inc()
+        metrics.wait_seconds.labels("engine").inc(seconds)
+
+    pool = EnginePool(
+        engines,
+        backoff_s=rc.backoff_s,
+        backoff_max_s=rc.backoff_max_s,
+        max_wait_s=rc.engine_max_wait_s,
+        on_failure=lambda url, _e: metrics.engine_failures.labels(url).inc(),
+        on_wait=engine_waited,
+    )
+
+    def reward_retried(_reason: str, seconds: float) -> None:
+        metrics.reward_retries.inc()
+        metrics.waits.labels("reward").inc()
+        metrics.wait_seconds.labels("reward").inc(seconds)
+
+    reward = RewardClient(
+        cfg.endpoints.reward_url,
+        timeout_s=rc.reward_timeout_s,
+        batch_items=rc.reward_batch_items,
+        backoff_s=rc.backoff_s,
+        backoff_max_s=rc.backoff_max_s,
+        max_wait_s=rc.reward_max_wait_s,
+        on_retry=reward_retried,
+    )
+    from allocator.client import AllocatorClient
+
+    allocator = AllocatorClient(
+        cfg.endpoints.allocator_addr,
+        timeout_s=rc.allocator_timeout_s,
+        retries=1,
+        control_token=token,
+    )
+    return RolloutWorker(
+        cfg=rc,
+        namespace=rc.namespace or cfg.run.name,
+        worker_id=rc.worker_id or f"{socket.gethostname()}-{os.getpid()}",
+        sampler=sampler,
+        renderer=renderer,
+        pool=pool,
+        reward=reward,
+        redis=aioredis.Redis.from_url(cfg.endpoints.redis_url, socket_timeout=10.0),
+        allocator=allocator,
+        metrics=metrics,
+    )
