@@ -114,7 +114,12 @@ class RunResult:
         tail = self.stderr[-4096:]
         return any(
             marker in tail
-            for marker in (b"MemoryError", b"bad_alloc", b"Cannot allocate memory", b"out of memory")
+            for marker in (
+                b"MemoryError",
+                b"bad_alloc",
+                b"Cannot allocate memory",
+                b"out of memory",
+            )
         )
 
 
@@ -372,4 +377,3 @@ class Sandbox:
             result.sandbox_error = result.stderr.decode(errors="replace").strip()[:2000]
         elif exit_code is not None and result.status == "finished":
             result.return_code = exit_code
-

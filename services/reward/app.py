@@ -1,0 +1,336 @@
+"""The reward service's FastAPI app: routes, admission control, limits and error shapes.
+
+- ``POST /v1/verify`` dispatches each item to the scorer registered for its ``kind``
+  (:data:`services.reward.registry.SCORERS`) and answers in item order.
+- ``POST /run_code`` is the SandboxFusion subset (:mod:`services.reward.run_code`).
+- ``GET /healthz``, ``GET /metrics``; OpenAPI at ``/docs``.
+
+Load: each kind has an admission budget (items running + waiting). A request whose items do not
+fit is refused whole with 429 and ``Retry-After`` instead of queueing without bound; admitted
+items wait only for a worker or sandbox slot. Bad input: bodies over the limit get 413 before
+they are parsed; anything malformed gets 422 whose ``detail`` entries name the ``field``. A 500
+means a bug in the service, never a client mistake; an item whose scoring fails unexpectedly
+scores 0 with reason ``internal_error`` rather than failing its neighbours.
+"""
+
+import asyncio
+import contextlib
+import functools
+import logging
+import operator
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from dynamo_rl.config import RewardConfig
+from dynamo_rl.metrics import CONTENT_TYPE_LATEST
+from services.reward.base import ItemResult, Scorer
+from services.reward.code_scorer import CodeScorer
+from services.reward.metrics import RewardMetrics
+from services.reward.registry import SCORERS
+from services.reward.run_code import RunCodeRequest, RunCodeResponse, run_code_blocking
+
+log = logging.getLogger("services.reward")
+
+ROUTES = ("/v1/verify", "/run_code", "/healthz", "/metrics")
+# Discriminator values that pydantic puts in error locations; they are not field names.
+_TAGS = {*SCORERS, "stdio", "assert"}
+
+
+class QueueFull(Exception):
+    def __init__(self, kind: str, pending: int, capacity: int) -> None:
+        super().__init__(kind)
+        self.kind, self.pending, self.capacity = kind, pending, capacity
+
+
+class Admission:
+    """Items of one kind admitted at once (running + waiting), up to ``capacity``."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.pending = 0
+
+    def fits(self, n: int) -> bool:
+        return self.pending + n <= self.capacity
+
+
+class VerifyResponse(BaseModel):
+    results: list[ItemResult]
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p != "body" and p not in _TAGS]
+    return ".".join(parts) or "body"
+
+
+def _invalid(errors: list[dict[str, Any]]) -> JSONResponse:
+    detail = [
+        {
+            "field": _field(tuple(e.get("loc", ()))),
+            "loc": list(e.get("loc", ())),
+            "msg": e.get("msg", "invalid"),
+            "type": e.get("type", "value_error"),
+        }
+        for e in errors
+    ]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+class _Guard:
+    """ASGI middleware: request size limit (413) and per-route request metrics."""
+
+    def __init__(self, app: Any, max_body_bytes: int, metrics: RewardMetrics) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+        path = scope.get("path", "")
+        route = path if path in ROUTES else "other"
+        status = {"code": 500}
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            body, too_large = await self._read_body(scope, receive)
+            if too_large:
+                self.metrics.rejections.labels("body_too_large").inc()
+                response = JSONResponse(
+                    {
+                        "detail": f"request body exceeds {self.max_body_bytes} bytes "
+                        "(reward.max_body_bytes)"
+                    },
+                    status_code=413,
+                )
+                await response(scope, receive, send_wrapper)
+                return
+            replayed = False
+
+            async def replay() -> dict[str, Any]:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send_wrapper)
+        finally:
+            self.metrics.requests.labels(route, str(status["code"])).inc()
+            self.metrics.request_seconds.labels(route).observe(time.monotonic() - start)
+
+    async def _read_body(self, scope: dict[str, Any], receive: Any) -> tuple[bytes, bool]:
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                with contextlib.suppress(ValueError):
+                    if int(value) > self.max_body_bytes:
+                        return b"", True
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return b"", True
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks), False
+
+
+def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastAPI:
+    """Build the app for ``cfg``; scorers start in the app's lifespan."""
+    metrics = metrics or RewardMetrics()
+    scorers: dict[str, Scorer] = {}
+    for kind, cls in SCORERS.items():
+        if kind == "code" and not cfg.code.enabled:
+            continue
+        scorers[kind] = cls(cfg, metrics)
+    admission = {kind: Admission(s.capacity) for kind, s in scorers.items()}
+    for kind in scorers:
+        metrics.queue_depth.labels(kind).set(0)
+
+    item_union = functools.reduce(operator.or_, [cls.item_model for cls in SCORERS.values()])
+    Item = Annotated[item_union, Field(discriminator="kind")]  # type: ignore[valid-type]
+    VerifyRequest = create_model(
+        "VerifyRequest",
+        __config__=ConfigDict(extra="forbid"),
+        items=(list[Item], Field(description=f"at most {cfg.max_items} items")),  # type: ignore[valid-type]
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        started: list[Scorer] = []
+        try:
+            for scorer in scorers.values():
+                await scorer.start()
+                started.append(scorer)
+            yield
+        finally:
+            for scorer in reversed(started):
+                await scorer.close()
+
+    app = FastAPI(
+        title="DynaMO-RL reward service",
+        description="Math verification and sandboxed code execution. See docs/reward.md.",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.scorers = scorers
+    app.state.metrics = metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        metrics.rejections.labels("invalid").inc()
+        return _invalid(list(exc.errors()))
+
+    @contextlib.contextmanager
+    def admitted(counts: dict[str, int]) -> Any:
+        for kind, n in counts.items():
+            a = admission[kind]
+            if not a.fits(n):
+                raise QueueFull(kind, a.pending, a.capacity)
+        for kind, n in counts.items():
+            admission[kind].pending += n
+            metrics.queue_depth.labels(kind).inc(n)
+        try:
+            yield
+        finally:
+            for kind, n in counts.items():
+                admission[kind].pending -= n
+                metrics.queue_depth.labels(kind).dec(n)
+
+    def too_busy(e: QueueFull) -> JSONResponse:
+        metrics.rejections.labels("queue_full").inc()
+        return JSONResponse(
+            {
+                "detail": f"{e.kind} queue full ({e.pending} items pending, limit {e.capacity}); "
+                f"retry after {cfg.retry_after_s}s"
+            },
+            status_code=429,
+            headers={"Retry-After": str(cfg.retry_after_s)},
+        )
+
+    async def score_one(scorer: Scorer, item: Any) -> ItemResult:
+        try:
+            result = await scorer.score(item)
+        except Exception as e:
+            log.exception("scoring item %r (kind %s) failed", item.id, scorer.kind)
+            result = ItemResult(
+                id=item.id,
+                score=0.0,
+                correct=False,
+                format_ok=False,
+                reason="internal_error",
+                detail=f"{type(e).__name__}",
+            )
+        metrics.items.labels(scorer.kind, result.reason).inc()
+        return result
+
+    @app.post(
+        "/v1/verify",
+        response_model=VerifyResponse,
+        responses={413: {"description": "body too large"}, 429: {"description": "queue full"}},
+    )
+    async def verify(request: VerifyRequest) -> Any:  # type: ignore[valid-type]
+        """Score a batch of items; results keep the items' order."""
+        items = request.items  # type: ignore[attr-defined]
+        errors: list[dict[str, Any]] = []
+        if len(items) > cfg.max_items:
+            errors.append(
+                {
+                    "loc": ("body", "items"),
+                    "type": "too_long",
+                    "msg": f"at most {cfg.max_items} items per request "
+                    f"(reward.max_items), got {len(items)}",
+                }
+            )
+        counts: dict[str, int] = {}
+        for i, item in enumerate(items[: cfg.max_items]):
+            scorer = scorers.get(item.kind)
+            if scorer is None:
+                errors.append(
+                    {
+                        "loc": ("body", "items", i, "kind"),
+                        "type": "disabled",
+                        "msg": f"kind {item.kind!r} is disabled on this server; enabled: "
+                        f"{', '.join(scorers)}",
+                    }
+                )
+                continue
+            for loc, msg in scorer.check(item):
+                errors.append(
+                    {"loc": ("body", "items", i, *loc), "type": "value_error", "msg": msg}
+                )
+            counts[item.kind] = counts.get(item.kind, 0) + 1
+        if errors:
+            metrics.rejections.labels("invalid").inc()
+            return _invalid(errors)
+        try:
+            with admitted(counts):
+                results = await asyncio.gather(
+                    *(score_one(scorers[item.kind], item) for item in items)
+                )
+        except QueueFull as e:
+            return too_busy(e)
+        return VerifyResponse(results=list(results))
+
+    @app.post(
+        "/run_code",
+        response_model=RunCodeResponse,
+        responses={413: {"description": "body too large"}, 429: {"description": "queue full"}},
+    )
+    async def run_code(request: RunCodeRequest) -> Any:
+        """Run one program once (SandboxFusion-compatible subset)."""
+        scorer = scorers.get("code")
+        if not isinstance(scorer, CodeScorer):
+            return _invalid(
+                [
+                    {
+                        "loc": ("body", "language"),
+                        "type": "disabled",
+                        "msg": "code execution is disabled on this server",
+                    }
+                ]
+            )
+        try:
+            with admitted({"code": 1}):
+                return await scorer.in_sandbox(run_code_blocking, scorer.runner, request)
+        except QueueFull as e:
+            return too_busy(e)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        """Liveness and what this server scores."""
+        code = scorers.get("code")
+        sandbox = "disabled"
+        if isinstance(code, CodeScorer):
+            sandbox = "unsafe-no-sandbox" if cfg.code.unsafe_no_sandbox else "bwrap"
+        return {
+            "status": "ok",
+            "kinds": list(scorers),
+            "sandbox": sandbox,
+            "pending": {kind: a.pending for kind, a in admission.items()},
+        }
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        """Prometheus metrics (``dynamo_reward_*``)."""
+        return Response(metrics.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(_Guard, max_body_bytes=cfg.max_body_bytes, metrics=metrics)
+    return app

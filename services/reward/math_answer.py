@@ -1,0 +1,120 @@
+"""Math answers: extraction from free text and comparison with math-verify.
+
+Two extraction modes:
+
+- ``last_boxed`` (default; what verl/OpenRLHF recipes do): the last ``\\boxed{…}`` (or ``\\fbox``)
+  with balanced braces, else the last ``Answer: …`` line. The extracted text is parsed as a boxed
+  LaTeX answer.
+- ``math_verify``: math-verify's own LaTeX extraction over the whole response, boxed answers first;
+  several boxes are combined into one answer, which multi-part answers such as "(2, 2) and (6, 2)"
+  need.
+
+The comparison is ``math_verify.verify(gold, prediction)`` — gold first: math-verify's comparison
+is deliberately asymmetric. :func:`score_math` imports math-verify and must run on a process's main
+thread with a timeout of the caller's (math-verify's own timeouts use ``signal.alarm`` and are
+disabled here); the worker pool in :mod:`services.reward.math_pool` provides both.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+ExtractionMode = Literal["last_boxed", "math_verify"]
+
+_BOX = re.compile(r"\\(?:boxed|fbox)")
+_ANSWER_LINE = re.compile(
+    r"^[ \t*#>_-]*(?:final[ \t]+)?answer[ \t*_]*(?:is)?[ \t*_]*[:：][ \t*_]*(?P<ans>.+?)[ \t]*$",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` with balanced braces (or ``\\boxed x``), else None."""
+    for match in reversed(list(_BOX.finditer(text))):
+        i = match.end()
+        while i < len(text) and text[i] == " ":
+            i += 1
+        if i < len(text) and text[i] == "{":
+            depth = 0
+            for j in range(i, len(text)):
+                c = text[j]
+                if c == "\\":  # an escaped brace (\{ or \}) does not count
+                    continue
+                if c == "{" and text[j - 1] != "\\":
+                    depth += 1
+                elif c == "}" and text[j - 1] != "\\":
+                    depth -= 1
+                    if depth == 0:
+                        content = text[i + 1 : j].strip()
+                        return content or None
+            continue  # unbalanced: try an earlier box
+        if i > match.end():  # "\boxed 5": one token up to whitespace or a dollar sign
+            token = re.match(r"[^\s$]+", text[i:])
+            if token:
+                return token.group(0)
+    return None
+
+
+def answer_line(text: str) -> str | None:
+    """The last ``Answer: ...`` line's answer, without surrounding ``$`` and a final period."""
+    matches = list(_ANSWER_LINE.finditer(text))
+    if not matches:
+        return None
+    ans = matches[-1].group("ans").strip().strip("*_").strip()
+    ans = ans.removesuffix(".").strip()
+    if len(ans) >= 2 and ans[0] == "$" and ans[-1] == "$":
+        ans = ans.strip("$").strip()
+    return ans or None
+
+
+def extract_last_boxed(text: str) -> str | None:
+    """The ``last_boxed`` mode's answer text: the last box, else the last answer line."""
+    return last_boxed(text) or answer_line(text)
+
+
+def _boxed(text: str) -> str:
+    return text if "\\boxed" in text else "\\boxed{" + text + "}"
+
+
+def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[str, Any]:
+    """Score one answer: ``{"correct", "format_ok", "reason", "detail"}``. Main thread only."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    gold = parse(_boxed(ground_truth), extraction_config=config, parsing_timeout=None)
+    if not gold:
+        return {
+            "correct": False,
+            "format_ok": False,
+            "reason": "bad_ground_truth",
+            "detail": f"math-verify could not parse the ground truth {ground_truth[:200]!r}",
+        }
+    if mode == "last_boxed":
+        answer = extract_last_boxed(response)
+        if answer is None:
+            return _no_answer("no \\boxed{} answer and no 'Answer:' line")
+        pred = parse(_boxed(answer), extraction_config=config, parsing_timeout=None)
+    else:
+        pred = parse(response, extraction_config=config, parsing_timeout=None)
+        answer = str(pred[-1]) if pred else None
+        if not pred:
+            return _no_answer("math-verify found no answer")
+    if not pred:
+        return {
+            "correct": False,
+            "format_ok": True,
+            "reason": "wrong_answer",
+            "detail": f"answer {answer[:200]!r} could not be parsed",
+        }
+    correct = bool(verify(gold, pred, timeout_seconds=None))
+    return {
+        "correct": correct,
+        "format_ok": True,
+        "reason": "ok" if correct else "wrong_answer",
+        "detail": f"answer {str(answer)[:200]!r}",
+    }
+
+
+def _no_answer(detail: str) -> dict[str, Any]:
+    return {"correct": False, "format_ok": False, "reason": "no_answer", "detail": detail}

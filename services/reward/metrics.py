@@ -1,0 +1,47 @@
+"""The reward service's Prometheus metrics, all in one place (``dynamo_reward_*``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from dynamo_rl.metrics import ServiceMetrics
+
+
+class RewardMetrics:
+    """Every metric of the reward service; ``metrics`` holds the registry and exposition."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        m = self.metrics = ServiceMetrics("reward", registry)
+        self.requests = m.counter(
+            "requests_total", "HTTP requests answered, by route and status code", ["route", "code"]
+        )
+        self.request_seconds = m.histogram(
+            "request_duration_seconds", "Time to answer a request, by route", ["route"]
+        )
+        self.items = m.counter(
+            "items_total", "Items scored, by kind and result reason", ["kind", "reason"]
+        )
+        self.item_seconds = m.histogram(
+            "item_duration_seconds", "Time to score one item once admitted, by kind", ["kind"]
+        )
+        self.queue_depth = m.gauge(
+            "queue_depth",
+            "Items admitted and not yet scored (running + waiting), by kind",
+            ["kind"],
+        )
+        self.rejections = m.counter(
+            "rejections_total",
+            "Requests refused before scoring: queue_full (429), body_too_large (413), invalid (422)",
+            ["reason"],
+        )
+        self.sandbox_starts = m.counter(
+            "sandbox_starts_total",
+            "Sandboxes started (compile and run steps), by outcome",
+            ["status"],
+        )
+        self.sandbox_seconds = m.histogram(
+            "sandbox_run_duration_seconds", "Wall-clock time of one sandboxed run"
+        )
+        self.math_worker_restarts = m.counter(
+            "math_worker_restarts_total", "Math workers killed and replaced (timeout or crash)"
+        )
