@@ -1,14 +1,353 @@
-"""The learner's section."""
+"""The learner's section: model, optimisation, algorithm, stream, checkpoints and weight push.
+
+The algorithm is data: ``learner.algorithm.advantage`` and ``learner.algorithm.policy_loss`` are
+pydantic unions keyed on ``type`` (one class per variant, each with only the knobs it has), and the
+learner looks each ``type`` up in the registries of ``learner.algorithms``. Combinations that make
+no sense (GSPO with dual-clip, PPO/GAE without a critic, a KL term without a reference, DAPO
+dynamic sampling without groups) are rejected here, before anything starts.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from dynamo_rl.config.base import Section
+from dynamo_rl.config.common import Port
+
+Aggregation = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+def _type_or(default: str):
+    """A discriminator that reads ``type`` and falls back to ``default`` when it is missing, so
+    ``learner.algorithm.policy_loss.clip_high=0.28`` alone tunes the default variant."""
+
+    def pick(value: object) -> str:
+        if isinstance(value, dict):
+            return str(value.get("type", default))
+        return str(getattr(value, "type", default))
+
+    return Discriminator(pick)
+
+
+# --- advantage estimators (names match learner.algorithms.ADVANTAGE_ESTIMATORS) ---------------
+
+
+class GrpoAdvantage(Section):
+    type: Literal["grpo"] = "grpo"
+    """Group-relative advantages: (r − group mean) / group std."""
+
+
+class DrGrpoAdvantage(Section):
+    type: Literal["drgrpo"] = "drgrpo"
+    """Dr.GRPO: r − group mean, not divided by the std."""
+
+
+class RlooAdvantage(Section):
+    type: Literal["rloo"] = "rloo"
+    """Leave-one-out baseline within each group."""
+
+
+class ReinforcePPAdvantage(Section):
+    type: Literal["reinforce_pp"] = "reinforce_pp"
+    """REINFORCE++: discounted token returns whitened over the batch."""
+    gamma: Fraction = 1.0
+    """Discount factor."""
+    group_baseline: bool = False
+    """Subtract the group mean first (the REINFORCE++-baseline variant)."""
+
+    @property
+    def registry_name(self) -> str:
+        return "reinforce_pp_baseline" if self.group_baseline else "reinforce_pp"
+
+
+class GaeAdvantage(Section):
+    type: Literal["gae"] = "gae"
+    """PPO's GAE over a critic's values (needs ``learner.critic``)."""
+    gamma: Fraction = 1.0
+    """Discount factor."""
+    lam: Fraction = 0.95
+    """GAE λ."""
+
+
+Advantage = Annotated[
+    Annotated[GrpoAdvantage, Tag("grpo")]
+    | Annotated[DrGrpoAdvantage, Tag("drgrpo")]
+    | Annotated[RlooAdvantage, Tag("rloo")]
+    | Annotated[ReinforcePPAdvantage, Tag("reinforce_pp")]
+    | Annotated[GaeAdvantage, Tag("gae")],
+    _type_or("grpo"),
+]
+
+
+# --- policy losses (names match learner.algorithms.POLICY_LOSSES) -----------------------------
+
+
+class PpoLoss(Section):
+    type: Literal["ppo"] = "ppo"
+    """Token-level clipped surrogate."""
+    clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """Lower clip ε: the ratio is clipped at 1 − clip_low."""
+    clip_high: Annotated[float, Field(gt=0)] = 0.2
+    """Upper clip ε (clip-higher when above clip_low): the ratio is clipped at 1 + clip_high."""
+    dual_clip: Annotated[float, Field(gt=1)] | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative advantages; null: off."""
+
+
+class GspoLoss(Section):
+    type: Literal["gspo"] = "gspo"
+    """Sequence-level ratio (GSPO), always aggregated seq-mean-token-mean."""
+    clip_low: Annotated[float, Field(gt=0, lt=1)] = 3e-4
+    """Lower clip ε on the sequence ratio."""
+    clip_high: Annotated[float, Field(gt=0)] = 4e-4
+    """Upper clip ε on the sequence ratio."""
+    dual_clip: float | None = None
+    """Not available with GSPO (accepted only so that setting it gives a clear error)."""
+
+
+PolicyLoss = Annotated[
+    Annotated[PpoLoss, Tag("ppo")] | Annotated[GspoLoss, Tag("gspo")], _type_or("ppo")
+]
+
+
+class KlConfig(Section):
+    """KL to a frozen reference model, in the loss and/or in the reward."""
+
+    coef: Annotated[float, Field(ge=0)] = 0.0
+    """Weight of the KL term in the loss; 0: off (no reference model unless kl_in_reward)."""
+    kind: Literal["k1", "abs", "k2", "k3", "low_var_kl"] = "k3"
+    """KL estimator of the loss term."""
+    in_reward_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Initial β of KL-in-reward (token reward −β·(logp_old − logp_ref)); GAE only; 0: off."""
+    target: Annotated[float, Field(gt=0)] | None = None
+    """Target KL of the adaptive β controller (PPO's); null: β stays fixed."""
+    horizon: Annotated[int, Field(ge=1)] = 10000
+    """Horizon of the adaptive controller, in responses."""
+
+
+class ModulationConfig(Section):
+    """DynaMO gradient-aware advantage modulation (applied per micro-batch)."""
+
+    enabled: bool = False
+    """Modulate token advantages by entropy (β_comp) and estimated entropy change (β_stab)."""
+    preset: Literal["decay6", "decay5"] = "decay6"
+    """Constants preset (decay6: λ_min 0.6, γ 50, τ 0.99, μ_max 1.2; decay5: τ 0.9, μ_max 1.4)."""
+    lambda_min: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Override of the preset's λ_min."""
+    gamma: Annotated[float, Field(gt=0)] | None = None
+    """Override of the preset's sigmoid sharpness γ."""
+    tau: Annotated[float, Field(gt=0)] | None = None
+    """Override of the preset's sigmoid midpoint τ."""
+    mu_max: Annotated[float, Field(ge=1)] | None = None
+    """Override of the preset's μ_max."""
+
+    def overrides(self) -> dict[str, float]:
+        names = ("lambda_min", "gamma", "tau", "mu_max")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+
+class DapoConfig(Section):
+    """DAPO's dynamic sampling and overlong reward shaping."""
+
+    dynamic_sampling: bool = False
+    """Skip groups whose rewards are all equal and keep reading until the batch is full."""
+    max_reads: Annotated[int, Field(ge=1)] = 8
+    """Bound on stream reads per batch while filling it (then train on what was kept)."""
+    overlong_buffer: Annotated[int, Field(ge=0)] = 0
+    """Soft overlong punishment buffer in tokens; 0: off."""
+    overlong_factor: Annotated[float, Field(ge=0)] = 1.0
+    """Penalty at the maximum length (linear inside the buffer)."""
+    max_response_len: Annotated[int, Field(ge=1)] | None = None
+    """Maximum response length the engine was asked for (needed by overlong shaping)."""
+
+
+class AlgorithmConfig(Section):
+    """Which advantage estimator, policy loss and extras the learner uses."""
+
+    advantage: Advantage = GrpoAdvantage()
+    """Advantage estimator, keyed on ``type``: grpo, drgrpo, rloo, reinforce_pp, gae."""
+    policy_loss: PolicyLoss = PpoLoss()
+    """Policy loss, keyed on ``type``: ppo, gspo."""
+    agg: Aggregation = "token-mean"
+    """Loss aggregation over tokens (GSPO always uses seq-mean-token-mean)."""
+    kl: KlConfig = KlConfig()
+    entropy_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Entropy bonus weight (subtracted from the loss)."""
+    modulation: ModulationConfig = ModulationConfig()
+    dapo: DapoConfig = DapoConfig()
+    is_cap: Annotated[float, Field(ge=1)] | None = 2.0
+    """Cap of the truncated importance weight exp(logp_old − logp_sampling) that corrects the
+    engine/learner mismatch and staleness; null: no correction."""
+
+
+class CriticConfig(Section):
+    """A value head on the policy's last hidden state (PPO with GAE)."""
+
+    enabled: bool = False
+    """Train a value head next to the policy; required by the gae advantage."""
+    value_coef: Annotated[float, Field(ge=0)] = 0.5
+    """Weight of the value loss."""
+    value_clip: Annotated[float, Field(gt=0)] = 0.2
+    """Clip range of the value loss around the old values."""
+
+
+class OptimConfig(Section):
+    """AdamW, gradient clipping and the learning-rate schedule (over train steps)."""
+
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: Annotated[float, Field(gt=0)] = 1e-8
+    """AdamW epsilon."""
+    grad_clip: Annotated[float, Field(gt=0)] | None = 1.0
+    """Clip the global gradient norm to this; null: no clipping."""
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Linear warmup from 0 over this many train steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """After warmup: constant, or cosine decay to min_lr_ratio·lr at total_steps."""
+    min_lr_ratio: Fraction = 0.0
+    """Floor of the cosine schedule as a fraction of lr."""
+    total_steps: Annotated[int, Field(ge=1)] | None = None
+    """Length of the cosine schedule; null: learner.max_steps."""
+
+
+class StreamConfig(Section):
+    """How the learner reads the trajectory stream."""
+
+    block_ms: Annotated[int, Field(ge=1)] = 1000
+    """XREADGROUP block time per read."""
+    wait_timeout_s: Annotated[float, Field(gt=0)] | None = None
+    """Stop (after a checkpoint) when no entry arrives for this long; null: wait forever."""
+    max_staleness: Annotated[int, Field(ge=0)] | None = None
+    """Drop groups sampled more than this many weight versions ago; null: keep all."""
+
+
+class CheckpointConfig(Section):
+    """Distributed checkpoints (torch.distributed.checkpoint) and Hugging Face exports."""
+
+    every: Annotated[int, Field(ge=1)] = 10
+    """Checkpoint every this many steps. Stream entries are acknowledged only when the checkpoint
+    that holds their step is written, so this also bounds how much is retrained after a crash."""
+    keep: Annotated[int, Field(ge=1)] = 2
+    """Checkpoints kept on disk (oldest deleted first)."""
+    export_every: Annotated[int, Field(ge=0)] = 1
+    """Write a Hugging Face export with every n-th checkpoint (and at the end); 0: only at the
+    end."""
+    dir: str | None = None
+    """Checkpoint folder; null: ``<run dir>/checkpoints``."""
+    resume: bool = True
+    """Resume from the latest checkpoint in ``dir`` when there is one."""
+
+
+class PushConfig(Section):
+    """Pushing the policy's weights to the inference engines (SGLang-shaped endpoints)."""
+
+    every: Annotated[int, Field(ge=0)] = 1
+    """Push after every n-th step; 0: never."""
+    transport: Literal["distributed", "disk"] = "distributed"
+    """distributed: torch.distributed broadcast from rank 0; disk: an HF export the engines load."""
+    engines_from: Literal["redis", "config"] = "redis"
+    """Where the engine URLs come from: the Redis registry, or endpoints.engine_urls."""
+    master_address: str = "127.0.0.1"
+    """Address of rank 0 that engines connect to for the broadcast group."""
+    bucket_mb: Annotated[float, Field(gt=0)] = 256.0
+    """Full parameters gathered per bucket before broadcasting them."""
+    timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    """Timeout of a group formation or one push."""
+    fallback_to_disk: bool = True
+    """When a distributed push fails, export and ask engines to load from disk."""
 
 
 class LearnerConfig(Section):
+    mode: Literal["rl"] = "rl"
+    """What to train: rl (the trajectory stream)."""
+    model: str | None = None
+    """Hugging Face model directory (weights, config, tokenizer) to start from."""
     lr: Annotated[float, Field(gt=0)] = 1e-6
     """AdamW learning rate (the DynaMO recipe's 1e-6)."""
+    max_steps: Annotated[int, Field(ge=1)] | None = None
+    """Stop after this many train steps (counting resumed ones); null: run until stopped."""
+    train_batch_size: Annotated[int, Field(ge=1)] = 32
+    """Prompt groups per train step."""
+    mini_batch_size: Annotated[int, Field(ge=1)] | None = None
+    """Prompt groups per optimizer update; null: the whole batch (one update per epoch)."""
+    ppo_epochs: Annotated[int, Field(ge=1)] = 1
+    """Passes over each batch."""
+    micro_batch_size: Annotated[int, Field(ge=1)] = 8
+    """Responses per forward/backward on one rank (gradients accumulate over micro-batches)."""
+    max_seq_len: Annotated[int, Field(ge=2)] = 4096
+    """Longest prompt+response accepted; longer groups go to the dead-letter stream."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype: auto is bf16 mixed precision on CUDA with bf16 support, else float32."""
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    critic: CriticConfig = CriticConfig()
+    optim: OptimConfig = OptimConfig()
+    stream: StreamConfig = StreamConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    push: PushConfig = PushConfig()
+    metrics_port: Port | None = 9103
+    """Prometheus /metrics port on rank 0 (0: a free port; null: off)."""
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> LearnerConfig:
+        algo = self.algorithm
+        adv = algo.advantage.type
+        if adv == "gae" and not self.critic.enabled:
+            raise ValueError(
+                "learner.algorithm.advantage.type 'gae' (PPO with a critic) needs "
+                "learner.critic.enabled: true"
+            )
+        if self.critic.enabled and adv != "gae":
+            raise ValueError(
+                f"learner.critic.enabled is only used by advantage type 'gae', not {adv!r}"
+            )
+        if algo.kl.in_reward_coef > 0 and adv != "gae":
+            raise ValueError(
+                "learner.algorithm.kl.in_reward_coef (KL in the reward) needs advantage type "
+                f"'gae' (token rewards), not {adv!r}; use kl.coef for a KL loss term"
+            )
+        if algo.kl.target is not None and algo.kl.in_reward_coef == 0:
+            raise ValueError("learner.algorithm.kl.target (adaptive β) needs kl.in_reward_coef > 0")
+        if algo.policy_loss.type == "gspo" and algo.policy_loss.dual_clip is not None:
+            raise ValueError(
+                "learner.algorithm.policy_loss.dual_clip is not available with type 'gspo' "
+                "(the sequence-level ratio has no dual-clip); use type 'ppo' or drop dual_clip"
+            )
+        if algo.policy_loss.type == "gspo" and algo.agg != "seq-mean-token-mean":
+            raise ValueError(
+                "learner.algorithm.policy_loss.type 'gspo' aggregates seq-mean-token-mean; "
+                f"set learner.algorithm.agg to that (got {algo.agg!r})"
+            )
+        if algo.policy_loss.type == "gspo" and algo.modulation.enabled:
+            raise ValueError(
+                "learner.algorithm.modulation (DynaMO, token-level) does not apply to the "
+                "sequence-level gspo loss; use policy_loss.type 'ppo'"
+            )
+        if algo.dapo.overlong_buffer > 0 and algo.dapo.max_response_len is None:
+            raise ValueError(
+                "learner.algorithm.dapo.overlong_buffer needs dapo.max_response_len (the engine's "
+                "max_tokens)"
+            )
+        mini = self.mini_batch_size
+        if mini is not None and mini > self.train_batch_size:
+            raise ValueError(
+                f"learner.mini_batch_size ({mini}) must be <= learner.train_batch_size "
+                f"({self.train_batch_size})"
+            )
+        if self.optim.schedule == "cosine" and self.optim.total_steps is None:
+            if self.max_steps is None:
+                raise ValueError(
+                    "learner.optim.schedule 'cosine' needs learner.optim.total_steps or "
+                    "learner.max_steps"
+                )
+        return self
+
+    @property
+    def needs_reference(self) -> bool:
+        """A frozen reference model is loaded only when some KL term uses it."""
+        return self.algorithm.kl.coef > 0 or self.algorithm.kl.in_reward_coef > 0

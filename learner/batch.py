@@ -1,0 +1,168 @@
+"""Turning trajectory groups into padded tensors, and splitting a batch over ranks.
+
+Every rank holds the whole batch as plain lists (rank 0 read it and broadcast it), so anything
+computed over the batch — group advantages, loss denominators — is identical on every rank without
+communication. Each rank then trains on a contiguous share of each mini-batch's responses.
+
+Layout of a micro-batch: prompts left-padded to the longest prompt ``P``, responses right-padded to
+the longest response ``T``; the model sees ``[B, P + T]`` and the response tokens always occupy the
+last ``T`` columns, so ``[B, T]`` tensors (log-probs, advantages, masks) line up with no gather.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Sample:
+    """One response with its prompt (plain Python, cheap to broadcast)."""
+
+    prompt: list[int]
+    response: list[int]
+    sampling_logprobs: list[float]
+    reward: float
+    correct: bool
+    group: int
+    staleness: int = 0
+    truncated: bool = False
+
+
+def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
+    """Flatten decoded ``TrajectoryGroup`` protobufs into samples; group index = list position."""
+    out: list[Sample] = []
+    for gi, g in enumerate(groups):
+        prompt = list(g.prompt_token_ids)
+        for r in g.responses:
+            out.append(
+                Sample(
+                    prompt=prompt,
+                    response=list(r.token_ids),
+                    sampling_logprobs=list(r.logprobs),
+                    reward=float(r.reward),
+                    correct=bool(r.correct),
+                    group=gi,
+                    staleness=max(0, weight_version - int(g.weight_version)),
+                    truncated=r.finish_reason == "length",
+                )
+            )
+    return out
+
+
+@dataclass
+class MicroBatch:
+    """Padded tensors for a set of rows of the batch (``rows`` are batch indices)."""
+
+    rows: list[int]
+    input_ids: torch.Tensor  # [b, P + T]
+    attention_mask: torch.Tensor  # [b, P + T]
+    response_ids: torch.Tensor  # [b, T]
+    mask: torch.Tensor  # [b, T] float, 1 at response tokens
+    sampling_logprobs: torch.Tensor  # [b, T]
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def response_len(self) -> int:
+        return int(self.response_ids.shape[1])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum().item())
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(
+            self.rows,
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.response_ids.to(device),
+            self.mask.to(device),
+            self.sampling_logprobs.to(device),
+            {k: v.to(device) for k, v in self.extra.items()},
+        )
+
+
+def collate(samples: list[Sample], rows: list[int], pad_id: int) -> MicroBatch:
+    """Pad ``rows`` of ``samples``; an empty ``rows`` gives a one-row dummy with no valid token
+    (so a rank with fewer rows still runs the same number of FSDP collectives)."""
+    if not rows:
+        return MicroBatch(
+            [],
+            torch.full((1, 2), pad_id, dtype=torch.long),
+            torch.ones(1, 2, dtype=torch.long),
+            torch.full((1, 1), pad_id, dtype=torch.long),
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+        )
+    chosen = [samples[i] for i in rows]
+    p_len = max(len(s.prompt) for s in chosen)
+    t_len = max(1, max(len(s.response) for s in chosen))
+    b = len(chosen)
+    input_ids = torch.full((b, p_len + t_len), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, p_len + t_len), dtype=torch.long)
+    response = torch.full((b, t_len), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, t_len))
+    sampling = torch.zeros((b, t_len))
+    for i, s in enumerate(chosen):
+        lp, lr = len(s.prompt), len(s.response)
+        input_ids[i, p_len - lp : p_len] = torch.tensor(s.prompt)
+        attention[i, p_len - lp : p_len + lr] = 1
+        if lr:
+            input_ids[i, p_len : p_len + lr] = torch.tensor(s.response)
+            response[i, :lr] = torch.tensor(s.response)
+            mask[i, :lr] = 1.0
+            sampling[i, :lr] = torch.tensor(s.sampling_logprobs)
+    return MicroBatch(list(rows), input_ids, attention, response, mask, sampling)
+
+
+def batch_mask(samples: list[Sample]) -> torch.Tensor:
+    """``[N, T_max]`` response mask of the whole batch (for batch-level advantage estimators)."""
+    t_len = max(1, max((len(s.response) for s in samples), default=1))
+    mask = torch.zeros((len(samples), t_len))
+    for i, s in enumerate(samples):
+        mask[i, : len(s.response)] = 1.0
+    return mask
+
+
+def to_rows(values: list[list[float]], t_len: int) -> torch.Tensor:
+    """Right-pad per-row lists to ``[N, t_len]``."""
+    out = torch.zeros((len(values), t_len))
+    for i, v in enumerate(values):
+        if v:
+            out[i, : len(v)] = torch.tensor(v, dtype=out.dtype)
+    return out
+
+
+def mini_batches(samples: list[Sample], groups_per_mini: int) -> list[list[int]]:
+    """Row indices of each mini-batch: consecutive whole groups (groups are never split)."""
+    by_group: dict[int, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_group.setdefault(s.group, []).append(i)
+    order = list(by_group.values())
+    return [
+        [i for g in order[k : k + groups_per_mini] for i in g]
+        for k in range(0, len(order), groups_per_mini)
+    ]
+
+
+def rank_share(rows: list[int], rank: int, world: int) -> list[int]:
+    """This rank's contiguous share of ``rows`` (sizes differ by at most one)."""
+    n = len(rows)
+    start = rank * n // world
+    end = (rank + 1) * n // world
+    return rows[start:end]
+
+
+def micro_splits(rows: list[int], micro: int, n_micro: int) -> list[list[int]]:
+    """``n_micro`` consecutive chunks of at most ``micro`` rows (trailing ones may be empty)."""
+    chunks = [rows[k : k + micro] for k in range(0, len(rows), micro)]
+    return chunks + [[] for _ in range(n_micro - len(chunks))]
+
+
+def num_micro(rows: list[int], world: int, micro: int) -> int:
+    """Micro-batches every rank runs for a mini-batch: enough for the largest share."""
+    largest = max(len(rank_share(rows, r, world)) for r in range(world))
+    return max(1, math.ceil(largest / micro))

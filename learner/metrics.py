@@ -1,0 +1,81 @@
+"""The learner's Prometheus metrics (``dynamo_learner_*``).
+
+No torch here: the step record is a plain ``dict[str, float]`` that the trainer fills; this module
+turns it into gauges, counters and histograms (``learner.steplog`` writes the same record as a JSON
+line).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynamo_rl.metrics import ServiceMetrics
+
+# Step-record keys exported as gauges (dynamo_learner_<key>); the JSONL log keeps every key.
+GAUGES: dict[str, str] = {
+    "loss": "total loss of the last step (mean over its updates)",
+    "policy_loss": "policy loss of the last step",
+    "kl": "KL to the reference of the last step",
+    "entropy": "mean token entropy of the last step",
+    "grad_norm": "global gradient norm before clipping (last update)",
+    "lr": "learning rate of the last step",
+    "clip_frac_upper": "fraction of tokens clipped at 1 + clip_high",
+    "clip_frac_lower": "fraction of tokens clipped at 1 - clip_low (or dual-clip)",
+    "approx_kl": "approximate KL between the updated and the old policy",
+    "beta_comp_mean": "mean DynaMO β_comp over valid tokens",
+    "beta_stab_mean": "mean DynaMO β_stab over valid tokens",
+    "reward_mean": "mean reward of the trained responses",
+    "accuracy_mean": "fraction of trained responses the verifier marked correct",
+    "response_len_mean": "mean response length in tokens",
+    "tokens_per_second": "trained tokens per second of step time",
+    "mismatch_abs_mean": "mean |learner old log-prob - sampling log-prob| over tokens",
+    "is_weight_mean": "mean truncated importance weight",
+    "staleness_mean": "mean weight versions between sampling and training",
+    "value_loss": "critic value loss (PPO with GAE)",
+    "push_seconds": "seconds of the last weight push",
+    "push_gb_per_s": "throughput of the last weight push in GB/s",
+    "weight_version": "weight version after the last push",
+    "step": "last completed train step",
+}
+PHASES = ("read", "forward", "backward", "optimizer", "checkpoint", "push")
+_STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class LearnerMetrics:
+    """Prometheus metrics of the learner; ``record_step`` feeds them from a step record."""
+
+    def __init__(self, metrics: ServiceMetrics | None = None) -> None:
+        self.metrics = metrics if metrics is not None else ServiceMetrics("learner")
+        m = self.metrics
+        self.gauges = {key: m.gauge(key, doc) for key, doc in GAUGES.items()}
+        self.steps = m.counter("steps_total", "train steps completed")
+        self.groups = m.counter("groups_total", "prompt groups trained on")
+        self.tokens = m.counter("tokens_total", "response tokens trained on")
+        self.skipped = m.counter(
+            "groups_skipped_total", "groups read but not trained on", ["reason"]
+        )
+        self.dead_letters = m.counter(
+            "dead_letters_total", "stream entries sent to the dead-letter stream"
+        )
+        self.pushes = m.counter("pushes_total", "weight pushes", ["transport", "outcome"])
+        self.phase_seconds = m.histogram(
+            "phase_seconds", "seconds per step phase", ["phase"], buckets=_STEP_BUCKETS
+        )
+        self.step_seconds = m.histogram(
+            "step_seconds", "seconds per train step", buckets=_STEP_BUCKETS
+        )
+
+    def record_step(self, record: dict[str, Any]) -> None:
+        for key, gauge in self.gauges.items():
+            value = record.get(key)
+            if isinstance(value, int | float):
+                gauge.set(float(value))
+        self.steps.inc()
+        self.groups.inc(float(record.get("groups", 0)))
+        self.tokens.inc(float(record.get("tokens", 0)))
+        for phase in PHASES:
+            seconds = record.get(f"time_{phase}")
+            if isinstance(seconds, int | float):
+                self.phase_seconds.labels(phase).observe(float(seconds))
+        if isinstance(record.get("time_step"), int | float):
+            self.step_seconds.observe(float(record["time_step"]))

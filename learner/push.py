@@ -1,0 +1,308 @@
+"""Weight push from the learner to the inference engines (rank 0's side of docs/contracts.md).
+
+Two transports behind one small interface (:class:`WeightTransport`):
+
+- :class:`DistributedPush` — SGLang-shaped. Once per set of engines, rank 0 hosts a ``TCPStore``
+  on a free port and forms a standalone gloo (NCCL on CUDA) group with every engine
+  (``/init_weights_update_group``, engine i is rank 1 + i). Per push, rank 0 POSTs
+  ``/update_weights_from_distributed`` (names, dtypes, shapes, version) to every engine
+  concurrently, and meanwhile all learner ranks gather full parameters bucket by bucket
+  (``DTensor.full_tensor``, a collective) while rank 0 broadcasts each tensor, in the order of
+  ``names``, to the engines. A failed push drops the group (re-formed at the next push).
+- :class:`DiskPush` — the fallback: a Hugging Face export that engines load through
+  ``/update_weights_from_disk``.
+
+Engines come from the Redis registry ``engines_key(ns)`` (each engine registers itself) or from
+``endpoints.engine_urls``. After a successful push rank 0 sets ``weight_version_key(ns)``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dynamo_rl.procs import free_port
+from learner.model import policy_parameters
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PushResult:
+    ok: bool
+    engines: int
+    bytes: int
+    seconds: float
+    error: str = ""
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+class WeightTransport(Protocol):
+    """Collective on every learner rank; engine URLs are only looked at on rank 0."""
+
+    name: str
+
+    def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult: ...
+
+    def close(self) -> None: ...
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's full value (all-gathers an FSDP2 DTensor shard; a collective)."""
+    full = param.full_tensor() if hasattr(param, "full_tensor") else param
+    return full.detach()
+
+
+def _buckets(
+    params: list[tuple[str, nn.Parameter]], bucket_bytes: int
+) -> Iterator[list[tuple[str, nn.Parameter]]]:
+    bucket: list[tuple[str, nn.Parameter]] = []
+    size = 0
+    for name, p in params:
+        nbytes = p.numel() * p.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, p))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+class _Posts:
+    """Concurrent POSTs, one thread per engine (each may block while the other side works)."""
+
+    def __init__(self, headers: dict[str, str], timeout_s: float) -> None:
+        self.headers = headers
+        self.timeout_s = timeout_s
+
+    def start(self, urls: Sequence[str], path: str, body: Callable[[int], dict]) -> Callable:
+        results: list[Any] = [None] * len(urls)
+
+        def post(i: int, url: str) -> None:
+            try:
+                r = httpx.post(
+                    url.rstrip("/") + path, json=body(i), headers=self.headers,
+                    timeout=self.timeout_s,
+                )  # fmt: skip
+                results[i] = None if r.status_code == 200 else f"{url}{path}: HTTP {r.status_code} {r.text[:300]}"
+            except Exception as e:  # reported to the caller, which decides what fails
+                results[i] = f"{url}{path}: {type(e).__name__}: {e}"
+
+        threads = [
+            threading.Thread(target=post, args=(i, u), daemon=True) for i, u in enumerate(urls)
+        ]
+        for t in threads:
+            t.start()
+
+        def join() -> list[str]:
+            for t in threads:
+                t.join(self.timeout_s + 5)
+            return [r for r in results if r is not None] + [
+                f"{urls[i]}{path}: no answer" for i, t in enumerate(threads) if t.is_alive()
+            ]
+
+        return join
+
+
+class DistributedPush:
+    """Broadcast over a torch.distributed group formed with the engines (rank 0 is the root)."""
+
+    name = "distributed"
+
+    def __init__(
+        self,
+        *,
+        master_address: str,
+        bucket_mb: float,
+        timeout_s: float,
+        headers: dict[str, str] | None = None,
+        device: torch.device | None = None,
+        group_prefix: str = "dynamo-push",
+    ) -> None:
+        self.master_address = master_address
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.timeout_s = timeout_s
+        self.posts = _Posts(headers or {}, timeout_s)
+        self.device = device or torch.device("cpu")
+        self.group_prefix = group_prefix
+        self.group: Any = None
+        self.group_name = ""
+        self.engines: tuple[str, ...] = ()
+        self._store: Any = None
+
+    def _form_group(self, engines: Sequence[str]) -> None:
+        """Rank 0 only: a new standalone group with exactly these engines."""
+        self.close()
+        port = free_port()
+        world = 1 + len(engines)
+        name = f"{self.group_prefix}-{uuid.uuid4().hex[:12]}"
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        join = self.posts.start(
+            engines,
+            "/init_weights_update_group",
+            lambda i: {
+                "master_address": self.master_address,
+                "master_port": port,
+                "rank_offset": 1 + i,
+                "world_size": world,
+                "group_name": name,
+                "backend": backend,
+            },
+        )
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        try:
+            store = dist.TCPStore(
+                "0.0.0.0", port, world, is_master=True, timeout=timeout, wait_for_workers=False
+            )
+            prefixed = dist.PrefixStore(name, store)
+            if backend == "nccl":
+                group = dist.ProcessGroupNCCL(prefixed, 0, world)
+            else:
+                group = dist.ProcessGroupGloo(prefixed, 0, world, timeout)
+        except Exception as e:
+            errors = join()
+            raise RuntimeError(f"forming the push group failed: {e}; engines: {errors}") from e
+        errors = join()
+        if errors:
+            raise RuntimeError("engines refused the push group: " + "; ".join(errors))
+        self._store, self.group, self.group_name = store, group, name
+        self.engines = tuple(engines)
+        log.info("push group %s formed with %d engine(s) on port %d", name, len(engines), port)
+
+    def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult:
+        is_main = dist.get_rank() == 0
+        t0 = time.perf_counter()
+        params = list(policy_parameters(model))
+        error = ""
+        join = None
+        if is_main:
+            try:
+                if not engines:
+                    raise RuntimeError("no engines to push to")
+                if self.group is None or tuple(engines) != self.engines:
+                    self._form_group(engines)
+                meta = {
+                    "names": [n for n, _ in params],
+                    "dtypes": [_dtype_name(p.dtype) for _, p in params],
+                    "shapes": [list(p.shape) for _, p in params],
+                    "group_name": self.group_name,
+                    "weight_version": version,
+                }
+                join = self.posts.start(
+                    self.engines, "/update_weights_from_distributed", lambda i: meta
+                )
+            except Exception as e:
+                error = str(e)
+        # Every rank must join every gather, whatever rank 0's engines do.
+        failed = torch.tensor([1 if error else 0])
+        if dist.get_world_size() > 1:
+            dist.broadcast(failed, 0)
+        if failed.item():
+            return PushResult(False, len(engines), 0, time.perf_counter() - t0, error)
+        nbytes = 0
+        for bucket in _buckets(params, self.bucket_bytes):
+            fulls = [_full(p) for _, p in bucket]
+            if is_main and not error:
+                try:
+                    for t in fulls:
+                        self.group.broadcast([t.to(self.device).contiguous()], 0).wait()
+                        nbytes += t.numel() * t.element_size()
+                except Exception as e:
+                    error = f"broadcast failed: {e}"
+            del fulls
+        if is_main and join is not None:
+            errors = join()
+            if errors and not error:
+                error = "; ".join(errors)
+        if error and is_main:
+            self.close()  # a broken group is never reused
+        ok = torch.tensor([0 if error else 1])
+        if dist.get_world_size() > 1:
+            dist.broadcast(ok, 0)
+        return PushResult(bool(ok.item()), len(engines), nbytes, time.perf_counter() - t0, error)
+
+    def close(self) -> None:
+        if self.group is not None:
+            with _suppress():
+                self.group.shutdown()
+        self.group, self._store, self.engines = None, None, ()
+
+
+class DiskPush:
+    """Export the policy in HF format and ask each engine to load it (the fallback)."""
+
+    name = "disk"
+
+    def __init__(
+        self,
+        export: Callable[[int], str | None],
+        *,
+        timeout_s: float,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.export = export  # collective: writes the export on rank 0, returns its path there
+        self.posts = _Posts(headers or {}, timeout_s)
+
+    def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult:
+        t0 = time.perf_counter()
+        path = self.export(version)
+        error = ""
+        if dist.get_rank() == 0:
+            if not engines:
+                error = "no engines to push to"
+            else:
+                join = self.posts.start(
+                    engines,
+                    "/update_weights_from_disk",
+                    lambda i: {"model_path": str(path), "weight_version": version},
+                )
+                error = "; ".join(join())
+        ok = torch.tensor([0 if error else 1])
+        if dist.get_world_size() > 1:
+            dist.broadcast(ok, 0)
+        return PushResult(bool(ok.item()), len(engines), 0, time.perf_counter() - t0, error)
+
+    def close(self) -> None:
+        pass
+
+
+def discover_engines(redis_client: Any, engines_key: str) -> list[str]:
+    """Engine base URLs registered in Redis (sorted, so ranks in the group are stable)."""
+    urls = []
+    for key, value in redis_client.hgetall(engines_key).items():
+        url = key.decode() if isinstance(key, bytes) else key
+        try:
+            info = json.loads(value)
+            url = info.get("url", url) or url
+        except (ValueError, TypeError):
+            pass
+        urls.append(url)
+    return sorted(set(urls))
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True

@@ -1,0 +1,459 @@
+"""The RL mode: train on trajectory groups from the Redis Stream.
+
+Stream reading: **rank 0 reads and broadcasts** the whole batch (token ids, sampling log-probs,
+rewards) to every rank; each rank then trains on a contiguous share of every mini-batch. Broadcasting
+the whole batch (rather than scattering shares) costs little — it is token ids — and lets every
+rank compute group advantages and the loss denominators of the whole mini-batch itself, so the
+loss of 2 ranks equals the loss of 1 rank on the same batch. Only rank 0 talks to Redis.
+
+One train step:
+
+1. batch start, no grad: old log-probs of every response under the current weights (the rollout's
+   sampling log-probs are kept for the truncated importance weight min(exp(old − sampling), cap)),
+   reference log-probs when a KL term is on, values when there is a critic;
+2. rewards (+ DAPO overlong shaping) → advantages through ``ADVANTAGE_ESTIMATORS`` over the whole
+   batch (values and KL-in-reward gathered from the ranks first);
+3. ``ppo_epochs`` × mini-batches × micro-batches: forward, log-probs and entropy, DynaMO
+   modulation (per micro-batch, as in the paper), ``POLICY_LOSSES[type]`` with the mini-batch's
+   token (or sequence) count as the normaliser, + KL, − entropy bonus, + value loss; backward with
+   gradient accumulation; then clip, AdamW step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dynamo_rl.config import ExperimentConfig
+from learner import algorithms as A
+from learner.batch import (
+    MicroBatch,
+    Sample,
+    batch_mask,
+    collate,
+    micro_splits,
+    mini_batches,
+    num_micro,
+    rank_share,
+    samples_from_groups,
+    to_rows,
+)
+from learner.dist import all_gather_object, all_reduce_sum, broadcast_object
+from learner.model import PolicyModel, load_policy, shard
+from learner.stream import TrajectoryReader
+from learner.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 30.0  # rank 0 tells waiting ranks "still waiting" this often (gloo timeouts)
+
+
+class AdaptiveKL:
+    """PPO's adaptive KL-in-reward coefficient (Ziegler et al.)."""
+
+    def __init__(self, beta: float, target: float | None, horizon: int) -> None:
+        self.beta, self.target, self.horizon = beta, target, horizon
+
+    def update(self, kl: float, n: int) -> None:
+        if self.target is None:
+            return
+        error = max(-0.2, min(0.2, kl / self.target - 1.0))
+        self.beta *= 1.0 + error * n / self.horizon
+
+
+class RLTrainer(Trainer):
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        super().__init__(cfg)
+        algo = self.lc.algorithm
+        adv = algo.advantage
+        self.adv_name = getattr(adv, "registry_name", adv.type)
+        self.estimator = A.ADVANTAGE_ESTIMATORS[self.adv_name]
+        self.policy_loss = A.POLICY_LOSSES[algo.policy_loss.type]
+        self.agg = "seq-mean-token-mean" if algo.policy_loss.type == "gspo" else algo.agg
+        self.ref: PolicyModel | None = None
+        if self.lc.needs_reference:
+            ref = load_policy(self.lc.model or "")
+            for p in ref.parameters():
+                p.requires_grad_(False)
+            self.ref = shard(ref, self.env.device, self.dtype)
+            self.ref.eval()
+        self.kl_ctl = AdaptiveKL(algo.kl.in_reward_coef, algo.kl.target, algo.kl.horizon)
+        self.reader: TrajectoryReader | None = None
+        self.uncommitted: list[str] = []  # stream ids consumed since the last checkpoint
+        self.committed_ids: list[str] = []  # ids of the checkpoint we resumed from
+        self.stop_after_batch = False
+
+    # --- checkpoint hooks --------------------------------------------------------------------
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"consumed": list(self.uncommitted), "kl_beta": self.kl_ctl.beta}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.committed_ids = list(state.get("consumed", []))
+        if "kl_beta" in state:
+            self.kl_ctl.beta = float(state["kl_beta"])
+        if self.env.is_main:
+            self.reader = TrajectoryReader(
+                self.redis,
+                self.namespace,
+                vocab_size=self.vocab_size,
+                max_seq_len=self.lc.max_seq_len,
+                on_dead_letter=lambda _id, _reason: self.metrics.dead_letters.inc()
+                if self.metrics
+                else None,
+            )
+            self.reader.setup(committed=self.committed_ids)
+
+    def on_commit(self) -> None:
+        # The checkpoint holding these steps is on disk: now they may leave the pending list.
+        if self.env.is_main and self.reader is not None and self.uncommitted:
+            self.reader.ack(self.uncommitted)
+        self.uncommitted = []
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def next_batch(self) -> dict[str, Any] | None:
+        if self.stop_after_batch:
+            return None
+        if self.env.is_main:
+            msg = self._read_batch()
+            broadcast_object(msg)
+        else:
+            while True:
+                msg = broadcast_object(None)
+                if msg["kind"] != "wait":
+                    break
+        if msg["kind"] == "stop":
+            return None
+        self.stop_after_batch = bool(msg.get("last"))
+        return msg
+
+    def _read_batch(self) -> dict[str, Any]:
+        """Rank 0: fill a batch of ``train_batch_size`` groups (DAPO filter, staleness filter)."""
+        assert self.reader is not None and self.metrics is not None
+        lc, algo = self.lc, self.lc.algorithm
+        need = lc.train_batch_size
+        kept: list[Any] = []
+        consumed: list[str] = []
+        skipped: dict[str, int] = defaultdict(int)
+        reads = 0
+        last_arrival = last_beat = time.monotonic()
+        timed_out = False
+        while len(kept) < need:
+            entries = self.reader.read(need - len(kept), lc.stream.block_ms)
+            now = time.monotonic()
+            if not entries:
+                wait = lc.stream.wait_timeout_s
+                if wait is not None and now - last_arrival > wait:
+                    timed_out = True
+                    break
+                if now - last_beat > HEARTBEAT_S and dist.get_world_size() > 1:
+                    broadcast_object({"kind": "wait"})
+                    last_beat = now
+                continue
+            last_arrival = now
+            for e in entries:
+                consumed.append(e.entry_id)
+                g = e.group
+                stale = self.weight_version - int(g.weight_version)
+                if lc.stream.max_staleness is not None and stale > lc.stream.max_staleness:
+                    skipped["stale"] += 1
+                    continue
+                if algo.dapo.dynamic_sampling:
+                    rewards = torch.tensor([r.reward for r in g.responses])
+                    keep = A.dapo_keep_groups(rewards, torch.zeros(len(rewards), dtype=torch.long))
+                    if not bool(keep.any()):
+                        skipped["uniform_reward"] += 1
+                        continue
+                kept.append(g)
+            reads += 1
+            if algo.dapo.dynamic_sampling and reads >= algo.dapo.max_reads and kept:
+                log.warning(
+                    "dynamic sampling kept %d of %d groups after %d reads; training on them",
+                    len(kept),
+                    need,
+                    reads,
+                )
+                break
+        for reason, n in skipped.items():
+            self.metrics.skipped.labels(reason).inc(n)
+        # Skipped groups count as consumed: they are acknowledged with this step's checkpoint.
+        self.uncommitted.extend(consumed)
+        if not kept:
+            return {"kind": "stop"}
+        samples = samples_from_groups(kept, self.weight_version)
+        return {
+            "kind": "batch",
+            "samples": samples,
+            "groups": len(kept),
+            "skipped": sum(skipped.values()),
+            "last": timed_out,
+        }
+
+    # --- training ----------------------------------------------------------------------------
+
+    def _forward(
+        self, model: PolicyModel, mb: MicroBatch, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        logits, values = model(mb.input_ids, mb.attention_mask, mb.response_len)
+        logp, entropy = A.token_logprobs_and_entropy(logits, mb.response_ids)
+        if not entropy_grad:
+            entropy = entropy.detach()
+        return logp, entropy, values
+
+    def train_step(self, batch: dict[str, Any]) -> dict[str, Any]:
+        lc, algo, env = self.lc, self.lc.algorithm, self.env
+        samples: list[Sample] = batch["samples"]
+        n = len(samples)
+        t_start = time.perf_counter()
+        groups_per_mini = lc.mini_batch_size or lc.train_batch_size
+        minis = mini_batches(samples, groups_per_mini)
+        plan: list[list[MicroBatch]] = []
+        for rows in minis:
+            mine = rank_share(rows, env.rank, env.world_size)
+            splits = micro_splits(mine, lc.micro_batch_size, num_micro(rows, env.world_size, lc.micro_batch_size))
+            plan.append([collate(samples, s, self.pad_id).to(env.device) for s in splits])
+
+        # 1. Old (and reference) log-probs and values under the weights at batch start.
+        with torch.no_grad():
+            for mbs in plan:
+                for mb in mbs:
+                    logp, entropy, values = self._forward(self.model, mb)
+                    mb.extra["old_logp"] = logp
+                    mb.extra["old_entropy"] = entropy
+                    if values is not None:
+                        mb.extra["old_values"] = values
+                    if self.ref is not None:
+                        ref_logp, _, _ = self._forward(self.ref, mb)
+                        mb.extra["ref_logp"] = ref_logp
+        t_forward = time.perf_counter() - t_start
+
+        # 2. Advantages over the whole batch (identical on every rank).
+        mask = batch_mask(samples)
+        t_len = mask.shape[1]
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        lengths = torch.tensor([len(s.response) for s in samples])
+        dapo = algo.dapo
+        if dapo.overlong_buffer > 0:
+            assert dapo.max_response_len is not None
+            rewards = rewards + A.overlong_penalty(
+                lengths, dapo.max_response_len, dapo.overlong_buffer, dapo.overlong_factor
+            )
+        group_ids = torch.tensor([s.group for s in samples], dtype=torch.long)
+        values_full = token_rewards = None
+        kl_in_reward = 0.0
+        if lc.critic.enabled or self.kl_ctl.beta > 0:  # the same decision on every rank
+            gathered = self._gather_rows(plan)
+            if lc.critic.enabled:
+                values_full = to_rows([gathered[i]["values"] for i in range(n)], t_len)
+            if self.kl_ctl.beta > 0:
+                kl_tok = to_rows([gathered[i]["kl"] for i in range(n)], t_len)
+                kl_in_reward = float((kl_tok * mask).sum() / mask.sum().clamp(min=1))
+                token_rewards = A.outcome_token_rewards(rewards, mask) - self.kl_ctl.beta * kl_tok
+        adv_kwargs: dict[str, Any] = {}
+        if hasattr(algo.advantage, "gamma"):
+            adv_kwargs["gamma"] = algo.advantage.gamma
+        if hasattr(algo.advantage, "lam"):
+            adv_kwargs["lam"] = algo.advantage.lam
+        advantages, returns = self.estimator(
+            rewards=rewards,
+            mask=mask,
+            group_ids=group_ids,
+            token_rewards=token_rewards,
+            values=values_full,
+            **adv_kwargs,
+        )
+        advantages, returns = advantages.to(env.device), returns.to(env.device)
+
+        sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums, this rank
+        for mbs in plan:
+            for mb in mbs:
+                if not mb.rows:
+                    continue
+                rows = torch.tensor(mb.rows, device=env.device)
+                t = mb.response_len
+                a = advantages[rows, :t]
+                mb.extra["returns"] = returns[rows, :t]
+                tok = mb.mask
+                ntok = float(tok.sum())
+                old = mb.extra["old_logp"]
+                diff = (old - mb.sampling_logprobs) * tok
+                sums["mismatch_abs"] += float(diff.abs().sum())
+                if algo.is_cap is not None:
+                    w = torch.exp(diff).clamp(max=algo.is_cap) * tok
+                    a = a * w
+                    sums["is_weight"] += float(w.sum())
+                else:
+                    sums["is_weight"] += ntok
+                mb.extra["advantages"] = a
+                sums["tokens"] += ntok
+                sums["old_entropy"] += float((mb.extra["old_entropy"] * tok).sum())
+
+        # 3. Updates.
+        t_fwd = t_bwd = t_opt = 0.0
+        update_losses: list[float] = []
+        grad_norm = 0.0
+        pl_cfg = algo.policy_loss
+        loss_kwargs: dict[str, Any] = {"clip_low": pl_cfg.clip_low, "clip_high": pl_cfg.clip_high}
+        if pl_cfg.dual_clip is not None:
+            loss_kwargs["dual_clip"] = pl_cfg.dual_clip
+        mod = algo.modulation
+        for _epoch in range(lc.ppo_epochs):
+            for rows, mbs in zip(minis, plan, strict=True):
+                norm = self._normalizer(samples, rows)
+                loss_sum = 0.0
+                for mb in mbs:
+                    t0 = time.perf_counter()
+                    logp, entropy, values = self._forward(
+                        self.model, mb, entropy_grad=algo.entropy_coef > 0
+                    )
+                    tok = mb.mask
+                    if not mb.rows:  # a dummy keeps this rank in step with the others
+                        loss = logp.sum() * 0.0 + (values.sum() * 0.0 if values is not None else 0.0)
+                        t1 = time.perf_counter()
+                        (loss * env.world_size).backward()
+                        t_fwd += t1 - t0
+                        t_bwd += time.perf_counter() - t1
+                        continue
+                    old = mb.extra["old_logp"]
+                    adv = mb.extra["advantages"]
+                    if mod.enabled:
+                        adv, mstats = A.dynamo_modulate(
+                            adv,
+                            logp.detach(),
+                            old,
+                            entropy.detach(),
+                            tok,
+                            clip_low=pl_cfg.clip_low,
+                            clip_high=pl_cfg.clip_high,
+                            preset=mod.preset,
+                            **mod.overrides(),
+                        )
+                    else:
+                        mstats = {}
+                    pl, pm = self.policy_loss(
+                        logp, old, adv, tok, agg=self.agg, normalizer=norm, **loss_kwargs
+                    )
+                    loss = pl
+                    ntok = float(tok.sum())
+                    if algo.kl.coef > 0:
+                        kl = A.kl_penalty(logp, mb.extra["ref_logp"], algo.kl.kind)
+                        kl_loss = A.aggregate_loss(kl, tok, self.agg, normalizer=norm)
+                        loss = loss + algo.kl.coef * kl_loss
+                        sums["kl"] += float((kl.detach() * tok).sum())
+                    if algo.entropy_coef > 0:
+                        ent_loss = A.aggregate_loss(entropy, tok, self.agg, normalizer=norm)
+                        loss = loss - algo.entropy_coef * ent_loss
+                    if values is not None:
+                        vl, vm = A.value_loss(
+                            values,
+                            mb.extra["old_values"],
+                            mb.extra["returns"],
+                            tok,
+                            clip=lc.critic.value_clip,
+                            agg=self.agg,
+                            normalizer=norm,
+                        )
+                        loss = loss + lc.critic.value_coef * vl
+                        sums["value_loss"] += float(vl.detach())
+                        pm = {**pm, **{f"vf_{k.removeprefix('vf_')}": v for k, v in vm.items()}}
+                    t1 = time.perf_counter()
+                    # FSDP averages gradients over ranks; the loss is already normalised by the
+                    # whole mini-batch, so scale back up to get the sum.
+                    (loss * env.world_size).backward()
+                    t2 = time.perf_counter()
+                    t_fwd += t1 - t0
+                    t_bwd += t2 - t1
+                    loss_sum += float(loss.detach())
+                    sums["policy_loss_x"] += float(pl.detach())
+                    sums["entropy"] += float((entropy.detach() * tok).sum())
+                    for k, v in {**pm, **mstats}.items():
+                        if torch.is_tensor(v) and v.numel() == 1:
+                            sums[f"m:{k}"] += float(v) * ntok
+                            sums[f"w:{k}"] += ntok
+                t0 = time.perf_counter()
+                grad_norm = self.optimizer_step()
+                t_opt += time.perf_counter() - t0
+                update_losses.append(all_reduce_sum([loss_sum])[0])
+
+        # Metrics: sums over ranks (the key set differs per rank: gather the dicts).
+        totals: dict[str, float] = defaultdict(float)
+        for part in all_gather_object(dict(sums)):
+            for k, v in part.items():
+                totals[k] += v
+        updates = lc.ppo_epochs * len(minis)
+        tokens = max(totals["tokens"], 1.0)
+        record: dict[str, Any] = {
+            "loss": sum(update_losses) / len(update_losses),
+            "update_losses": update_losses,
+            "policy_loss": totals["policy_loss_x"] / updates,
+            "grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "entropy": totals["old_entropy"] / tokens,
+            "mismatch_abs_mean": totals["mismatch_abs"] / tokens,
+            "is_weight_mean": totals["is_weight"] / tokens,
+            "groups": batch["groups"],
+            "groups_skipped": batch["skipped"],
+            "responses": n,
+            "tokens": int(totals["tokens"]),
+            "reward_mean": float(rewards.mean()),
+            "accuracy_mean": sum(s.correct for s in samples) / n,
+            "response_len_mean": float(lengths.float().mean()),
+            "staleness_mean": sum(s.staleness for s in samples) / n,
+            "time_forward": t_forward + t_fwd,
+            "time_backward": t_bwd,
+            "time_optimizer": t_opt,
+        }
+        if algo.kl.coef > 0:
+            record["kl"] = totals["kl"] / tokens / lc.ppo_epochs
+        if self.kl_ctl.beta > 0:
+            record["kl_in_reward"] = kl_in_reward
+            record["kl_beta"] = self.kl_ctl.beta
+            self.kl_ctl.update(kl_in_reward, n)
+        if lc.critic.enabled:
+            record["value_loss"] = totals["value_loss"] / max(1, updates)
+        for k in totals:
+            if k.startswith("m:"):
+                name = k[2:]
+                record[_METRIC_NAMES.get(name, name)] = totals[k] / max(totals[f"w:{name}"], 1.0)
+        elapsed = time.perf_counter() - t_start
+        record["tokens_per_second"] = totals["tokens"] * lc.ppo_epochs / max(elapsed, 1e-9)
+        return record
+
+    def _normalizer(self, samples: list[Sample], rows: list[int]) -> float:
+        """The mini-batch's denominator: valid tokens (token-mean) or rows with a token."""
+        if self.agg == "token-mean":
+            return float(max(1, sum(len(samples[i].response) for i in rows)))
+        return float(max(1, sum(1 for i in rows if samples[i].response)))
+
+    def _gather_rows(self, plan: list[list[MicroBatch]]) -> dict[int, dict[str, list[float]]]:
+        """Per-row values and old−ref log-ratio from every rank (batch-level estimators)."""
+        mine: dict[int, dict[str, list[float]]] = {}
+        for mbs in plan:
+            for mb in mbs:
+                for j, row in enumerate(mb.rows):
+                    length = int(mb.mask[j].sum())
+                    item: dict[str, list[float]] = {}
+                    if "old_values" in mb.extra:
+                        item["values"] = mb.extra["old_values"][j, :length].tolist()
+                    if "ref_logp" in mb.extra:
+                        d = mb.extra["old_logp"][j, :length] - mb.extra["ref_logp"][j, :length]
+                        item["kl"] = d.tolist()
+                    mine[row] = item
+        out: dict[int, dict[str, list[float]]] = {}
+        for part in all_gather_object(mine):
+            out.update(part)
+        return out
+
+
+# Algorithm metric names → step-record names (the Prometheus gauges use the record names).
+_METRIC_NAMES = {
+    "clipfrac_upper": "clip_frac_upper",
+    "clipfrac_lower": "clip_frac_lower",
+    "clipfrac_dual": "clip_frac_dual",
+}

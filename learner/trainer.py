@@ -1,0 +1,312 @@
+"""What every learner mode shares: the process group, the FSDP2 policy, AdamW and its schedule,
+checkpoints with auto-resume, the Hugging Face export, the weight push and the step log.
+
+A mode (``learner.rl.RLTrainer`` today; SFT and DPO later) subclasses :class:`Trainer` and
+supplies ``next_batch`` and ``train_step``; :meth:`Trainer.run` owns the loop::
+
+    resume → [push if resumed] → loop { next_batch → train_step → step += 1
+             → checkpoint every k (then on_commit) → push every k → log } → final checkpoint+export
+
+``on_commit`` is where a mode makes its input consumption durable (the RL mode acknowledges the
+stream entries of the committed steps there).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dynamo_rl import keys
+from dynamo_rl.config import ExperimentConfig
+from learner.checkpoint import CheckpointManager
+from learner.dist import DistEnv, init_distributed
+from learner.metrics import LearnerMetrics
+from learner.model import (
+    PolicyModel,
+    compute_dtype,
+    export_hf,
+    full_policy_state,
+    load_policy,
+    shard,
+)
+from learner.push import DiskPush, DistributedPush, PushResult, WeightTransport, discover_engines
+from learner.steplog import StepLog
+
+log = logging.getLogger(__name__)
+
+
+def lr_factor(step: int, warmup: int, schedule: str, total: int | None, floor: float) -> float:
+    """Multiplier of the base lr at ``step`` (0-based train steps)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total is None:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    """The shared machinery; subclasses implement ``next_batch`` and ``train_step``."""
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg = cfg
+        self.lc = cfg.learner
+        self.env: DistEnv = init_distributed(timeout_s=max(1800.0, self.lc.push.timeout_s))
+        self.namespace = cfg.run.name
+        self.run_dir = Path(cfg.run.run_dir)
+        self._seed(cfg.run.seed)
+        assert self.lc.model is not None  # checked by the command line before torch
+        self.dtype = compute_dtype(self.lc.dtype, self.env.device)
+        policy = load_policy(self.lc.model, value_head=self.lc.critic.enabled)
+        self.hf_config = policy.lm.config
+        self.vocab_size = int(policy.lm.get_input_embeddings().weight.shape[0])
+        self.pad_id = _pad_id(self.hf_config)
+        self.model: PolicyModel = shard(policy, self.env.device, self.dtype)
+        self.model.train()
+        o = self.lc.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.lc.lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+        )
+        total = o.total_steps or self.lc.max_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, o.warmup_steps, o.schedule, total, o.min_lr_ratio),
+        )
+        ck = self.lc.checkpoint
+        self.ckpt = CheckpointManager(ck.dir or self.run_dir / "checkpoints", keep=ck.keep)
+        self.step = 0
+        self.weight_version = 0
+        self.checkpoints_written = 0
+        self.redis: Any = None
+        self.metrics: LearnerMetrics | None = None
+        self.steplog: StepLog | None = None
+        if self.env.is_main:
+            import redis
+
+            self.redis = redis.Redis.from_url(cfg.endpoints.redis_url)
+            self.metrics = LearnerMetrics()
+            if self.lc.metrics_port is not None:
+                port = self.metrics.metrics.serve(self.lc.metrics_port, host="0.0.0.0")
+                log.info("metrics on :%d/metrics", port)
+            self.steplog = StepLog(self.run_dir / "metrics.jsonl")
+        self.transport = self._make_transport()
+
+    # --- hooks -------------------------------------------------------------------------------
+
+    def next_batch(self) -> Any | None:
+        """Collective: the next batch on every rank, or None to stop."""
+        raise NotImplementedError
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """Collective: one train step on ``batch``; returns the step record (metrics)."""
+        raise NotImplementedError
+
+    def extra_state(self) -> dict[str, Any]:
+        """Mode state saved with a checkpoint (rank 0's view)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``extra_state`` saved (every rank)."""
+
+    def on_commit(self) -> None:
+        """Called on every rank after a checkpoint is committed."""
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        resumed = self.resume()
+        if resumed and self.lc.push.every:
+            self.push()
+        since_ckpt = 0
+        while self.lc.max_steps is None or self.step < self.lc.max_steps:
+            t0 = time.perf_counter()
+            batch = self.next_batch()
+            t_read = time.perf_counter() - t0
+            if batch is None:
+                break
+            record = self.train_step(batch)
+            self.step += 1
+            since_ckpt += 1
+            self.scheduler.step()
+            record["time_read"] = t_read
+            if self.step % self.lc.checkpoint.every == 0:
+                t = time.perf_counter()
+                self.save_checkpoint()
+                record["time_checkpoint"] = time.perf_counter() - t
+                since_ckpt = 0
+            if self.lc.push.every and self.step % self.lc.push.every == 0:
+                t = time.perf_counter()
+                result = self.push()
+                record["time_push"] = time.perf_counter() - t
+                if result is not None:
+                    record["push_ok"] = result.ok
+                    record["push_seconds"] = result.seconds
+                    record["push_gb_per_s"] = result.gb_per_s
+            record["step"] = self.step
+            record["weight_version"] = self.weight_version
+            record["time_step"] = time.perf_counter() - t0
+            self.log_step(record)
+        if since_ckpt:
+            self.save_checkpoint()
+        self.export(self.run_dir / "export" / "final")
+        self.transport.close()
+        if self.env.is_main:
+            log.info("stopped after step %d", self.step)
+        return 0
+
+    # --- pieces ------------------------------------------------------------------------------
+
+    def resume(self) -> bool:
+        latest = self.ckpt.latest() if self.lc.checkpoint.resume else None
+        if latest is None:
+            self.load_extra_state({})
+            return False
+        step, path = latest
+        state = self.ckpt.load(path, self.model, self.optimizer)
+        self.step = int(state["step"])
+        self.weight_version = int(state.get("weight_version", 0))
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.load_extra_state(state.get("extra", {}))
+        if self.env.is_main:
+            log.info("resumed from %s (step %d)", path, step)
+        return True
+
+    def save_checkpoint(self) -> Path:
+        state = {
+            "step": self.step,
+            "weight_version": self.weight_version,
+            "scheduler": self.scheduler.state_dict(),
+            "extra": self.extra_state(),
+        }
+        path = self.ckpt.save(self.step, self.model, self.optimizer, state)
+        self.checkpoints_written += 1
+        every = self.lc.checkpoint.export_every
+        if every and self.checkpoints_written % every == 0:
+            self.export(self.run_dir / "export" / f"step_{self.step:06d}")
+        self.on_commit()
+        return path
+
+    def export(self, out: Path) -> Path | None:
+        """Collective: gather the full policy and write it as an HF folder on rank 0."""
+        state = full_policy_state(self.model)
+        path = None
+        if self.env.is_main:
+            path = export_hf(state, self.hf_config, self.lc.model or "", out)
+            log.info("exported %s", path)
+        dist.barrier()
+        return path
+
+    def _make_transport(self) -> WeightTransport:
+        token = self.cfg.endpoints.control_token
+        headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
+        p = self.lc.push
+        disk = DiskPush(self._export_for_push, timeout_s=p.timeout_s, headers=headers)
+        if p.transport == "disk":
+            return disk
+        self._disk_fallback = disk if p.fallback_to_disk else None
+        return DistributedPush(
+            master_address=p.master_address,
+            bucket_mb=p.bucket_mb,
+            timeout_s=p.timeout_s,
+            headers=headers,
+            device=self.env.device,
+            group_prefix=f"dynamo-push-{self.namespace}",
+        )
+
+    def _export_for_push(self, version: int) -> str | None:
+        out = self.run_dir / "push" / f"version_{version:06d}"
+        path = self.export(out)
+        if self.env.is_main:  # keep the two newest: an engine may still be reading the older
+            folders = sorted((self.run_dir / "push").glob("version_*"))
+            for old in folders[:-2]:
+                import shutil
+
+                shutil.rmtree(old, ignore_errors=True)
+        return str(path) if path else None
+
+    def engines(self) -> list[str]:
+        if not self.env.is_main:
+            return []
+        if self.lc.push.engines_from == "config":
+            return list(self.cfg.endpoints.engine_urls)
+        return discover_engines(self.redis, keys.engines_key(self.namespace))
+
+    def push(self) -> PushResult | None:
+        """Collective: push the weights as version ``step``; bumps the version in Redis."""
+        version = self.step
+        engines = self.engines()
+        result = self.transport.push(self.model, version, engines)
+        fallback = getattr(self, "_disk_fallback", None)
+        if not result.ok and fallback is not None and self.transport is not fallback:
+            if self.env.is_main:
+                log.warning("distributed push failed (%s); falling back to disk", result.error)
+            self._count_push(self.transport.name, "error")
+            result = fallback.push(self.model, version, engines)
+            self._count_push(fallback.name, "ok" if result.ok else "error")
+        else:
+            self._count_push(self.transport.name, "ok" if result.ok else "error")
+        if result.ok:
+            self.weight_version = version
+            if self.env.is_main:
+                self.redis.set(keys.weight_version_key(self.namespace), str(version))
+        elif self.env.is_main:
+            log.warning("weight push of version %d failed: %s", version, result.error)
+        return result
+
+    def _count_push(self, transport: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.pushes.labels(transport, outcome).inc()
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        if not self.env.is_main:
+            return
+        assert self.metrics is not None and self.steplog is not None
+        self.metrics.record_step(record)
+        self.steplog.write(record)
+        log.info(
+            "step %d loss %.5f reward %.3f grad_norm %.4f time %.2fs",
+            record["step"],
+            record.get("loss", float("nan")),
+            record.get("reward_mean", float("nan")),
+            record.get("grad_norm", float("nan")),
+            record.get("time_step", float("nan")),
+        )
+
+    def optimizer_step(self) -> float:
+        """Clip, step, zero; returns the global gradient norm before clipping."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.lc.optim.grad_clip or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    @staticmethod
+    def _seed(seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+
+
+def _pad_id(config: Any) -> int:
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0
