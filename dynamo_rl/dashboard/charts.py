@@ -49,6 +49,24 @@ class Chart:
         return asdict(self)
 
 
+def _ratio(label: str, histogram: str, **labels: str) -> Series:
+    """Mean of what a histogram observed per scrape interval (``_sum`` rate over ``_count``)."""
+    return Series(
+        label, f"{histogram}_sum", how="ratio", per=f"{histogram}_count", labels=dict(labels)
+    )
+
+
+def _phase(phase: str) -> Series:
+    # The JSONL log has each phase's seconds as time_<phase>; the scrape has a labelled histogram.
+    s = _ratio(phase, "dynamo_learner_phase_seconds", phase=phase)
+    return Series(s.label, s.metric, s.how, s.per, s.labels, field=f"time_{phase}")
+
+
+def _learner(label: str, key: str) -> Series:
+    """A learner step-record key: the JSONL field ``key``, scraped as ``dynamo_learner_<key>``."""
+    return Series(label, f"dynamo_learner_{key}", field=key)
+
+
 CHARTS: tuple[Chart, ...] = (
     # --- training ---------------------------------------------------------------------------
     Chart(
@@ -56,61 +74,56 @@ CHARTS: tuple[Chart, ...] = (
         "Reward and accuracy",
         "training",
         "",
-        (
-            Series("reward mean", "dynamo_learner_reward_mean", field="reward_mean"),
-            Series("accuracy", "dynamo_learner_accuracy", field="accuracy"),
-        ),
+        (_learner("reward mean", "reward_mean"), _learner("accuracy", "accuracy_mean")),
     ),
     Chart(
         "loss",
-        "Policy loss",
+        "Loss",
         "training",
         "",
-        (Series("loss", "dynamo_learner_loss", field="loss"),),
+        (_learner("loss", "loss"), _learner("policy loss", "policy_loss")),
     ),
     Chart(
-        "kl", "KL to reference", "training", "", (Series("kl", "dynamo_learner_kl", field="kl"),)
-    ),
-    Chart(
-        "entropy",
-        "Token entropy",
+        "kl",
+        "KL",
         "training",
         "nats",
-        (Series("entropy", "dynamo_learner_entropy", field="entropy"),),
+        (_learner("KL to reference", "kl"), _learner("approx KL to old policy", "approx_kl")),
     ),
+    Chart("entropy", "Token entropy", "training", "nats", (_learner("entropy", "entropy"),)),
     Chart(
         "beta",
         "DynaMO modulation (β means)",
         "training",
         "",
-        (
-            Series("β_stab", "dynamo_learner_beta_stab_mean", field="beta_stab_mean"),
-            Series("β_comp", "dynamo_learner_beta_comp_mean", field="beta_comp_mean"),
-        ),
+        (_learner("β_stab", "beta_stab_mean"), _learner("β_comp", "beta_comp_mean")),
     ),
     # --- allocation -------------------------------------------------------------------------
     Chart(
         "alloc_counts",
-        "Rollouts per prompt (allocated count)",
+        "Rollouts per prompt (allocator)",
         "allocation",
         "prompts",
-        (Series("prompts", "dynamo_allocator_allocated_count_bucket", how="buckets"),),
+        (Series("prompts", "dynamo_allocator_count_responses_bucket", how="buckets"),),
         kind="bars",
     ),
     Chart(
         "alloc_priority",
-        "Priority distribution",
+        "Priority of explored prompts (allocator)",
         "allocation",
         "prompts",
         (Series("prompts", "dynamo_allocator_priority_bucket", how="buckets"),),
         kind="bars",
     ),
     Chart(
-        "alloc_half",
-        "Share of budget to half-solved prompts",
+        "alloc_budget",
+        "Allocations/s",
         "allocation",
-        "",
-        (Series("share", "dynamo_allocator_half_solved_budget_share"),),
+        "1/s",
+        (
+            Series("responses", "dynamo_allocator_responses_allocated_total", how="rate"),
+            Series("unexplored prompts", "dynamo_allocator_unexplored_prompts_total", how="rate"),
+        ),
     ),
     # --- throughput -------------------------------------------------------------------------
     Chart(
@@ -125,58 +138,45 @@ CHARTS: tuple[Chart, ...] = (
         "Trajectory groups/s",
         "throughput",
         "groups/s",
-        (Series("groups", "dynamo_rollout_groups_total", how="rate"),),
+        (
+            Series("pushed by rollout", "dynamo_rollout_groups_total", how="rate"),
+            Series("trained by learner", "dynamo_learner_groups_total", how="rate"),
+        ),
     ),
     Chart(
         "step_split",
         "Learner step time split",
         "throughput",
         "s",
-        (
-            Series(
-                "forward/backward",
-                "dynamo_learner_phase_seconds_sum",
-                how="ratio",
-                per="dynamo_learner_phase_seconds_count",
-                labels={"phase": "train"},
-            ),
-            Series(
-                "data wait",
-                "dynamo_learner_phase_seconds_sum",
-                how="ratio",
-                per="dynamo_learner_phase_seconds_count",
-                labels={"phase": "data"},
-            ),
-        ),
+        tuple(_phase(p) for p in ("read", "forward", "backward", "optimizer")),
     ),
     Chart(
         "push",
         "Weight push time",
         "throughput",
         "s",
-        (
-            Series(
-                "push",
-                "dynamo_learner_weight_push_seconds_sum",
-                how="ratio",
-                per="dynamo_learner_weight_push_seconds_count",
-            ),
-        ),
+        (_learner("push", "push_seconds"),),
     ),
     # --- health -----------------------------------------------------------------------------
     Chart(
         "queue",
-        "Stream queue depth",
+        "Queue depth",
         "health",
-        "groups",
-        (Series("pending", "dynamo_rollout_stream_length"),),
+        "items",
+        (
+            Series("stream: unacked groups", "dynamo_rollout_pending_groups"),
+            Series("reward: items queued", "dynamo_reward_queue_depth"),
+        ),
     ),
     Chart(
         "staleness",
         "Staleness (weight versions behind)",
         "health",
         "versions",
-        (Series("staleness", "dynamo_learner_staleness", field="staleness"),),
+        (
+            _learner("trained (mean)", "staleness_mean"),
+            Series("engines (rollout)", "dynamo_rollout_staleness_versions"),
+        ),
     ),
     Chart(
         "errors",
@@ -184,8 +184,16 @@ CHARTS: tuple[Chart, ...] = (
         "health",
         "1/s",
         (
-            Series("reward errors", "dynamo_reward_errors_total", how="rate"),
-            Series("reward 429s", "dynamo_reward_rejected_total", how="rate"),
+            Series(
+                "reward 429s",
+                "dynamo_reward_rejections_total",
+                how="rate",
+                labels={"reason": "queue_full"},
+            ),
+            Series("engine failures", "dynamo_rollout_engine_failures_total", how="rate"),
+            Series("reward retries", "dynamo_rollout_reward_retries_total", how="rate"),
+            Series("allocator fallbacks", "dynamo_rollout_allocator_fallbacks_total", how="rate"),
+            Series("dead letters", "dynamo_learner_dead_letters_total", how="rate"),
         ),
     ),
 )

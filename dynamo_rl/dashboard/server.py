@@ -50,20 +50,11 @@ class Dashboard:
         redis_status: dict[str, Any] = {"configured": self.samples is not None}
         if self.samples is not None:
             try:
-                bars = self.samples.allocated_counts()
-                charts.insert(
-                    5,
-                    {
-                        "id": "stream_alloc",
-                        "title": "Allocated count of the newest groups (stream)",
-                        "group": "allocation",
-                        "unit": "groups",
-                        "kind": "bars",
-                        "series": [],
-                        "lines": [],
-                        "bars": bars,
-                    },
+                # After the allocator's own charts, before throughput.
+                at = next(
+                    (i for i, c in enumerate(charts) if c["group"] == "throughput"), len(charts)
                 )
+                charts[at:at] = self.samples.stream_charts()
                 redis_status["ok"] = True
             except Exception as e:  # Redis down: the other charts still render
                 redis_status.update(ok=False, error=f"{type(e).__name__}: {e}")

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -34,6 +33,8 @@ __all__ = ["JsonlLog", "SampleFilter", "SampleReader", "Scraper", "chart_data"]
 # A snapshot's samples: (sample name, sorted label pairs) -> value.
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 MAX_POINTS = 2000
+# Accuracy range of a "half-solved" prompt, for the allocation chart computed from the stream.
+HALF_SOLVED = (0.25, 0.75)
 
 
 class JsonlLog:
@@ -424,19 +425,65 @@ class SampleReader:
             "weight_version": int(version) if version is not None else None,
         }
 
-    def allocated_counts(self) -> list[dict[str, Any]]:
-        """Distribution of the allocator's counts over the newest groups of the stream."""
+    def stream_charts(self) -> list[dict[str, Any]]:
+        """Allocation charts computed from the newest groups of the stream itself.
+
+        - the distribution of the allocator's counts over those groups;
+        - per weight version, the share of responses that went to half-solved prompts: groups whose
+          own accuracy lies in [``HALF_SOLVED``], where the Bernoulli variance (what DRA allocates
+          by) is largest. A rising share means the allocator spends its budget where the gradient
+          signal is.
+        """
         from dynamo_rl.codec import TrajectoryDecodeError, decode_entry
         from dynamo_rl.keys import trajectory_stream
 
         counts: dict[int, int] = {}
-        for _eid, fields in self._redis().xrevrange(
-            trajectory_stream(self.namespace), count=self.scan
-        ):
-            with contextlib.suppress(TrajectoryDecodeError):
-                n = decode_entry(fields).allocated_n
-                counts[n] = counts.get(n, 0) + 1
-        return [{"label": str(n), "value": float(counts[n])} for n in sorted(counts)]
+        responses: dict[int, list[int]] = {}  # weight version -> [half-solved, all]
+        lo, hi = HALF_SOLVED
+        entries = self._redis().xrevrange(trajectory_stream(self.namespace), count=self.scan)
+        for _eid, fields in entries:
+            try:
+                group = decode_entry(fields)
+            except TrajectoryDecodeError:
+                continue
+            counts[group.allocated_n] = counts.get(group.allocated_n, 0) + 1
+            n = len(group.responses)
+            acc = sum(r.correct for r in group.responses) / n
+            tally = responses.setdefault(group.weight_version, [0, 0])
+            tally[0] += n if lo <= acc <= hi else 0
+            tally[1] += n
+        common = {"group": "allocation", "series": []}
+        return [
+            {
+                **common,
+                "id": "stream_alloc",
+                "title": "Allocated count of the newest groups (stream)",
+                "unit": "groups",
+                "kind": "bars",
+                "lines": [],
+                "bars": [{"label": str(k), "value": float(counts[k])} for k in sorted(counts)],
+            },
+            {
+                **common,
+                "id": "stream_half_solved",
+                "title": f"Share of responses to half-solved prompts (accuracy {lo:g}-{hi:g})",
+                "unit": "",
+                "kind": "line",
+                "bars": [],
+                "lines": [
+                    {
+                        "label": "by weight version",
+                        "x": "version",
+                        "points": [
+                            [float(v), half / total]
+                            for v, (half, total) in sorted(responses.items())
+                        ],
+                    }
+                ]
+                if responses
+                else [],
+            },
+        ]
 
     def close(self) -> None:
         if self._client is not None:

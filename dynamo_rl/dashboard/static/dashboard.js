@@ -58,7 +58,7 @@ function lineChart(lines) {
   const kind = lines[0].x;
   svg.appendChild(el("svg:text", { x: PAD.l, y: H - 5 }, fmtX(Math.min(...xs), kind)));
   svg.appendChild(el("svg:text", { x: W - PAD.r, y: H - 5, "text-anchor": "end" },
-    (kind === "step" ? "step " : "") + fmtX(Math.max(...xs), kind)));
+    (kind === "time" ? "" : kind + " ") + fmtX(Math.max(...xs), kind)));
   lines.forEach((line, i) => {
     const color = COLORS[i % COLORS.length];
     const pts = line.points.map(([x, y]) => `${px(x).toFixed(1)},${py(y).toFixed(1)}`).join(" ");
