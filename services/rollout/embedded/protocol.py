@@ -17,6 +17,45 @@ TokenId = Annotated[int, Field(ge=0)]
 PromptInput = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
+def check_prompt(v: Any, text_allowed: bool = True, ids_allowed: bool = True) -> Any:
+    """A prompt: text, a list of texts, token ids, or a list of token-id lists.
+
+    Written out by hand (not a pydantic union) so an error says what is wrong in plain words
+    instead of listing every union member.
+    """
+
+    def is_id(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    def check_ids(ids: list[Any], where: str) -> None:
+        if not ids:
+            raise ValueError(f"{where} has no tokens")
+        for t in ids:
+            if not is_id(t):
+                raise ValueError(f"{where}: token ids must be integers, got {t!r}")
+            if t < 0:
+                raise ValueError(f"{where}: token id {t} is negative")
+
+    if isinstance(v, str):
+        if not text_allowed:
+            raise ValueError("expected token ids, got text")
+        return v
+    if not isinstance(v, list) or not v:
+        raise ValueError("expected a non-empty string or list")
+    if all(isinstance(p, str) for p in v):
+        if not text_allowed:
+            raise ValueError("expected token ids, got text")
+        return v
+    if not ids_allowed:
+        raise ValueError("expected text")
+    if all(isinstance(p, list) for p in v):
+        for i, ids in enumerate(v):
+            check_ids(ids, f"prompt {i}")
+        return v
+    check_ids(v, "prompt")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -42,14 +81,10 @@ class CompletionRequest(_Strict):
     echo: Literal[False] = False
     user: str | None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="plain")
     @classmethod
-    def _non_empty(cls, v: Any) -> Any:
-        if isinstance(v, list) and not v:
-            raise ValueError("prompt must not be an empty list")
-        if isinstance(v, list) and any(isinstance(p, list) and not p for p in v):
-            raise ValueError("a token-id prompt must hold at least one token")
-        return v
+    def _prompt(cls, v: Any) -> Any:
+        return check_prompt(v)
 
 
 class SGLangSamplingParams(_Strict):
@@ -71,13 +106,23 @@ class GenerateRequest(_Strict):
     """SGLang native ``POST /generate``: ``text`` or ``input_ids``, single or batch."""
 
     text: str | list[str] | None = None
-    input_ids: list[TokenId] | list[list[TokenId]] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SGLangSamplingParams = SGLangSamplingParams()
     return_logprob: bool = False
     top_logprobs_num: Annotated[int, Field(ge=0)] = 0
     logprob_start_len: int | None = None
     stream: Literal[False] = False
     rid: str | list[str] | None = None
+
+    @field_validator("text", mode="plain")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        return None if v is None else check_prompt(v, ids_allowed=False)
+
+    @field_validator("input_ids", mode="plain")
+    @classmethod
+    def _input_ids(cls, v: Any) -> Any:
+        return None if v is None else check_prompt(v, text_allowed=False)
 
 
 class InitWeightsUpdateGroupRequest(_Strict):

@@ -16,6 +16,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -62,8 +63,13 @@ class InvalidRequest(Exception):
         self.message = message
 
 
+# pydantic puts union members and validator kinds into ``loc``; they are not field names.
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-.*)$")
+
+
 def _error_body(loc: Sequence[Any], msg: str, kind: str = "value_error") -> dict[str, Any]:
-    field = ".".join(str(p) for p in loc if p != "body") or "body"
+    parts = [str(p) for p in loc if p != "body" and not _TYPE_TAG.match(str(p))]
+    field = ".".join(parts) or "body"
     return {
         "detail": [{"loc": list(loc), "msg": msg, "type": kind}],
         "error": {"message": f"{field}: {msg}", "type": "invalid_request_error", "param": field},

@@ -1,0 +1,64 @@
+"""Helpers for the embedded-engine tests: start a real engine process, reference forward passes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import torch
+
+from dynamo_rl.procs import ServiceProcess, free_port, http_ok
+from tests.conftest import REPO, dynamo_rl_argv
+
+
+def start_engine(
+    model_dir: Path, log_dir: Path, *overrides: str, env: dict[str, str] | None = None
+) -> tuple[ServiceProcess, str]:
+    """``dynamo-rl engine`` on a free port; returns the process and its base URL."""
+    import os
+
+    port = free_port()
+    argv = dynamo_rl_argv("engine", "--model", str(model_dir), "--port", str(port), *overrides)
+    # A token in the developer's environment must not leak into tests that expect none.
+    inherited = {k: v for k, v in os.environ.items() if k != "DYNAMO_CONTROL_TOKEN"}
+    full_env = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = ServiceProcess("engine", argv, log_dir / "engine.log", env=full_env, cwd=REPO)
+    proc.start()
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_ready(http_ok(f"{url}/health"), timeout=120)
+    return proc, url
+
+
+def load_reference(model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def reference_logprobs(
+    model: torch.nn.Module, prompt: Sequence[int], tokens: Sequence[int]
+) -> torch.Tensor:
+    """Log-probs of ``tokens`` after ``prompt`` from one unpadded, uncached forward pass."""
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    logits = model(input_ids=ids).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    n = len(prompt)
+    return logp[n - 1 : n - 1 + len(tokens)].gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+@torch.inference_mode()
+def reference_greedy(model: torch.nn.Module, prompt: Sequence[int], steps: int) -> list[int]:
+    """Greedy continuation by full forward passes (no cache, no padding)."""
+    ids = list(prompt)
+    for _ in range(steps):
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
+
+
+def complete(
+    url: str, timeout: float = 60.0, headers: dict | None = None, **body
+) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=timeout, headers=headers)
