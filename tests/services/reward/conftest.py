@@ -1,0 +1,67 @@
+"""A real reward server (``dynamo-rl reward`` under uvicorn) per test module, on a free port.
+
+Tests talk to it over HTTP only. ``SECRET_ENV`` is set in the server's environment so the
+sandbox tests can check that nothing of it reaches a sandboxed program.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dynamo_rl.procs import ServiceProcess, free_port, http_ok
+from tests.conftest import REPO, dynamo_rl_argv
+
+SECRET_ENV = "DYNAMO_REWARD_TEST_SECRET"
+SECRET_VALUE = "s3cr3t-7f1c2a9e-do-not-leak"
+
+
+@dataclass
+class RewardServer:
+    url: str
+    proc: ServiceProcess
+
+    def verify(self, *items: dict[str, Any], timeout: float = 60.0) -> list[dict[str, Any]]:
+        r = httpx.post(f"{self.url}/v1/verify", json={"items": list(items)}, timeout=timeout)
+        assert r.status_code == 200, r.text
+        return r.json()["results"]
+
+    def one(self, item: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        return self.verify({"id": "x", **item}, timeout=timeout)[0]
+
+    def assert_serving(self) -> None:
+        """The service still answers health checks and scores a trivial item correctly."""
+        assert self.proc.alive(), self.proc.log_tail()
+        assert httpx.get(f"{self.url}/healthz", timeout=10).json()["status"] == "ok"
+        res = self.one({"kind": "math", "response": "\\boxed{2}", "ground_truth": "2"})
+        assert res["correct"] is True
+
+
+def start_reward_server(log_dir: Path, overrides: Sequence[str] = ()) -> RewardServer:
+    port = free_port()
+    argv = dynamo_rl_argv("reward", "--host", "127.0.0.1", "--port", str(port), *overrides)
+    env = {**os.environ, SECRET_ENV: SECRET_VALUE}
+    proc = ServiceProcess("reward", argv, log_dir / "reward.log", env=env, cwd=REPO).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_ready(http_ok(f"{url}/healthz"), timeout=120)
+    except BaseException:
+        proc.stop()
+        raise
+    return RewardServer(url, proc)
+
+
+@pytest.fixture(scope="module")
+def reward(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer]:
+    """One server per test module with the default config (2 math workers, 2 sandboxes)."""
+    server = start_reward_server(tmp_path_factory.mktemp("reward"))
+    try:
+        yield server
+    finally:
+        server.proc.stop()

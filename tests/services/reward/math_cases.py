@@ -1,0 +1,116 @@
+"""Math verification cases: (response, ground truth, extraction mode, expected correct, reason).
+
+Grouped by what they exercise; each is one test against the running server.
+"""
+
+from __future__ import annotations
+
+B = "last_boxed"
+M = "math_verify"
+
+CASES: list[tuple[str, str, str, bool, str]] = [
+    # fractions
+    (r"so \boxed{\frac{1}{2}}", "1/2", B, True, "ok"),
+    (r"\boxed{0.5}", r"\frac{1}{2}", B, True, "ok"),
+    (r"\boxed{\dfrac{3}{4}}", "0.75", B, True, "ok"),
+    (r"\boxed{\frac{2}{4}}", r"\frac{1}{2}", B, True, "ok"),
+    (r"\boxed{\frac{1}{3}}", "0.5", B, False, "wrong_answer"),
+    (r"\boxed{\tfrac{5}{2}}", "2.5", B, True, "ok"),
+    (r"\boxed{-\frac{7}{3}}", "-7/3", B, True, "ok"),
+    (r"\boxed{\frac{7}{3}}", r"-\frac{7}{3}", B, False, "wrong_answer"),
+    (r"\boxed{\frac12}", r"\frac{1}{2}", B, True, "ok"),
+    # decimals
+    (r"\boxed{3.14}", "3.14", B, True, "ok"),
+    (r"\boxed{3.140}", "3.14", B, True, "ok"),
+    (r"\boxed{3.15}", "3.14", B, False, "wrong_answer"),
+    (r"\boxed{2.0}", "2", B, True, "ok"),
+    (r"\boxed{1,000}", "1000", B, True, "ok"),
+    (r"\boxed{0.25}", r"\frac{1}{5}", B, False, "wrong_answer"),
+    # percentages
+    (r"\boxed{50\%}", r"50\%", B, True, "ok"),
+    (r"\boxed{50\%}", "0.5", B, True, "ok"),
+    (r"\boxed{25\%}", r"50\%", B, False, "wrong_answer"),
+    (r"\boxed{12.5\%}", "0.125", B, True, "ok"),
+    # intervals
+    (r"\boxed{[1, 2)}", "[1,2)", B, True, "ok"),
+    (r"\boxed{(1, 2)}", "[1,2]", B, False, "wrong_answer"),
+    (r"\boxed{(-\infty, 3]}", r"(-\infty,3]", B, True, "ok"),
+    (r"\boxed{(-\infty, 3)}", r"(-\infty,3]", B, False, "wrong_answer"),
+    (r"\boxed{(0,1) \cup (2,3)}", r"(0,1)\cup(2,3)", B, True, "ok"),
+    # sets
+    (r"\boxed{\{1, 2, 3\}}", r"\{3,2,1\}", B, True, "ok"),
+    (r"\boxed{\{1, 2\}}", r"\{1,2,3\}", B, False, "wrong_answer"),
+    (r"\boxed{\left\{1, 2\right\}}", r"\{2,1\}", B, True, "ok"),
+    # matrices
+    (
+        r"\boxed{\begin{pmatrix}1&2\\3&4\end{pmatrix}}",
+        r"\begin{pmatrix}1&2\\3&4\end{pmatrix}",
+        B,
+        True,
+        "ok",
+    ),
+    (
+        r"\boxed{\begin{pmatrix}1&2\\3&5\end{pmatrix}}",
+        r"\begin{pmatrix}1&2\\3&4\end{pmatrix}",
+        B,
+        False,
+        "wrong_answer",
+    ),
+    (
+        r"\boxed{\begin{bmatrix}1&0\\0&1\end{bmatrix}}",
+        r"\begin{pmatrix}1&0\\0&1\end{pmatrix}",
+        B,
+        True,
+        "ok",
+    ),
+    # symbolic expressions
+    (r"\boxed{(x+1)^2}", "x^2+2x+1", B, True, "ok"),
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}", B, True, "ok"),
+    (r"\boxed{(x-1)(x+1)}", "x^2-1", B, True, "ok"),
+    (r"\boxed{(x+1)^2}", "x^2+1", B, False, "wrong_answer"),
+    (r"\boxed{\frac{\pi}{2}}", r"\pi/2", B, True, "ok"),
+    (r"\boxed{x+x}", "2x", B, True, "ok"),
+    (r"\boxed{\frac{\sqrt3}{2}}", r"\frac{\sqrt{3}}{2}", B, True, "ok"),
+    (r"\boxed{x = 3}", "3", B, True, "ok"),
+    (r"\boxed{2^{10}}", "1024", B, True, "ok"),
+    (r"\boxed{\sqrt{2}}", r"\sqrt{3}", B, False, "wrong_answer"),
+    (r"\boxed{\infty}", r"\infty", B, True, "ok"),
+    # units and text around the number
+    (r"\boxed{5 \text{ cm}}", "5", B, True, "ok"),
+    (r"\boxed{\$10}", "10", B, True, "ok"),
+    (r"\boxed{90^\circ}", "90", B, True, "ok"),
+    (r"\boxed{5\text{ meters}}", "6", B, False, "wrong_answer"),
+    ("The area is 12 square units.\nAnswer: 12", "12", B, True, "ok"),
+    ("Work...\n**Final Answer:** $\\frac{3}{4}$", "0.75", B, True, "ok"),
+    ("Answer: 7.", "7", B, True, "ok"),
+    ("Answer: 8", "7", B, False, "wrong_answer"),
+    # multiple boxes
+    (r"First \boxed{3}, no wait: \boxed{4}", "4", B, True, "ok"),
+    (r"First \boxed{4}, no wait: \boxed{3}", "4", B, False, "wrong_answer"),
+    (
+        r"The solutions are $\boxed{(2, 2)}$ and $\boxed{(6, 2)}$.",
+        "(2, 2) and (6, 2)",
+        M,
+        True,
+        "ok",
+    ),
+    (r"The solution is $\boxed{(2, 2)}$.", "(2, 2) and (6, 2)", M, False, "wrong_answer"),
+    (r"Hence $x = \boxed{3}$.", "3", M, True, "ok"),
+    (r"The answer is $\frac{1}{2}$.", "0.5", M, True, "ok"),
+    (r"Therefore the final answer is $\boxed{\{1,2\}}$.", r"\{1, 2\}", M, True, "ok"),
+    # nested braces
+    (r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{\sqrt2}{2}", B, True, "ok"),
+    (r"\boxed{\frac{1}{\frac{1}{2}}}", "2", B, True, "ok"),
+    (r"\boxed{{{7}}}", "7", B, True, "ok"),
+    (r"\boxed 5", "5", B, True, "ok"),
+    (r"\fbox{5}", "5", B, True, "ok"),
+    (r"\boxed{-3}", "3", B, False, "wrong_answer"),
+    (r"\boxed{B}", "B", B, True, "ok"),
+    (r"\boxed{C}", "B", B, False, "wrong_answer"),
+    # no answer
+    ("I don't know.", "3", B, False, "no_answer"),
+    ("", "3", B, False, "no_answer"),
+    (r"\boxed{}", "3", B, False, "no_answer"),
+    (r"unbalanced \boxed{\frac{1}{2}", "1/2", B, False, "no_answer"),
+    ("", "3", M, False, "no_answer"),
+]
