@@ -1,0 +1,110 @@
+"""``dynamo-rl allocator``: serve Dynamic Rollout Allocation over gRPC.
+
+Parses the config first and imports the server (grpc, redis, numpy) afterwards, so ``--help``
+answers at once. Runs until SIGTERM or SIGINT, then drains in-flight calls for two seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from dynamo_rl.cli import parse_config, service_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = service_parser(
+        "allocator",
+        "Serve Dynamic Rollout Allocation (dynamo.v1.Allocator) over gRPC, with per-prompt "
+        "success statistics in Redis, the gRPC health service and server reflection.",
+    )
+    parser.add_argument(
+        "--redis-url",
+        dest="endpoints.redis_url",
+        metavar="URL",
+        help="Redis holding the statistics (endpoints.redis_url; env REDIS_URL)",
+    )
+    parser.add_argument(
+        "--host", dest="allocator.host", metavar="ADDR", help="address to bind (allocator.host)"
+    )
+    parser.add_argument(
+        "--port",
+        dest="allocator.port",
+        type=int,
+        metavar="PORT",
+        help="gRPC port, 0 for a free one (allocator.port, default 50051)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        dest="allocator.metrics_port",
+        type=int,
+        metavar="PORT",
+        help="Prometheus /metrics port, 0 for a free one (allocator.metrics_port, default 9101)",
+    )
+    parser.add_argument(
+        "--decay",
+        dest="allocator.decay",
+        type=float,
+        metavar="D",
+        help="statistics decay in (0, 1] (allocator.decay, default 1: keep all history)",
+    )
+    return parser  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    _args, cfg = parse_config(parser, argv)
+    logging.basicConfig(
+        level=cfg.run.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from allocator.metrics import AllocatorMetrics
+    from allocator.server import start_server
+    from allocator.stats import StatsStore
+
+    acfg = cfg.allocator
+    store = StatsStore.from_url(
+        cfg.endpoints.redis_url, decay=acfg.decay, timeout_s=acfg.redis_timeout_s
+    )
+    metrics = AllocatorMetrics()
+    token = cfg.endpoints.control_token
+    running = start_server(
+        acfg, store, metrics, control_token=token.get_secret_value() if token else None
+    )
+    metrics_port = metrics.metrics.serve(acfg.metrics_port, acfg.host)
+    print(
+        f"allocator listening on {acfg.host}:{running.port} (metrics on :{metrics_port}, "
+        f"redis {_redacted(cfg.endpoints.redis_url)})",
+        flush=True,
+    )
+    done = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    done.wait()
+    running.stop(grace=2.0)
+    return 0
+
+
+def _redacted(url: str) -> str:
+    """The Redis URL without its password (it is printed to logs)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username or ''}:***@{parts.hostname}"
+        if parts.port:
+            netloc += f":{parts.port}"
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
