@@ -27,6 +27,7 @@ from dynamo_rl.config.engine import EngineConfig
 from dynamo_rl.config.learner import LearnerConfig
 from dynamo_rl.config.reward import RewardConfig
 from dynamo_rl.config.rollout import RolloutConfig
+from dynamo_rl.config.up import UpConfig
 
 __all__ = [
     "ENV_VARS",
@@ -40,6 +41,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "Section",
+    "UpConfig",
     "apply_overrides",
     "load_config",
 ]
@@ -55,6 +57,7 @@ class ExperimentConfig(Section):
     engine: EngineConfig = EngineConfig()
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
+    up: UpConfig = UpConfig()
 
 
 # Environment variable -> dotted key. Addresses and secrets come from the environment in

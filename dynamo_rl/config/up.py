@@ -1,0 +1,68 @@
+"""``dynamo-rl up``'s section: what it starts locally and the recipe around training."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from dynamo_rl.config.base import Section
+
+Count = Annotated[int, Field(ge=1, le=64)]
+
+
+class TinyModelConfig(Section):
+    """The model ``up`` builds when neither ``engine.model`` nor ``learner.model`` is set."""
+
+    hidden_size: Annotated[int, Field(ge=8)] = 128
+    """Width of the Qwen2 model."""
+    num_layers: Annotated[int, Field(ge=1)] = 2
+    """Transformer blocks."""
+    num_heads: Annotated[int, Field(ge=1)] = 4
+    """Attention heads (must divide hidden_size)."""
+    num_kv_heads: Annotated[int, Field(ge=1)] = 2
+    """Key/value heads (must divide num_heads)."""
+
+
+class WarmStartConfig(Section):
+    """Supervised warm start on the task's reference answers before RL (the learner's sft mode)."""
+
+    steps: Annotated[int, Field(ge=0)] = 1000
+    """Optimizer steps (0: no warm start; RL starts from the model as it is)."""
+    lr: Annotated[float, Field(gt=0)] = 3e-3
+    """Learning rate."""
+    batch_size: Annotated[int, Field(ge=1)] = 64
+    """Examples per step."""
+    tiers: list[str] = ["easy", "medium", "medium-rev", "medium-sub"]
+    """Task tiers the warm start sees (the rest are left for RL to find, or not)."""
+
+
+class EvalConfig(Section):
+    """Held-out accuracy before and after RL, through the engines and the reward service."""
+
+    prompts: Annotated[int, Field(ge=0)] = 300
+    """Held-out prompts evaluated (0: skip the evaluations)."""
+    samples: Annotated[int, Field(ge=1)] = 4
+    """Samples per prompt: accuracy is avg@samples (pass@1 estimated over the samples)."""
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    """Sampling temperature of the evaluation (the policy's own, as RL trains it)."""
+
+
+class UpConfig(Section):
+    engines: Count = 1
+    """Embedded inference engine replicas."""
+    rollout_workers: Count = 1
+    """Rollout worker processes (they shard the dataset)."""
+    learner_procs: Count = 1
+    """Learner ranks under torchrun (FSDP2)."""
+    task: Literal["arith"] = "arith"
+    """Built-in task generated into the run folder when ``rollout.dataset`` is unset."""
+    task_train: Annotated[int, Field(ge=1)] = 3000
+    """Train prompts of the generated task."""
+    task_test: Annotated[int, Field(ge=1)] = 1000
+    """Held-out prompts of the generated task."""
+    tiny_model: TinyModelConfig = TinyModelConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
+    eval: EvalConfig = EvalConfig()
+    health_timeout_s: Annotated[float, Field(gt=0)] = 180.0
+    """How long each service may take to answer its health check."""
