@@ -12,6 +12,7 @@ scraped samples into a line (``how``):
 A series may also name a field of the learner's JSONL metrics log (``field``): when the log has it,
 the line is the log's per-step history (x = step) and the scrape is not used for that series.
 
+A chart's series either all name a log field or none does, so its lines share one x axis.
 ``split`` = ``"target"`` draws one line per scraped endpoint (tokens/s per engine) instead of the
 sum. Every ``metric``/``per`` here is checked against the services' metric registries by a test,
 so a typo or a renamed metric fails CI rather than leaving an empty chart.
@@ -170,13 +171,17 @@ CHARTS: tuple[Chart, ...] = (
     ),
     Chart(
         "staleness",
-        "Staleness (weight versions behind)",
+        "Staleness of trained groups (learner)",
         "health",
         "versions",
-        (
-            _learner("trained (mean)", "staleness_mean"),
-            Series("engines (rollout)", "dynamo_rollout_staleness_versions"),
-        ),
+        (_learner("mean", "staleness_mean"),),
+    ),
+    Chart(
+        "engine_staleness",
+        "Engines behind the learner (rollout)",
+        "health",
+        "versions",
+        (Series("oldest engine", "dynamo_rollout_staleness_versions"),),
     ),
     Chart(
         "errors",

@@ -72,7 +72,7 @@ class Dashboard:
     def samples_payload(self, flt: SampleFilter) -> dict[str, Any]:
         if self.samples is None:
             return {"rows": [], "sources": [], "reasons": [], "error": "no Redis configured"}
-        return self.samples.read(flt)
+        return {**self.samples.read(flt), "run": self.run_name}
 
 
 def _static(name: str) -> bytes:

@@ -44,8 +44,9 @@ def write_stream(redis_url: str, namespace: str, groups: int = 12) -> list[Traje
             worker_id="w0",
             timing=Timing(created_unix=1.7e9 + g, generate_s=0.5, verify_s=0.01),
         )
+        solved = (0.0, 0.25, 0.5, 0.75, 1.0)[g % 5]  # from unsolved to mastered prompts
         for i in range(n):
-            correct = (i + g) % 3 == 0
+            correct = i < round(n * solved)
             group.responses.append(
                 Response(
                     token_ids=[5, 6, 7, 8][: 1 + i % 4],

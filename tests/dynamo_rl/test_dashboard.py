@@ -57,6 +57,12 @@ def test_jsonl_fields_are_keys_the_learner_writes() -> None:
                 assert s.metric == f"dynamo_learner_{s.field}", s
 
 
+def test_a_chart_does_not_mix_log_lines_and_scraped_lines() -> None:
+    for chart in CHARTS:
+        assert len({s.field is None for s in chart.series}) == 1, chart.id
+        assert chart.kind == "line" or all(s.how == "buckets" for s in chart.series), chart.id
+
+
 def test_names_helper_sees_labelled_metrics_before_first_use() -> None:
     m = ServiceMetrics("testsvc")
     m.counter("errors_total", "errors", ["kind"])
@@ -317,6 +323,7 @@ def test_api_samples_rows_and_filters(dashboard_url: str, redis_url: str) -> Non
     # Advantages are group-normalised: they sum to ~0 within a group.
     group = [r for r in data["rows"] if r["prompt_id"] == "p011"]
     assert abs(sum(r["advantage"] for r in group)) < 1e-6
+    assert len({r["correct"] for r in group}) == 2  # a mixed group: signs follow correctness
     assert all((r["advantage"] > 0) == r["correct"] for r in group)
 
     only = httpx.get(

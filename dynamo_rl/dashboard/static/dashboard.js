@@ -179,6 +179,7 @@ async function refreshSamples() {
     const r = await fetch(`/api/samples?${params}`, { cache: "no-store" });
     const data = await r.json();
     if (!r.ok) throw new Error(data.error || `HTTP ${r.status}`);
+    document.getElementById("run").textContent = `run ${data.run}`;
     fillSelect(form.elements.source, data.sources);
     fillSelect(form.elements.reason, data.reasons);
     const body = document.getElementById("rows");
