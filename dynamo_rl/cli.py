@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "config": ("dynamo_rl.config_cli", "validate an experiment config and print it resolved"),
     "dashboard": ("dynamo_rl.dashboard.cli", "serve the built-in dashboard (charts and samples)"),
+    "init-model": ("learner.tiny_model", "build a tiny Qwen2 model and tokenizer (no download)"),
+    "sft": ("learner.sft_cli", "supervised fine-tuning (the learner's sft mode; warm start)"),
     "task": ("dynamo_rl.task_cli", "write a built-in task's train/test data (verl parquet layout)"),
 }
 

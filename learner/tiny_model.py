@@ -89,3 +89,33 @@ def build_tiny_model(
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``dynamo-rl init-model``: build a tiny model into a folder."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="dynamo-rl init-model",
+        description="Build a randomly initialised tiny Qwen2 model with a byte-level tokenizer "
+        "(Hugging Face format, nothing downloaded).",
+    )
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--hidden-size", type=int, default=128, help="width (default 128)")
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
+    args = parser.parse_args(argv)
+    if args.hidden_size % args.heads or args.heads % args.kv_heads:
+        parser.error("--heads must divide --hidden-size and --kv-heads must divide --heads")
+    out = build_tiny_model(
+        args.out,
+        hidden_size=args.hidden_size,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        seed=args.seed,
+    )
+    print(out)
+    return 0

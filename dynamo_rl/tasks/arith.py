@@ -1,8 +1,9 @@
 """The built-in ``arith`` task: integer arithmetic in difficulty tiers, in the verl parquet layout.
 
 DynaMO matters when prompts differ in how much they can still teach, so the task mixes tiers a small
-model finds easy (one-digit sums), half-solvable (two-digit sums and differences) and hopeless
-(two-digit products). Every row follows verl's layout::
+model finds easy (one-digit sums), half-solvable after a short warm start (a two-digit and a
+one-digit number added or subtracted), hard (two two-digit numbers) and hopeless (two-digit
+products). Every row follows verl's layout::
 
     data_source   "arith"
     prompt        [{"role": "user", "content": "37+48="}]
@@ -52,9 +53,10 @@ def _product(rng: random.Random) -> tuple[str, int]:
 
 
 TIERS: tuple[Tier, ...] = (
-    Tier("easy", 0.25, _sum(0, 9, 0, 9)),
-    Tier("medium", 0.35, _sum(10, 99, 0, 9)),
-    Tier("medium-sub", 0.15, _diff),
+    Tier("easy", 0.10, _sum(0, 9, 0, 9)),
+    Tier("medium", 0.25, _sum(10, 99, 0, 9)),
+    Tier("medium-rev", 0.20, _sum(0, 9, 10, 99)),
+    Tier("medium-sub", 0.20, _diff),
     Tier("hard", 0.15, _sum(10, 99, 10, 99)),
     Tier("hopeless", 0.10, _product),
 )
