@@ -108,9 +108,15 @@ def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
                 break
         else:
             open_tiers.remove(tier)
+    # Test rows per tier by largest remainder, so the split sizes are exact.
+    exact = {t.name: len(drawn[t.name]) * test_fraction for t in TIERS}
+    k_test = {name: int(x) for name, x in exact.items()}
+    by_remainder = sorted(exact, key=lambda name: exact[name] - k_test[name], reverse=True)
+    for name in by_remainder[: max(0, min(n_test, count) - sum(k_test.values()))]:
+        k_test[name] += 1
     for tier in TIERS:
         rows = drawn[tier.name]
-        k = round(len(rows) * test_fraction)
+        k = k_test[tier.name]
         test += [{"tier": tier.name, "q": q, "v": v} for q, v in rows[:k]]
         train += [{"tier": tier.name, "q": q, "v": v} for q, v in rows[k:]]
     if not train or not test:
