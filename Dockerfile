@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+# DynaMO-RL, CPU image. One image for every role; the role is the command:
+#   dynamo-rl allocator | reward | engine | rollout | dashboard | task
+#   torchrun ... -m dynamo_rl.cli learner
+# Runs as the unprivileged uid 10001. bubblewrap is here for the reward service's code sandbox
+# (see docs/deploy.md for what the container runtime must allow for it).
+# Build: docker build -t dynamo-rl:latest .          (CUDA: docker build -f Dockerfile.cuda ...)
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+
+# torch first and pinned, from the CPU index, so the project's torch range cannot pull a CUDA build.
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bubblewrap tini ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+
+RUN groupadd --gid 10001 dynamo \
+ && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/dynamo \
+      --shell /usr/sbin/nologin dynamo \
+ && mkdir -p /data && chown 10001:10001 /data
+
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+
+WORKDIR /opt/dynamo-rl
+# Metadata first: the dependency layer is rebuilt only when pyproject.toml changes.
+COPY pyproject.toml README.md ./
+COPY dynamo_rl ./dynamo_rl
+COPY allocator ./allocator
+COPY learner ./learner
+COPY services ./services
+RUN pip install . \
+ && python -c "import dynamo_rl, dynamo_rl.dashboard, torch, transformers" \
+ && dynamo-rl --help > /dev/null
+
+USER 10001:10001
+ENV HOME=/home/dynamo \
+    HF_HOME=/home/dynamo/.cache/huggingface \
+    OMP_NUM_THREADS=4
+WORKDIR /data
+# tini reaps orphans (sandboxed programs, torchrun workers) and forwards SIGTERM to the service.
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["dynamo-rl", "--help"]
