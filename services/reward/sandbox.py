@@ -11,7 +11,7 @@ ALL``: new network, pid, ipc, uts, cgroup, mount and user namespaces; no nested 
 The new root holds only ``/usr`` (read-only), the ``/bin``, ``/lib``, ``/lib64`` symlinks, a few
 read-only files of ``/etc`` the dynamic linker needs, a fresh ``/proc`` of the new pid namespace,
 a minimal ``/dev`` remounted read-only, and a size-limited tmpfs at ``/tmp`` — the work
-directory and the only writable place. The program is copied in from an anonymous memory file
+directory and the only writable place (the root bwrap builds is remounted read-only last). The program is copied in from an anonymous memory file
 (``memfd``), so no host path is bound. bwrap starts as the unprivileged uid/gid 65534 (the
 service drops to it when it runs as root; a uid mapped to root outside would still be root for
 the kernel's process limits) with a three-variable environment, so even ``/proc/1/environ`` (bwrap
@@ -194,7 +194,9 @@ class Sandbox:
                     os.write(fd, data)
                     os.lseek(fd, 0, os.SEEK_SET)
                     cmd += ["--perms", f"{mode:04o}", "--file", str(fd), f"{WORKDIR}/{name}"]
-                cmd += ["--", *rl, *argv]
+                # Last: the root tmpfs bwrap built (mount points, /etc for the linker files) goes
+                # read-only too, or it would be a second, unbounded writable place.
+                cmd += ["--remount-ro", "/", "--", *rl, *argv]
                 cwd = "/"
                 pass_fds = (status_w, *memfds)
             root = os.geteuid() == 0
@@ -220,9 +222,9 @@ class Sandbox:
             for fd in memfds:
                 os.close(fd)
             memfds.clear()
-            result = self._communicate(proc, stdin, limits, start)
+            result, status_raw = self._communicate(proc, stdin, limits, start, status_r)
             if status_r >= 0:
-                self._apply_status(result, status_r)
+                self._apply_status(result, status_raw)
             return result
         except OSError as e:
             return RunResult("sandbox_error", None, b"", b"", 0.0, sandbox_error=str(e))
@@ -270,13 +272,34 @@ class Sandbox:
         return args
 
     @staticmethod
-    def _kill(proc: subprocess.Popen[bytes]) -> None:
+    def _kill(proc: subprocess.Popen[bytes], status_raw: bytes = b"") -> None:
+        """SIGKILL the sandbox: its pid-namespace init first, then bwrap's process group.
+
+        Killing the init makes the kernel kill every process of the namespace and finish before
+        the init is reaped, so once bwrap has exited nothing of the run is left. (Killing only
+        the outer bwrap would leave that to the asynchronous parent-death signal.)
+        """
+        init_pid = _child_pid(status_raw)
+        if init_pid is not None and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(init_pid)
+                try:
+                    # The pidfd pins the process; check it is still bwrap's child, not a reused pid.
+                    if _parent_pid(init_pid) == proc.pid:
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                finally:
+                    os.close(pidfd)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
     def _communicate(
-        self, proc: subprocess.Popen[bytes], stdin: bytes, limits: RunLimits, start: float
-    ) -> RunResult:
+        self,
+        proc: subprocess.Popen[bytes],
+        stdin: bytes,
+        limits: RunLimits,
+        start: float,
+        status_r: int = -1,
+    ) -> tuple[RunResult, bytes]:
         """Feed stdin, read both streams up to the cap, enforce the deadline, reap."""
         assert proc.stdin and proc.stdout and proc.stderr
         deadline = start + limits.timeout_s
@@ -285,8 +308,12 @@ class Sandbox:
         out = {out_fd: bytearray(), err_fd: bytearray()}
         status = "finished"
         truncated = False
+        status_raw = bytearray()
         sel = selectors.DefaultSelector()
         try:
+            if status_r >= 0:
+                os.set_blocking(status_r, False)
+                sel.register(status_r, selectors.EVENT_READ)
             for stream in (proc.stdout, proc.stderr):
                 os.set_blocking(stream.fileno(), False)
                 sel.register(stream.fileno(), selectors.EVENT_READ)
@@ -316,6 +343,13 @@ class Sandbox:
                             sel.unregister(fd)
                             proc.stdin.close()
                         continue
+                    if fd == status_r:
+                        with contextlib.suppress(BlockingIOError):
+                            data = os.read(fd, 65536)
+                            status_raw += data
+                            if not data:
+                                sel.unregister(fd)
+                        continue
                     try:
                         chunk = os.read(fd, 65536)
                     except BlockingIOError:
@@ -335,20 +369,24 @@ class Sandbox:
         finally:
             sel.close()
             if status != "finished":
-                self._kill(proc)
+                self._kill(proc, bytes(status_raw))
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()) + 1.0)
             except subprocess.TimeoutExpired:
                 status = "timeout" if status == "finished" else status
-                self._kill(proc)
+                self._kill(proc, bytes(status_raw))
                 proc.wait()
+            if status_r >= 0:  # the rest of the status (the exit code) is there once bwrap exits
+                with contextlib.suppress(OSError):
+                    while data := os.read(status_r, 65536):
+                        status_raw += data
             # Whatever survived the namespace's init (nothing should) goes with the group.
             self._kill(proc)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 with contextlib.suppress(OSError):
                     stream.close()
         rc = proc.returncode
-        return RunResult(
+        result = RunResult(
             status=status,
             return_code=None if status == "timeout" else rc,
             stdout=bytes(out[out_fd]),
@@ -356,14 +394,11 @@ class Sandbox:
             duration_s=time.monotonic() - start,
             truncated=truncated,
         )
+        return result, bytes(status_raw)
 
     @staticmethod
-    def _apply_status(result: RunResult, status_r: int) -> None:
+    def _apply_status(result: RunResult, raw: bytes) -> None:
         """bwrap's JSON status tells a sandbox that never started from a program that failed."""
-        raw = b""
-        with contextlib.suppress(OSError):
-            while chunk := os.read(status_r, 65536):
-                raw += chunk
         started = False
         exit_code: int | None = None
         for line in raw.decode(errors="replace").splitlines():
@@ -377,3 +412,24 @@ class Sandbox:
             result.sandbox_error = result.stderr.decode(errors="replace").strip()[:2000]
         elif exit_code is not None and result.status == "finished":
             result.return_code = exit_code
+
+
+def _child_pid(status_raw: bytes) -> int | None:
+    """The host pid of the sandbox's init, from bwrap's JSON status."""
+    for line in status_raw.decode(errors="replace").splitlines():
+        with contextlib.suppress(ValueError, TypeError):
+            doc = json.loads(line)
+            if "child-pid" in doc:
+                return int(doc["child-pid"])
+    return None
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("PPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
