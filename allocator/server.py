@@ -74,6 +74,8 @@ def _prompt_ids(ids: list[str], limit: int, field: str = "prompt_ids") -> list[s
     for i, pid in enumerate(ids):
         if not pid:
             raise BadRequest(f"{field}[{i}]: empty prompt id")
+        if "\0" in pid:
+            raise BadRequest(f"{field}[{i}]: prompt id {pid!r} contains a NUL character")
     return ids
 
 

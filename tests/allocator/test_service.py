@@ -116,6 +116,16 @@ def test_decay_scales_old_counts(redis_url: str) -> None:
     store.close()
 
 
+def test_repeated_prompt_in_one_library_report_is_merged(redis_url: str) -> None:
+    store = StatsStore.from_url(redis_url)
+    store.report("exp", [("x", 2, 1), ("y", 1, 1), ("x", 3, 1)])
+    stats = store.get("exp", ["x", "y"])
+    assert list(stats.samples) == [5.0, 1.0] and list(stats.successes) == [2.0, 1.0]
+    with pytest.raises(ValueError, match="NUL"):
+        store.get("exp", ["a\0b"])
+    store.close()
+
+
 def test_large_report_is_chunked_and_counted(redis_url: str) -> None:
     store = StatsStore.from_url(redis_url)
     outcomes = [(f"p{i}", 3, i % 4) for i in range(5000)]  # more than one script chunk
@@ -168,6 +178,7 @@ BAD_ALLOCATE = [
     ({"n_per_prompt": 0}, "n_per_prompt"),
     ({"prompt_ids": ["a", "b", "a"]}, r"prompt_ids\[2\]: duplicate"),
     ({"prompt_ids": ["a", ""]}, r"prompt_ids\[1\]: empty"),
+    ({"prompt_ids": ["a", "b\0c"]}, r"prompt_ids\[1\]: .*NUL"),
     ({"prompt_ids": [f"p{i}" for i in range(101)]}, "max_prompts_per_request"),
     ({"priority": "entropy"}, "priority"),
     ({"scheme": "greedy"}, "scheme"),
