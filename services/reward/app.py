@@ -38,8 +38,8 @@ from services.reward.run_code import RunCodeRequest, RunCodeResponse, run_code_b
 log = logging.getLogger("services.reward")
 
 ROUTES = ("/v1/verify", "/run_code", "/healthz", "/metrics")
-# Discriminator values that pydantic puts in error locations; they are not field names.
-_TAGS = {*SCORERS, "stdio", "assert"}
+# Discriminator values pydantic puts in error locations of tests unions; they are not fields.
+_TEST_TAGS = ("stdio", "assert")
 
 
 class QueueFull(Exception):
@@ -64,15 +64,38 @@ class VerifyResponse(BaseModel):
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p != "body" and p not in _TAGS]
+    """Dotted field path without ``body`` and without the union tags pydantic inserts."""
+    parts: list[str] = []
+    for i, p in enumerate(loc):
+        prev = loc[i - 1] if i else None
+        if i == 0 and p == "body":
+            continue
+        if p in SCORERS and isinstance(prev, int) and i >= 2 and loc[i - 2] == "items":
+            continue  # items.0.math.ground_truth -> items.0.ground_truth
+        if p in _TEST_TAGS and prev == "tests":
+            continue
+        parts.append(str(p))
     return ".".join(parts) or "body"
+
+
+def _error_field(e: dict[str, Any]) -> str:
+    """The dotted field an error is about, as a client would name it (``items.0.ground_truth``)."""
+    kind = e.get("type", "")
+    if kind == "json_invalid":
+        return "body"
+    loc = tuple(e.get("loc", ()))
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        # pydantic locates a bad discriminator at the object; name the discriminator itself.
+        tag = str((e.get("ctx") or {}).get("discriminator", "")).strip("'\"")
+        loc = (*loc, tag) if tag else loc
+    return _field(loc)
 
 
 def _invalid(errors: list[dict[str, Any]]) -> JSONResponse:
     detail = [
         {
-            "field": _field(tuple(e.get("loc", ()))),
-            "loc": list(e.get("loc", ())),
+            "field": _error_field(e),
+            "loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())],
             "msg": e.get("msg", "invalid"),
             "type": e.get("type", "value_error"),
         }
@@ -277,6 +300,17 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
                     {"loc": ("body", "items", i, *loc), "type": "value_error", "msg": msg}
                 )
             counts[item.kind] = counts.get(item.kind, 0) + 1
+        for kind, n in counts.items():
+            if n > admission[kind].capacity:  # would never fit: not a "retry later" case
+                errors.append(
+                    {
+                        "loc": ("body", "items"),
+                        "type": "too_long",
+                        "msg": f"{n} {kind} items in one request; this server admits at "
+                        f"most {admission[kind].capacity} at once "
+                        f"(reward.{kind}.max_pending)",
+                    }
+                )
         if errors:
             metrics.rejections.labels("invalid").inc()
             return _invalid(errors)
