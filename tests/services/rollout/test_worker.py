@@ -1,0 +1,357 @@
+"""The rollout worker end to end: a real engine, allocator, reward service and Redis.
+
+One engine, one allocator and one reward server per module (the reward server is started lazily so
+one test can first run the worker against its port while nothing listens there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+import torch
+
+from allocator.client import AllocatorClient
+from allocator.server import SERVICE_NAME
+from dynamo_rl.codec import TrajectoryGroup, decode_entry
+from dynamo_rl.config import ExperimentConfig, load_config
+from dynamo_rl.keys import learner_group, trajectory_stream, weight_version_key
+from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
+from learner.tiny_model import build_tiny_model
+from services.rollout.engines import SGLangEngine
+from services.rollout.worker import RolloutWorker, build_worker, split_count
+from tests.conftest import REPO, dynamo_rl_argv
+from tests.services.rollout.engine_util import load_reference, reference_logprobs, start_engine
+
+NS = "wtest"
+N_PROMPTS = 6
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "m", seed=0)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rows = [
+        {
+            "data_source": "arith",
+            "prompt": [{"role": "user", "content": f"{i}+{i}="}],
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": {"index": i},
+        }
+        for i in range(N_PROMPTS)
+    ]
+    path = tmp_path_factory.mktemp("data") / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, url = start_engine(model, tmp_path_factory.mktemp("engine"))
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def allocator(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    argv = dynamo_rl_argv(
+        "allocator", "--redis-url", redis_server, "--port", str(port), "--metrics-port", "0",
+        "allocator.initial_budget=2",
+    )  # fmt: skip
+    log = tmp_path_factory.mktemp("allocator") / "allocator.log"
+    proc = ServiceProcess("allocator", argv, log, cwd=REPO).start()
+    addr = f"127.0.0.1:{port}"
+    try:
+        proc.wait_ready(grpc_healthy(addr, SERVICE_NAME), timeout=60)
+        yield addr
+    finally:
+        proc.stop()
+
+
+class LazyReward:
+    """The module's reward server, started on first use on a port known in advance."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_dir = log_dir
+        self.proc: ServiceProcess | None = None
+
+    def start(self) -> str:
+        if self.proc is None:
+            argv = dynamo_rl_argv(
+                "reward", "--port", str(self.port), "--math-workers", "1",
+                "reward.code.enabled=false",
+            )  # fmt: skip
+            self.proc = ServiceProcess("reward", argv, self.log_dir / "reward.log", cwd=REPO)
+            self.proc.start().wait_ready(http_ok(f"{self.url}/healthz"), timeout=120)
+        return self.url
+
+
+@pytest.fixture(scope="module")
+def reward_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LazyReward]:
+    server = LazyReward(tmp_path_factory.mktemp("reward"))
+    try:
+        yield server
+    finally:
+        if server.proc is not None:
+            server.proc.stop()
+
+
+def config(
+    redis_url: str, engine: str, reward: str, allocator: str, dataset: Path, *extra: str
+) -> ExperimentConfig:
+    return load_config(
+        None,
+        [
+            f"endpoints.redis_url={redis_url}",
+            f"endpoints.engine_urls=[{engine}]",
+            f"endpoints.reward_url={reward}",
+            f"endpoints.allocator_addr={allocator}",
+            f"rollout.dataset={dataset}",
+            f"rollout.namespace={NS}",
+            "rollout.worker_id=w0",
+            "rollout.batch_size=3",
+            "rollout.n=4",
+            "rollout.n_min=1",
+            "rollout.n_max=8",
+            "rollout.max_n_per_request=3",
+            "rollout.sampling.max_tokens=8",
+            "rollout.poll_interval_s=0.1",
+            "rollout.backoff_s=0.1",
+            "rollout.backoff_max_s=0.5",
+            *extra,
+        ],
+        env={},
+    )
+
+
+@pytest.fixture
+def make_worker(redis_url, engine, allocator, dataset, model, reward_server):
+    """Build a worker from overrides (the reward server is started unless told not to)."""
+    made: list[RolloutWorker] = []
+
+    def make(*extra: str, start_reward: bool = True, **kw: str) -> RolloutWorker:
+        url = reward_server.start() if start_reward else reward_server.url
+        cfg = config(
+            redis_url, kw.get("engine", engine), url, kw.get("allocator", allocator), dataset,
+            f"rollout.tokenizer={model}", *extra,
+        )  # fmt: skip
+        worker = build_worker(cfg)
+        made.append(worker)
+        return worker
+
+    yield make
+
+
+def stream_groups(redis_url: str) -> list[tuple[str, TrajectoryGroup]]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries = client.xrange(trajectory_stream(NS))
+    finally:
+        client.close()
+    return [(eid.decode(), decode_entry(fields)) for eid, fields in entries]
+
+
+def metric(worker: RolloutWorker, name: str, labels: dict[str, str] | None = None) -> float:
+    value = worker.metrics.metrics.registry.get_sample_value(name, labels or {})
+    return float(value or 0.0)
+
+
+async def run_and_close(worker: RolloutWorker, batches: int) -> int:
+    try:
+        return await worker.run(batches)
+    finally:
+        await worker.aclose()
+
+
+def test_split_count() -> None:
+    assert split_count(0, 3) == []
+    assert split_count(7, 3) == [3, 3, 1]
+    assert split_count(3, 8) == [3]
+
+
+# First in the module: the reward server has not been started yet.
+def test_reward_service_down_pushes_nothing_until_it_is_back(make_worker, redis_url, reward_server):
+    if reward_server.proc is not None:
+        pytest.skip("needs the module's reward server not yet started: it runs first in file order")
+    worker = make_worker(start_reward=False)
+
+    async def go() -> None:
+        task = asyncio.create_task(run_and_close(worker, 1))
+        deadline = time.monotonic() + 120
+        while metric(worker, "dynamo_rollout_reward_retries_total") < 2:
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.1)
+        assert stream_groups(redis_url) == []  # scored or nothing
+        await asyncio.to_thread(reward_server.start)
+        await asyncio.wait_for(task, 120)
+
+    asyncio.run(go())
+    groups = [g for _eid, g in stream_groups(redis_url)]
+    assert len(groups) == 3 and all(r.reason for g in groups for r in g.responses)
+    assert metric(worker, "dynamo_rollout_waits_total", {"reason": "reward"}) >= 2
+
+
+def test_groups_decode_and_counts_equal_the_allocation(make_worker, redis_url, allocator, model):
+    ids = [f"arith-{i}" for i in range(N_PROMPTS)]
+    # Statistics that make prompts differ: the allocation must then be non-uniform.
+    with AllocatorClient(allocator) as client:
+        client.report_outcomes(NS, [(pid, 8, i % 4 * 2) for i, pid in enumerate(ids)])
+        expected = client.allocate(NS, ids, n_per_prompt=4, n_min=1, n_max=8).counts
+    assert len(set(expected)) > 1 and sum(expected) == 4 * N_PROMPTS
+
+    worker = make_worker(f"rollout.batch_size={N_PROMPTS}", "rollout.shuffle=false")
+    assert asyncio.run(run_and_close(worker, 1)) == 1
+
+    groups = [g for _eid, g in stream_groups(redis_url)]
+    assert [g.prompt_id for g in groups] == ids
+    assert [len(g.responses) for g in groups] == expected
+    assert [g.allocated_n for g in groups] == expected
+    reference = load_reference(model)
+    for g in groups:
+        assert g.namespace == NS and g.worker_id == "w0" and g.batch_id == "w0:0"
+        assert g.data_source == "arith" and g.prompt_text.endswith("Assistant:")
+        assert g.weight_version >= 0 and g.sampling.max_tokens == 8
+        for r in g.responses:
+            assert r.reason  # scored: the reward service always gives a reason
+            assert len(r.token_ids) == len(r.logprobs) > 0
+        # Each response's log-probs are the model's for its own prompt: no misalignment.
+        r = g.responses[-1]
+        ref = reference_logprobs(reference, list(g.prompt_token_ids), list(r.token_ids))
+        assert (torch.tensor(list(r.logprobs)) - ref).abs().max().item() < 1e-4
+    with AllocatorClient(allocator) as client:
+        stats = client.get_stats(NS, ids)
+    assert [s.samples for s in stats] == [8 + n for n in expected]
+    assert metric(worker, "dynamo_rollout_groups_total") == N_PROMPTS
+    assert metric(worker, "dynamo_rollout_responses_total") == sum(expected)
+    assert metric(worker, "dynamo_rollout_allocator_fallbacks_total") == 0
+
+
+def test_allocator_down_falls_back_to_uniform_n(make_worker, redis_url):
+    dead = f"127.0.0.1:{free_port()}"
+    worker = make_worker("rollout.allocator_timeout_s=1", allocator=dead)
+    asyncio.run(run_and_close(worker, 2))
+    groups = [g for _eid, g in stream_groups(redis_url)]
+    assert len(groups) == 6
+    assert all(len(g.responses) == 4 and g.priority == -1.0 for g in groups)
+    assert metric(worker, "dynamo_rollout_allocator_fallbacks_total") == 2
+    assert metric(worker, "dynamo_rollout_report_failures_total") == 2
+    # The outcomes are kept to be reported when the allocator is back.
+    assert sum(a for a, _s in worker._unreported.values()) == 24
+
+
+def test_staleness_bound_waits_for_the_weight_push(make_worker, redis_url, engine, model):
+    client = redis.Redis.from_url(redis_url)
+    version = 1 + asyncio.run(_engine_version(engine))
+    client.set(weight_version_key(NS), version)  # the learner is one version ahead
+    worker = make_worker("rollout.max_staleness=0")
+
+    async def go() -> None:
+        task = asyncio.create_task(run_and_close(worker, 1))
+        await asyncio.sleep(1.5)
+        assert not task.done() and stream_groups(redis_url) == []
+        assert metric(worker, "dynamo_rollout_staleness_versions") == 1
+        sg = SGLangEngine(engine)
+        try:  # the push: same weights, new version
+            await sg.weights.update_from_disk(str(model), weight_version=version)
+        finally:
+            await sg.aclose()
+        await asyncio.wait_for(task, 60)
+
+    asyncio.run(go())
+    client.close()
+    groups = [g for _eid, g in stream_groups(redis_url)]
+    assert len(groups) == 3 and all(g.weight_version == version for g in groups)
+    assert metric(worker, "dynamo_rollout_waits_total", {"reason": "staleness"}) == 1
+
+
+async def _engine_version(url: str) -> int:
+    sg = SGLangEngine(url)
+    try:
+        return await sg.weight_version()
+    finally:
+        await sg.aclose()
+
+
+def test_backpressure_pauses_until_the_learner_acknowledges(make_worker, redis_url):
+    client = redis.Redis.from_url(redis_url)
+    stream, group = trajectory_stream(NS), learner_group(NS)
+    client.xgroup_create(stream, group, id="0", mkstream=True)
+    worker = make_worker("rollout.max_pending_groups=3")
+
+    async def go() -> None:
+        task = asyncio.create_task(run_and_close(worker, 2))
+        deadline = time.monotonic() + 60
+        while client.xlen(stream) < 3:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        assert client.xlen(stream) == 3 and not task.done()  # paused: 3 unconsumed groups
+        assert metric(worker, "dynamo_rollout_pending_groups") == 3
+        # The learner reads two and acknowledges them: one left unconsumed, the worker resumes.
+        read = client.xreadgroup(group, "learner-0", {stream: ">"}, count=2)
+        client.xack(stream, group, *[eid for eid, _f in read[0][1]])
+        await asyncio.wait_for(task, 60)
+
+    asyncio.run(go())
+    client.close()
+    assert len(stream_groups(redis_url)) == 6
+    assert metric(worker, "dynamo_rollout_waits_total", {"reason": "backpressure"}) == 1
+
+
+@pytest.mark.slow
+def test_dynamo_rl_rollout_command_runs_n_batches_and_exits(
+    redis_url, engine, allocator, dataset, model, reward_server, tmp_path
+):
+    metrics_port = free_port()
+    argv = dynamo_rl_argv(
+        "rollout", "--dataset", str(dataset), "--tokenizer", str(model), "--num-batches", "2",
+        "--metrics-port", str(metrics_port), f"rollout.namespace={NS}", "rollout.batch_size=2",
+        "rollout.n=3", "rollout.n_min=1", "rollout.n_max=6", "rollout.sampling.max_tokens=6",
+    )  # fmt: skip
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "ENGINE_URLS": engine,
+        "REWARD_URL": reward_server.start(),
+        "ALLOCATOR_ADDR": allocator,
+    }
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    groups = [g for _eid, g in stream_groups(redis_url)]
+    assert len(groups) == 4
+    assert [sum(len(g.responses) for g in groups[i : i + 2]) for i in (0, 2)] == [6, 6]
+    assert "done: 2 batches" in result.stderr
+
+
+def test_rollout_command_config_errors_exit_2(tmp_path):
+    result = subprocess.run(
+        dynamo_rl_argv("rollout", "rollout.n=50"), capture_output=True, text=True, cwd=REPO
+    )
+    assert result.returncode == 2 and "rollout.n_min <= rollout.n <= rollout.n_max" in result.stderr
+    result = subprocess.run(
+        dynamo_rl_argv("rollout", "rollout.tokenizer=/nonexistent"),
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "ENGINE_URLS": ""},
+    )  # fmt: skip
+    assert result.returncode == 2 and "rollout.dataset is not set" in result.stderr
+    missing = tmp_path / "none.jsonl"
+    result = subprocess.run(
+        dynamo_rl_argv("rollout", "--dataset", str(missing), "--tokenizer", "x"),
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 2 and "dataset file not found" in result.stderr
