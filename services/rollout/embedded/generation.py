@@ -309,11 +309,13 @@ class BatchGenerator:
         while active:
             tokens, token_lp = self._sample(logits, [seqs[i] for i in active])
             keep: list[int] = []
+            # One conversion per step, not one per row.
+            step_tokens, step_lps = tokens.tolist(), token_lp.tolist()
             for r, i in enumerate(active):
                 s = seqs[i]
-                tok = int(tokens[r])
+                tok = step_tokens[r]
                 s.tokens.append(tok)
-                s.logprobs.append(float(token_lp[r]))
+                s.logprobs.append(step_lps[r])
                 if s.params.top_logprobs:
                     k = s.params.top_logprobs
                     vals, idx = torch.topk(torch.log_softmax(logits[r], -1), k)
