@@ -45,16 +45,12 @@ SEP = "\0"
 # Lua (5.1) helper: split a packed argument into a table.
 _SPLIT_LUA = """
 local function split(s)
-  local out, pos = {}, 1
-  while true do
-    local e = string.find(s, '\\0', pos, true)
-    if not e then
-      out[#out + 1] = string.sub(s, pos)
-      return out
-    end
-    out[#out + 1] = string.sub(s, pos, e - 1)
-    pos = e + 1
+  local out, n = {}, 0
+  for item in string.gmatch(s, '[^%z]+') do  -- %z: the NUL byte (Lua 5.1); items are never empty
+    n = n + 1
+    out[n] = item
   end
+  return out
 end
 """
 
