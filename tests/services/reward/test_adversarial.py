@@ -152,6 +152,36 @@ for host in ("127.0.0.1", "localhost", "::1"):
     reward.assert_serving()
 
 
+def test_cannot_reach_host_abstract_unix_socket(reward: RewardServer) -> None:
+    name = f"dynamo-reward-test-{uuid.uuid4().hex}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)  # abstract: no file, scoped by network namespace
+    listener.listen(8)
+    listener.setblocking(False)
+    code = f"""
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect("\\0{name}")
+    s.sendall(b"escaped")
+    print("CONNECTED")
+except OSError as e:
+    print("refused", type(e).__name__)
+"""
+    try:
+        out = run(reward, code)["run_result"]["stdout"]
+        try:
+            conn, _ = listener.accept()
+            conn.close()
+            accepted = True
+        except BlockingIOError:
+            accepted = False
+    finally:
+        listener.close()
+    assert "CONNECTED" not in out and not accepted, out
+    reward.assert_serving()
+
+
 def test_cannot_read_etc_shadow(reward: RewardServer) -> None:
     code = """
 import os

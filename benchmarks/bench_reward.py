@@ -1,0 +1,195 @@
+"""Reward service figures, measured against a real ``dynamo-rl reward`` process.
+
+    .venv/bin/python benchmarks/bench_reward.py [--quick]
+
+1. Math items/s with 2 math-verify workers (batches of 32 mixed answers through /v1/verify).
+2. Code runs/s of a trivial Python program through the sandbox (/run_code, 2 sandboxes, 2 clients).
+3. Sandbox start-up overhead: one sandboxed ``python3 -c pass`` (bwrap + prlimit + uid drop, this
+   process calling :class:`services.reward.sandbox.Sandbox` directly) against a bare
+   ``python3 -c pass`` subprocess; medians of interleaved runs. Target: ≤ 2.5×.
+4. /v1/verify latency under 32 concurrent clients (one math item per request): p50 and p99.
+
+Every figure is printed with its ratio to its baseline or target; nothing here asserts a time.
+Closing note: the threat model's covered / not covered lists (from services/reward/sandbox.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from dynamo_rl.procs import ServiceProcess, free_port, http_ok  # noqa: E402
+from services.reward.sandbox import RunLimits, Sandbox  # noqa: E402
+
+MATH_ANSWERS = [
+    (r"The answer is \boxed{\frac{1}{2}}.", "0.5"),
+    (r"So \boxed{3}", "3"),
+    (r"\boxed{x^2+2x+1}", "(x+1)^2"),
+    (r"Answer: 42", "41"),
+    (r"\boxed{[1, 2)}", "[1,2)"),
+    (r"\boxed{50\%}", "0.5"),
+    (r"\boxed{\sqrt{8}}", r"2\sqrt{2}"),
+    (r"no answer here", "7"),
+]
+
+
+def start_server(workdir: Path) -> tuple[ServiceProcess, str]:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "dynamo_rl.cli",
+        "reward",
+        "--port",
+        str(port),
+        "--math-workers",
+        "2",
+        "--sandbox-concurrency",
+        "2",
+        "run.log_level=warning",
+    ]
+    proc = ServiceProcess("reward", argv, workdir / "reward.log", cwd=ROOT).start()
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_ready(http_ok(f"{url}/healthz"), timeout=180)
+    return proc, url
+
+
+def math_items(n: int, offset: int = 0) -> list[dict[str, object]]:
+    out = []
+    for i in range(n):
+        resp, gt = MATH_ANSWERS[(i + offset) % len(MATH_ANSWERS)]
+        # A distinct number per item keeps math-verify's parse caches from flattering the figure.
+        k = i + offset
+        out.append({"id": k, "kind": "math", "response": f"Step {k}. {resp}", "ground_truth": gt})
+    return out
+
+
+def bench_math(url: str, total: int) -> float:
+    client = httpx.Client(timeout=120)
+    client.post(f"{url}/v1/verify", json={"items": math_items(8)})  # warm up
+    start = time.perf_counter()
+    done = 0
+    while done < total:
+        r = client.post(f"{url}/v1/verify", json={"items": math_items(32, done)})
+        r.raise_for_status()
+        done += 32
+    rate = done / (time.perf_counter() - start)
+    client.close()
+    return rate
+
+
+async def _code_client(url: str, runs: int, client: httpx.AsyncClient) -> None:
+    body = {"code": "print(sum(range(10)))", "language": "python"}
+    for _ in range(runs):
+        r = await client.post(f"{url}/run_code", json=body)
+        r.raise_for_status()
+        assert r.json()["run_result"]["stdout"] == "45\n", r.text
+
+
+async def bench_code(url: str, total: int) -> float:
+    async with httpx.AsyncClient(timeout=120) as client:
+        await _code_client(url, 2, client)  # warm up
+        start = time.perf_counter()
+        await asyncio.gather(*(_code_client(url, total // 2, client) for _ in range(2)))
+        return (total // 2 * 2) / (time.perf_counter() - start)
+
+
+def bench_startup(repeats: int) -> tuple[float, float]:
+    sandbox = Sandbox()
+    sandbox.check()
+    argv = ["/usr/bin/python3", "-c", "pass"]
+    limits = RunLimits(timeout_s=10)
+    bare, boxed = [], []
+    for _ in range(repeats):  # interleaved so load changes hit both alike
+        t = time.perf_counter()
+        subprocess.run(argv, check=True)
+        bare.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        result = sandbox.run(argv, limits)
+        boxed.append(time.perf_counter() - t)
+        assert result.ok, result
+    return statistics.median(bare) * 1e3, statistics.median(boxed) * 1e3
+
+
+async def bench_latency(url: str, clients: int, per_client: int) -> tuple[float, float, float]:
+    latencies: list[float] = []
+
+    async def one_client(c: int, client: httpx.AsyncClient) -> None:
+        for i in range(per_client):
+            item = math_items(1, c * 1000 + i)
+            t = time.perf_counter()
+            r = await client.post(f"{url}/v1/verify", json={"items": item})
+            latencies.append(time.perf_counter() - t)
+            r.raise_for_status()
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(one_client(c, client) for c in range(clients)))
+        wall = time.perf_counter() - start
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2]
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return p50 * 1e3, p99 * 1e3, len(latencies) / wall
+
+
+def threat_model() -> tuple[str, str]:
+    doc = (ROOT / "services" / "reward" / "sandbox.py").read_text()
+    covered = doc.split("Covered (")[1].split("\n", 1)[1].split("\n\nNot covered")[0]
+    not_covered = doc.split("Not covered — say so plainly\n")[1].split('"""')[0]
+    return covered.rstrip(), not_covered.rstrip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    q = args.quick
+    print(f"reward benchmark ({'quick' if q else 'full'}); 2 math workers, 2 sandboxes")
+
+    bare_ms, boxed_ms = bench_startup(15 if q else 40)
+    ratio = boxed_ms / bare_ms
+    print(
+        f"sandbox start-up: sandboxed python3 -c pass {boxed_ms:.1f} ms vs bare {bare_ms:.1f} ms "
+        f"-> {ratio:.2f}x (target <= 2.5x: {'met' if ratio <= 2.5 else 'NOT met'})"
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(Path(tmp))
+        try:
+            rate = bench_math(url, 128 if q else 512)
+            print(f"math: {rate:.0f} items/s with 2 workers ({rate / 2:.0f} items/s per worker)")
+            runs = asyncio.run(bench_code(url, 40 if q else 160))
+            print(
+                f"code: {runs:.1f} sandboxed runs/s of a trivial Python program "
+                f"(2 sandboxes; {1000 * 2 / runs:.0f} ms per run per slot)"
+            )
+            p50, p99, rps = asyncio.run(bench_latency(url, 32, 4 if q else 12))
+            print(
+                f"/v1/verify under 32 concurrent clients (1 math item each): p50 {p50:.0f} ms, "
+                f"p99 {p99:.0f} ms, {rps:.0f} requests/s; p99/p50 = {p99 / p50:.2f}"
+            )
+        finally:
+            proc.stop()
+
+    covered, not_covered = threat_model()
+    print("\nThreat model (services/reward/sandbox.py)\nCovered:")
+    print(covered)
+    print("Not covered:")
+    print(not_covered)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
