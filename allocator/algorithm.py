@@ -111,7 +111,7 @@ def allocate_rollouts(
         raise ValueError(f"n_min must be >= 0, got {n_min}")
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
-    if g.size and (g.min() < 0 or k.min() < 0 or np.any(k > g)):
+    if g.size and (k.min() < 0 or not np.all(k <= g)):  # also catches g < 0 (and NaN)
         raise ValueError("need 0 <= success_counts <= sample_counts for every prompt")
     n_max = max(n_min, n_max)
     initial_budget = max(n_min, initial_budget)
@@ -128,24 +128,25 @@ def allocate_rollouts(
     total = int(np.clip(budget, n * n_min, n * n_max))
     spare = total - n * n_min  # what is left once everyone has n_min (step 2 done up front)
 
-    # Step 1: exploration above n_min, scaled down if the spare budget is short.
-    exploring = p == UNEXPLORED
-    need = np.where(exploring, np.minimum(np.maximum(initial_budget - g, 0.0), n_max), 0.0)
-    extra = np.maximum(np.ceil(need) - n_min, 0.0)
-    extra_sum = float(extra.sum())
-    if extra_sum > 0:
-        if extra_sum <= spare:
-            counts += extra.astype(np.int64)
+    # Step 1: exploration above n_min, scaled down if the spare budget is short. Computed on the
+    # prompts being explored only (usually few once training runs).
+    fresh = np.flatnonzero(p == UNEXPLORED)
+    if fresh.size:
+        need = np.minimum(np.maximum(initial_budget - g[fresh], 0.0), n_max)
+        extra = np.maximum(np.ceil(need) - n_min, 0.0)
+        extra_sum = float(extra.sum())
+        if 0 < extra_sum <= spare:
+            counts[fresh] += extra.astype(np.int64)
             spare -= int(extra_sum)
-        else:
-            counts += _round_shares(extra * (spare / extra_sum), spare, extra)
+        elif extra_sum > spare:
+            counts[fresh] += _round_shares(extra * (spare / extra_sum), spare, extra)
             spare = 0
 
     # Step 3: the rest by priority. Eligible prompts are done exploring, so step 1 gave them nothing
     # and sits at n_min with the same room (n_max − n_min): both schemes are then
     # x_i = clip(λ·p_i − a, 0, room), with a = 0 (reference) or a = n_min (water-level).
     if spare > 0:
-        eligible = (~exploring) & (p > 0)
+        eligible = p > 0  # UNEXPLORED is negative
         room = n_max - n_min
         if room > 0 and eligible.any():
             w = p[eligible]
