@@ -12,10 +12,11 @@ cd "$(dirname "$0")/.."
 extras=""
 [[ "${1:-}" == "--dev" ]] && extras="[dev]"
 
-apt_packages=(bubblewrap redis-server python3-venv ca-certificates)
+apt_packages=(bubblewrap redis-server python3-venv ca-certificates chromium)
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v chromium >/dev/null || missing+=(chromium)  # the dashboard's browser test
 if [[ ${#missing[@]} -gt 0 ]]; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
     echo "setup: installing ${apt_packages[*]}"

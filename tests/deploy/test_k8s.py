@@ -1,0 +1,349 @@
+"""deploy/k8s: both overlays render with ``kubectl kustomize`` and every object validates against
+the Kubernetes API models; then what the objects mean is checked: real commands, probes on
+endpoints that exist, services that select pods, security contexts, the reward service's network
+policy, the learner's rendezvous."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dynamo_rl.config import load_config
+from tests.conftest import REPO
+from tests.deploy.commands import (
+    EXPERIMENT,
+    check_command,
+    dynamo_command,
+    endpoint_ok,
+    listen_ports,
+)
+from tests.deploy.k8s_models import validate
+
+K8S = REPO / "deploy" / "k8s"
+KUBECTL = shutil.which("kubectl")
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="needs kubectl (for kubectl kustomize)")
+OVERLAYS = ("cpu", "gpu")
+# Not the bare overlay names: conftest skips every test with a "gpu" keyword on CPU machines.
+OVERLAY_IDS = ("cpu-overlay", "gpu-overlay")
+TOKEN = "t" * 64
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
+
+
+def kustomize(root: Path, overlay: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(KUBECTL), "kustomize", str(root / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/k8s with the tokens file an operator writes before the first render."""
+    root = tmp_path_factory.mktemp("k8s") / "k8s"
+    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("tokens.env"))
+    (root / "base" / "tokens.env").write_text(f"DYNAMO_CONTROL_TOKEN={TOKEN}\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def rendered(tree: Path) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for overlay in OVERLAYS:
+        result = kustomize(tree, overlay)
+        assert result.returncode == 0, result.stderr
+        out[overlay] = [d for d in yaml.safe_load_all(result.stdout) if d]
+    return out
+
+
+def objects(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]
+        for d in docs
+        if d["kind"] in WORKLOADS
+    }
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment, with stand-ins for values Kubernetes fills in at run time."""
+    env = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "secretKeyRef" in e.get("valueFrom", {}):
+            env[e["name"]] = TOKEN
+        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
+            env[e["name"]] = "10.0.0.7"
+        else:
+            env[e["name"]] = "0"
+    return env
+
+
+def dynamo_containers(docs: list[dict[str, Any]]):
+    for where, template in pod_templates(docs).items():
+        for c in template["spec"].get("initContainers", []) + template["spec"]["containers"]:
+            if c["image"].startswith("dynamo-rl:"):
+                yield where, template, c
+
+
+def test_render_fails_without_the_tokens_file(tmp_path: Path) -> None:
+    root = tmp_path / "k8s"
+    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("tokens.env"))
+    result = kustomize(root, "cpu")
+    assert result.returncode != 0 and "tokens.env" in result.stderr
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_every_object_validates_against_the_api_models(rendered, overlay: str) -> None:
+    docs = rendered[overlay]
+    errors = [e for d in docs for e in validate(d)]
+    assert not errors, "\n".join(errors)
+    kinds = {d["kind"] for d in docs}
+    assert kinds >= {
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "Service",
+        "Deployment",
+        "StatefulSet",
+        "Job",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",
+    }
+    assert set(objects(docs, "Deployment")) == {
+        "allocator",
+        "reward",
+        "engine",
+        "rollout",
+        "dashboard",
+    }
+    assert all(
+        d["metadata"].get("namespace") == "dynamo-rl" for d in docs if d["kind"] != "Namespace"
+    )
+
+
+def test_validator_rejects_typos_and_wrong_types() -> None:
+    bad = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {
+            "replica": 2,
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "spec": {"containers": [{"name": "c", "ports": [{"containerPort": "80"}]}]}
+            },
+        },
+    }
+    errors = validate(bad)
+    assert any("spec.replica: unknown field" in e for e in errors), errors
+    assert any("containerPort: expected int" in e for e in errors), errors
+    missing_name = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"image": "x"}]},
+    }
+    assert validate(missing_name)
+    assert validate({"apiVersion": "v1", "kind": "Gizmo", "metadata": {"name": "g"}})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_experiment_config_and_secret(rendered, overlay: str) -> None:
+    docs = rendered[overlay]
+    (config,) = objects(docs, "ConfigMap").values()
+    text = config["data"]["experiment.yaml"]
+    assert text == EXPERIMENT.read_text()
+    load_config(EXPERIMENT, env={})
+    (secret,) = objects(docs, "Secret").values()
+    assert base64.b64decode(secret["data"]["DYNAMO_CONTROL_TOKEN"]).decode() == TOKEN
+    # Pods refer to the generated (hashed) names, so a changed config rolls them.
+    for _where, template, c in dynamo_containers(docs):
+        for v in template["spec"].get("volumes", []):
+            if "configMap" in v:
+                assert v["configMap"]["name"] == config["metadata"]["name"]
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                assert ref["name"] == secret["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_commands_are_real_subcommands_with_valid_config(rendered, overlay: str) -> None:
+    seen = set()
+    for where, _template, c in dynamo_containers(rendered[overlay]):
+        cmd = check_command(c.get("command", []) + c.get("args", []), container_env(c))
+        seen.add(cmd.subcommand)
+        assert where  # for the assertion message context
+    assert seen == {"allocator", "reward", "engine", "rollout", "learner", "dashboard", "task"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_probes_hit_endpoints_the_services_serve(rendered, overlay: str) -> None:
+    for where, _template, c in dynamo_containers(rendered[overlay]):
+        argv = c.get("command", []) + c.get("args", [])
+        cmd = dynamo_command(argv)
+        kind = where.split("/")[0]
+        probes = {k: c[k] for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in c}
+        if cmd.subcommand in ("task", "learner"):
+            continue  # an init container, and a Job whose ranks only rank 0 serves metrics
+        assert kind != "Deployment" or {"readinessProbe", "livenessProbe"} <= set(probes), where
+        env = container_env(c)
+        ports = listen_ports(cmd, env)
+        named = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        for name, probe in probes.items():
+            if "httpGet" in probe:
+                port = probe["httpGet"]["port"]
+                port = named[port] if isinstance(port, str) else port
+                target = (port, probe["httpGet"]["path"])
+            elif "grpc" in probe:
+                target = (probe["grpc"]["port"], "grpc-health")
+            else:
+                script = " ".join(probe["exec"]["command"])
+                import re
+
+                m = re.search(r"urlopen\('http://127\.0\.0\.1:(\d+)(/[^']*)'", script)
+                assert m, (where, name, script)
+                target = (int(m.group(1)), m.group(2))
+            assert endpoint_ok(cmd.subcommand, *target, ports), (where, name, target, ports)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_prometheus_annotations_point_at_metrics(rendered, overlay: str) -> None:
+    annotated = set()
+    for where, template, c in dynamo_containers(rendered[overlay]):
+        notes = template["metadata"].get("annotations", {})
+        if notes.get("prometheus.io/scrape") != "true" or c in template["spec"].get(
+            "initContainers", []
+        ):
+            continue
+        cmd = dynamo_command(c.get("command", []) + c.get("args", []))
+        port = int(notes["prometheus.io/port"])
+        assert port in {p["containerPort"] for p in c["ports"]}, where
+        ports = listen_ports(cmd, container_env(c))
+        assert endpoint_ok(cmd.subcommand, port, notes["prometheus.io/path"], ports), where
+        annotated.add(cmd.subcommand)
+    assert annotated == {"allocator", "reward", "engine", "rollout", "learner"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_services_select_pods_and_existing_ports(rendered, overlay: str) -> None:
+    docs = rendered[overlay]
+    templates = pod_templates(docs)
+    for name, svc in objects(docs, "Service").items():
+        selector = svc["spec"]["selector"]
+        matches = [
+            t
+            for t in templates.values()
+            if all(t["metadata"]["labels"].get(k) == v for k, v in selector.items())
+        ]
+        assert matches, f"Service {name} selects no pod"
+        for port in svc["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            ok = any(
+                target in (p.get("name"), p["containerPort"])
+                for t in matches
+                for c in t["spec"]["containers"]
+                for p in c.get("ports", [])
+            )
+            assert ok, f"Service {name} port {port} has no matching container port"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_pods_run_unprivileged_with_resources(rendered, overlay: str) -> None:
+    for where, template in pod_templates(rendered[overlay]).items():
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, where
+        assert spec["securityContext"].get("runAsUser", 1) != 0, where
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (where, c["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+            assert not sc.get("privileged", False)
+            for key in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"][key]), (where, c["name"], key)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_reward_has_no_egress_and_a_sandbox_capable_pod(rendered, overlay: str) -> None:
+    docs = rendered[overlay]
+    reward = objects(docs, "Deployment")["reward"]["spec"]["template"]
+    policies = [
+        p
+        for p in objects(docs, "NetworkPolicy").values()
+        if all(
+            reward["metadata"]["labels"].get(k) == v
+            for k, v in p["spec"]["podSelector"]["matchLabels"].items()
+        )
+    ]
+    (policy,) = policies
+    assert "Egress" in policy["spec"]["policyTypes"]
+    assert policy["spec"].get("egress", []) == []
+    spec = reward["spec"]
+    assert spec["hostUsers"] is False
+    assert spec["securityContext"]["seccompProfile"]["type"] == "Unconfined"
+    (c,) = spec["containers"]
+    assert c["securityContext"]["procMount"] == "Unmasked"
+    # Every other pod keeps the runtime's seccomp profile.
+    for where, template in pod_templates(docs).items():
+        if where != "Deployment/reward":
+            assert template["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+def test_redis_is_a_statefulset_with_a_volume_and_aof(rendered) -> None:
+    redis = objects(rendered["cpu"], "StatefulSet")["redis"]
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    (c,) = redis["spec"]["template"]["spec"]["containers"]
+    assert any(m["name"] == claim["metadata"]["name"] for m in c["volumeMounts"])
+    assert c["args"][c["args"].index("--appendonly") + 1] == "yes"
+    assert objects(rendered["cpu"], "Service")["redis"]["spec"]["clusterIP"] == "None"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_learner_is_an_indexed_job_with_a_rendezvous(rendered, overlay: str) -> None:
+    docs = rendered[overlay]
+    job = objects(docs, "Job")["learner"]
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"]
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    env = container_env(c)
+    assert int(env["LEARNER_NODES"]) == spec["completions"]
+    rdzv = objects(docs, "Service")[pod["subdomain"]]["spec"]
+    assert rdzv["clusterIP"] == "None" and rdzv["publishNotReadyAddresses"] is True
+    args = c["args"]
+    master = next(a.split("=", 1)[1] for a in args if a.startswith("--master-addr="))
+    assert master == f"learner-0.{pod['subdomain']}"  # pod 0's stable DNS name
+    assert f"learner.push.master_address={master}" in args
+    node_rank = next(e for e in c["env"] if e["name"] == "NODE_RANK")
+    assert "job-completion-index" in node_rank["valueFrom"]["fieldRef"]["fieldPath"]
+    port = next(a.split("=", 1)[1] for a in args if a.startswith("--master-port="))
+    assert int(port) in {p["containerPort"] for p in c["ports"]}
+
+
+def test_overlays_differ_where_they_should(rendered) -> None:
+    def gpus(docs, kind, name) -> str | None:
+        (c,) = objects(docs, kind)[name]["spec"]["template"]["spec"]["containers"]
+        return c["resources"]["limits"].get("nvidia.com/gpu")
+
+    cpu, gpu = rendered["cpu"], rendered["gpu"]
+    assert gpus(cpu, "Deployment", "engine") is None and gpus(cpu, "Job", "learner") is None
+    assert gpus(gpu, "Deployment", "engine") == "1" and gpus(gpu, "Job", "learner") == "8"
+    images = {c["image"] for _w, _t, c in dynamo_containers(gpu)}
+    assert images == {"dynamo-rl:cuda"}
+    assert {c["image"] for _w, _t, c in dynamo_containers(cpu)} == {"dynamo-rl:latest"}
+    (engine,) = objects(gpu, "Deployment")["engine"]["spec"]["template"]["spec"]["containers"]
+    assert "engine.device=cuda" in engine["args"]
