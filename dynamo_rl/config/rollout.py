@@ -87,6 +87,9 @@ class RolloutConfig(Section):
     weight-transfer API."""
     model_name: str | None = None
     """The 'model' field of OpenAI requests (None: the first id of GET /v1/models)."""
+    discover_engines: bool = False
+    """Also use the engines registered in Redis (engines_key(run.name), written by each embedded
+    engine on start), checked before every batch; endpoints.engine_urls stay in the pool."""
     request_timeout_s: Seconds = 600.0
     """Deadline of one generation request."""
     engine_max_wait_s: Annotated[float, Field(ge=0)] = 0.0

@@ -26,6 +26,8 @@ bug). A prompt allocated 0 responses gets no group.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import socket
@@ -42,9 +44,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup, encode_entry
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
-from dynamo_rl.keys import learner_group, trajectory_stream, weight_version_key
+from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler
-from services.rollout.engines import EnginePool, Sample, Sampling, make_engine
+from services.rollout.engines import Engine, EnginePool, Sample, Sampling, make_engine
 from services.rollout.metrics import WorkerMetrics
 from services.rollout.reward_client import RewardClient
 
@@ -90,6 +92,8 @@ class RolloutWorker:
         redis: aioredis.Redis,
         allocator: Any | None,
         metrics: WorkerMetrics | None = None,
+        engine_factory: Callable[[str], Engine] | None = None,
+        engines_namespace: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.namespace = namespace
@@ -101,6 +105,8 @@ class RolloutWorker:
         self.redis = redis
         self.allocator = allocator
         self.metrics = metrics or WorkerMetrics()
+        self.engine_factory = engine_factory
+        self.engines_namespace = engines_namespace or namespace
         self.stream = trajectory_stream(namespace)
         self.group = learner_group(namespace)
         self.sampling = Sampling(
@@ -165,6 +171,7 @@ class RolloutWorker:
                 if reason != "engine":
                     log.warning("no engine replica reports a weight version; waiting")
                 reason = "engine"
+                await self.discover_engines()
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     async def pending_groups(self) -> int:
@@ -208,6 +215,21 @@ class RolloutWorker:
                 )  # fmt: skip
                 logged = True
             await asyncio.sleep(self.cfg.poll_interval_s)
+
+    async def discover_engines(self) -> int:
+        """Add engines registered in Redis that the pool lacks; returns how many were added."""
+        if not self.cfg.discover_engines or self.engine_factory is None:
+            return 0
+        key = engines_key(self.engines_namespace)
+        entries = await self._redis(lambda: self.redis.hgetall(key))
+        added = 0
+        for field_, raw in entries.items():
+            url = field_.decode() if isinstance(field_, bytes) else str(field_)
+            with contextlib.suppress(ValueError, AttributeError):  # the field is the URL too
+                url = str(json.loads(raw).get("url") or url)
+            if url.rstrip("/") not in self.pool.urls:
+                added += self.pool.add(self.engine_factory(url))
+        return added
 
     # -- allocator ------------------------------------------------------------------------------
 
@@ -302,6 +324,7 @@ class RolloutWorker:
 
     async def run_batch(self, batch_index: int) -> BatchResult:
         t0 = time.monotonic()
+        await self.discover_engines()
         engine_version = await self.wait_for_fresh_weights()
         await self.wait_for_room()
         records = self.sampler.next_batch(self.cfg.batch_size)
@@ -480,8 +503,11 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         raise ValueError(
             "set rollout.tokenizer (or engine.model) to the model's tokenizer directory"
         )
-    if not cfg.endpoints.engine_urls:
-        raise ValueError("endpoints.engine_urls is empty: give at least one engine base URL")
+    if not cfg.endpoints.engine_urls and not rc.discover_engines:
+        raise ValueError(
+            "endpoints.engine_urls is empty: give at least one engine base URL "
+            "(or set rollout.discover_engines=true)"
+        )
     metrics = metrics or WorkerMetrics()
     records = load_records(rc.dataset, rc.dataset_format, rc.default_kind)
     sampler = PromptSampler(
@@ -493,8 +519,9 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
     )
     renderer = PromptRenderer(load_tokenizer(tokenizer_path), rc.prompt_template)
     token = cfg.endpoints.control_token.get_secret_value() if cfg.endpoints.control_token else None
-    engines = [
-        make_engine(
+
+    def engine_factory(url: str) -> Engine:
+        return make_engine(
             url,
             engine_api=rc.engine_api,
             weight_api=rc.weight_api,
@@ -502,8 +529,8 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
             timeout_s=rc.request_timeout_s,
             control_token=token,
         )
-        for url in cfg.endpoints.engine_urls
-    ]
+
+    engines = [engine_factory(url) for url in cfg.endpoints.engine_urls]
 
     def engine_waited(seconds: float) -> None:
         metrics.waits.labels("engine").inc()
@@ -551,4 +578,6 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         redis=aioredis.Redis.from_url(cfg.endpoints.redis_url, socket_timeout=10.0),
         allocator=allocator,
         metrics=metrics,
+        engine_factory=engine_factory,
+        engines_namespace=cfg.run.name,
     )

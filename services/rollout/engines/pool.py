@@ -46,8 +46,7 @@ class EnginePool:
         on_failure: Callable[[str, Exception], None] | None = None,
         on_wait: Callable[[float], None] | None = None,
     ) -> None:
-        if not engines:
-            raise ValueError("an engine pool needs at least one engine URL (endpoints.engine_urls)")
+        # An empty pool is allowed when replicas are discovered later (EnginePool.add).
         self.replicas = [_Replica(e) for e in engines]
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
@@ -59,6 +58,14 @@ class EnginePool:
     @property
     def urls(self) -> list[str]:
         return [r.engine.url for r in self.replicas]
+
+    def add(self, engine: Engine) -> bool:
+        """Add a replica unless one with the same URL is already in the pool."""
+        if engine.url in self.urls:
+            return False
+        self.replicas.append(_Replica(engine))
+        log.info("engine %s joined the pool (%d replicas)", engine.url, len(self.replicas))
+        return True
 
     def _pick(self, now: float) -> _Replica | None:
         ready = [r for r in self.replicas if r.benched_until <= now]
@@ -83,7 +90,10 @@ class EnginePool:
                 f"no engine replica answered for {now - waiting_since:.0f}s "
                 f"(rollout.engine_max_wait_s={self.max_wait_s}): {', '.join(self.urls)}"
             )
-        delay = max(0.01, min(r.benched_until for r in self.replicas) - now)
+        if self.replicas:
+            delay = max(0.01, min(r.benched_until for r in self.replicas) - now)
+        else:
+            delay = self.backoff_s
         if self._on_wait is not None:
             self._on_wait(delay)
         await asyncio.sleep(delay)

@@ -7,6 +7,7 @@ one test can first run the worker against its port while nothing listens there).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import time
@@ -23,7 +24,7 @@ from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
 from dynamo_rl.codec import TrajectoryGroup, decode_entry
 from dynamo_rl.config import ExperimentConfig, load_config
-from dynamo_rl.keys import learner_group, trajectory_stream, weight_version_key
+from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
 from learner.tiny_model import build_tiny_model
 from services.rollout.engines import SGLangEngine
@@ -355,3 +356,15 @@ def test_rollout_command_config_errors_exit_2(tmp_path):
         capture_output=True, text=True, cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 2 and "dataset file not found" in result.stderr
+
+
+def test_engines_registered_in_redis_join_the_pool(make_worker, redis_url, engine):
+    client = redis.Redis.from_url(redis_url)
+    entry = {"url": engine, "weight_version": 0, "registered_unix": time.time()}
+    client.hset(engines_key("dynamo"), engine, json.dumps(entry))  # run.name is the default
+    client.close()
+    dead = f"http://127.0.0.1:{free_port()}"
+    worker = make_worker("rollout.discover_engines=true", engine=dead)
+    asyncio.run(run_and_close(worker, 1))
+    assert worker.pool.urls == [dead, engine]
+    assert len(stream_groups(redis_url)) == 3
