@@ -35,6 +35,7 @@ twin of every step and compares the two on random inputs.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from typing import Literal
 
 import numpy as np
@@ -172,36 +173,50 @@ def _clip_level(w: npt.NDArray[np.float64], shift: float, room: float, amount: f
     The sum is piecewise linear and nondecreasing in λ: prompt i rises from 0 at λ = shift/w_i and
     is capped from λ = (shift + room)/w_i. With w sorted, which prompts are rising or capped at a
     given λ is two binary searches, and the sum follows from prefix sums in O(log N). Bisection
-    finds the linear piece holding ``amount``; one linear solve on it gives λ exactly.
+    stops as soon as both ends of its bracket lie on the same linear piece (no breakpoint in
+    between); one linear solve on that piece gives λ exactly.
     """
     ws = np.sort(w)
     prefix = np.concatenate(([0.0], np.cumsum(ws)))
     n = ws.size
+    top = shift + room
+    # Small batches (the service's usual case) bisect a Python list: no numpy call per step;
+    # large ones would pay more for the list than they save.
+    ws_list = ws.tolist() if n <= 4096 else None
 
-    def piece(lam: float) -> tuple[int, float, int]:
-        """(prompts capped, Σw of rising prompts, prompts rising) at λ."""
-        first_rising = int(np.searchsorted(ws, shift / lam, side="right"))
-        first_capped = int(np.searchsorted(ws, (shift + room) / lam, side="left"))
+    def piece(lam: float) -> tuple[int, int]:
+        """(first rising, first capped) index into the sorted weights at λ > 0."""
+        if ws_list is not None:
+            return bisect_right(ws_list, shift / lam), bisect_left(ws_list, top / lam)
+        return (
+            int(np.searchsorted(ws, shift / lam, side="right")),
+            int(np.searchsorted(ws, top / lam, side="left")),
+        )
+
+    def total(lam: float, first_rising: int, first_capped: int) -> float:
         rise_w = float(prefix[first_capped] - prefix[first_rising])
-        return n - first_capped, rise_w, first_capped - first_rising
+        return (n - first_capped) * room + lam * rise_w - shift * (first_capped - first_rising)
 
-    def total(lam: float) -> float:
-        capped, rise_w, rising = piece(lam)
-        return capped * room + lam * rise_w - shift * rising
-
-    lo, hi = 0.0, (shift + room) / float(ws[0])  # at hi every prompt is capped
-    for _ in range(100):
+    lo, hi = 0.0, top / float(ws[0])  # at hi every prompt is capped
+    at_lo = (0 if shift == 0 else n, n)  # just above λ = 0: nothing capped
+    at_hi = piece(hi)
+    for _ in range(200):
+        if at_lo == at_hi:
+            break
         mid = 0.5 * (lo + hi)
         if not lo < mid < hi:
             break
-        if total(mid) < amount:
-            lo = mid
+        at_mid = piece(mid)
+        if total(mid, *at_mid) < amount:
+            lo, at_lo = mid, at_mid
         else:
-            hi = mid
-    capped, rise_w, rising = piece(hi)
+            hi, at_hi = mid, at_mid
+    first_rising, first_capped = at_hi
+    rise_w = float(prefix[first_capped] - prefix[first_rising])
     if rise_w <= 0.0:
         return hi
-    return (amount - capped * room + shift * rising) / rise_w
+    rising = first_capped - first_rising
+    return (amount - (n - first_capped) * room + shift * rising) / rise_w
 
 
 def _round_robin(room: npt.NDArray[np.int64], amount: int) -> npt.NDArray[np.int64]:
