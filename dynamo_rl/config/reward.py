@@ -14,7 +14,7 @@ from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
 
 
-class MathConfig(Section):
+class RewardMathConfig(Section):
     """Math verification: a pool of worker processes running math-verify."""
 
     workers: Annotated[int, Field(ge=1, le=256)] = 2
@@ -26,7 +26,7 @@ class MathConfig(Section):
     """Math items admitted at once (running + waiting); beyond this a request gets 429."""
 
 
-class CodeConfig(Section):
+class RewardCodeConfig(Section):
     """Code execution: every run is a fresh bubblewrap sandbox (see services/reward/sandbox.py)."""
 
     enabled: bool = True
@@ -83,5 +83,5 @@ class RewardConfig(Section):
     """Items in one /v1/verify request; more is a 422 naming ``items``."""
     retry_after_s: Annotated[int, Field(ge=1)] = 1
     """``Retry-After`` seconds sent with 429 when a kind's queue is full."""
-    math: MathConfig = MathConfig()
-    code: CodeConfig = CodeConfig()
+    math: RewardMathConfig = RewardMathConfig()
+    code: RewardCodeConfig = RewardCodeConfig()

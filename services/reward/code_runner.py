@@ -12,7 +12,7 @@ import re
 import time
 from typing import Literal
 
-from dynamo_rl.config.reward import CodeConfig
+from dynamo_rl.config.reward import RewardCodeConfig
 from services.reward.metrics import RewardMetrics
 from services.reward.sandbox import RunLimits, RunResult, Sandbox
 
@@ -56,7 +56,7 @@ class Program:
 class CodeRunner:
     """Turns (language, code) into sandboxed runs under the server's caps."""
 
-    def __init__(self, cfg: CodeConfig, metrics: RewardMetrics) -> None:
+    def __init__(self, cfg: RewardCodeConfig, metrics: RewardMetrics) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.sandbox = Sandbox(
@@ -100,7 +100,7 @@ class CodeRunner:
             ), None
         c = self.cfg
         limits = RunLimits(
-            timeout_s=min(compile_timeout_s or c.compile_timeout_s, max(c.compile_timeout_s, 1.0)),
+            timeout_s=min(compile_timeout_s or c.compile_timeout_s, c.compile_timeout_s),
             memory_mb=max(c.max_memory_mb, 1024),
             max_processes=max(c.max_processes, 16),
             max_open_files=max(c.max_open_files, 256),

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dynamo_rl.config.reward import CodeConfig
+from dynamo_rl.config.reward import RewardCodeConfig
 from services.reward.code_runner import CodeRunner, extract_code
 from services.reward.code_scorer import normalize_output
 from services.reward.metrics import RewardMetrics
@@ -171,6 +171,6 @@ def test_normalize_output() -> None:
 
 @pytest.mark.parametrize(("asked", "capped"), [(None, 5.0), (1.5, 1.5), (1e6, 30.0)])
 def test_item_timeout_is_capped_by_server(asked: float | None, capped: float) -> None:
-    runner = CodeRunner(CodeConfig(), RewardMetrics())
+    runner = CodeRunner(RewardCodeConfig(), RewardMetrics())
     assert runner.limits(asked, None).timeout_s == capped
-    assert runner.limits(None, 10**6).memory_mb == CodeConfig().max_memory_mb
+    assert runner.limits(None, 10**6).memory_mb == RewardCodeConfig().max_memory_mb
