@@ -384,3 +384,17 @@ def test_bad_config_exits_2_naming_the_key() -> None:
     )
     assert result.returncode == 2
     assert "allocator.n_min" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_help_is_true_and_light() -> None:
+    code = (
+        "import sys\n"
+        "from dynamo_rl.cli import main\n"
+        "try:\n    main(['allocator', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = [m for m in ('grpc', 'redis', 'numpy', 'torch') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--redis-url", "--port", "--metrics-port", "--decay", "--config"):
+        assert flag in result.stdout
