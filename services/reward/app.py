@@ -180,9 +180,8 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
     metrics = metrics or RewardMetrics()
     scorers: dict[str, Scorer] = {}
     for kind, cls in SCORERS.items():
-        if kind == "code" and not cfg.code.enabled:
-            continue
-        scorers[kind] = cls(cfg, metrics)
+        if cls.enabled(cfg):
+            scorers[kind] = cls(cfg, metrics)
     admission = {kind: Admission(s.capacity) for kind, s in scorers.items()}
     for kind in scorers:
         metrics.queue_depth.labels(kind).set(0)

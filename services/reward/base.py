@@ -65,6 +65,11 @@ class Scorer(abc.ABC):
         self.cfg = cfg
         self.metrics = metrics
 
+    @classmethod
+    def enabled(cls, cfg: RewardConfig) -> bool:
+        """Whether this server serves the kind; disabled kinds are refused with 422."""
+        return True
+
     @property
     @abc.abstractmethod
     def capacity(self) -> int:

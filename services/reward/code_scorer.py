@@ -98,6 +98,10 @@ class CodeScorer(Scorer):
         self._sem = asyncio.Semaphore(cfg.code.concurrency)
         self._executor = ThreadPoolExecutor(cfg.code.concurrency, thread_name_prefix="sandbox")
 
+    @classmethod
+    def enabled(cls, cfg: RewardConfig) -> bool:
+        return cfg.code.enabled
+
     @property
     def capacity(self) -> int:
         return self.cfg.code.max_pending

@@ -191,7 +191,9 @@ class Sandbox:
                 for name, (data, mode) in files.items():
                     fd = os.memfd_create(f"sandbox-{name}")
                     memfds.append(fd)
-                    os.write(fd, data)
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
                     os.lseek(fd, 0, os.SEEK_SET)
                     cmd += ["--perms", f"{mode:04o}", "--file", str(fd), f"{WORKDIR}/{name}"]
                 # Last: the root tmpfs bwrap built (mount points, /etc for the linker files) goes

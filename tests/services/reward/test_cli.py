@@ -14,8 +14,9 @@ from tests.services.reward.conftest import start_reward_server
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(dynamo_rl_argv("reward", *args), capture_output=True, text=True,
-                          cwd=REPO, timeout=120)  # fmt: skip
+    return subprocess.run(
+        dynamo_rl_argv("reward", *args), capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 def test_help_lists_the_flags() -> None:
@@ -52,6 +53,36 @@ def test_unsafe_no_sandbox_is_loud_and_works(tmp_path: Path) -> None:
         assert "WITHOUT bubblewrap" in server.proc.log_tail(100)
         r = httpx.post(f"{server.url}/run_code", json={"code": "print(6*7)", "language": "python"})
         assert r.json()["run_result"]["stdout"] == "42\n"
+        server.assert_serving()
+    finally:
+        server.proc.stop()
+
+
+@pytest.mark.slow
+def test_math_only_server_needs_no_sandbox(tmp_path: Path) -> None:
+    server = start_reward_server(
+        tmp_path,
+        [
+            "reward.code.enabled=false",
+            "reward.code.bwrap=/nonexistent/bwrap",
+            "--math-workers",
+            "1",
+        ],
+    )
+    try:
+        assert httpx.get(f"{server.url}/healthz").json()["kinds"] == ["math"]
+        code = {
+            "id": 1,
+            "kind": "code",
+            "response": "print(1)",
+            "tests": {"type": "stdio", "cases": [{"stdout": "1"}]},
+        }
+        r = httpx.post(f"{server.url}/v1/verify", json={"items": [code]})
+        assert r.status_code == 422
+        assert r.json()["detail"][0]["field"] == "items.0.kind"
+        assert "disabled" in r.json()["detail"][0]["msg"]
+        r = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "python"})
+        assert r.status_code == 422
         server.assert_serving()
     finally:
         server.proc.stop()
