@@ -401,3 +401,18 @@ def test_jsonl_points_keep_the_newest(tmp_path: Path) -> None:
     pts = log.points("loss")
     assert len(pts) == 2000 and pts[-1] == [2499.0, 2499.0]
     assert time.perf_counter() - t0 < 5
+
+
+def test_dashboard_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import dynamo_rl.dashboard.cli, dynamo_rl.dashboard.server, dynamo_rl.dashboard.sources\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
