@@ -6,10 +6,12 @@ started on version v finishes on version v; requests queued behind an update run
 weights. No response is ever sampled from a half-updated model, and no lock is needed.
 
 Batching is static: when the engine is idle, the first request waits ``batch_wait_s`` for others
-to arrive, then every queued sequence (prompts x n, up to ``max_batch_size``) is prefilled
-together with left padding and decoded step by step sharing one ``DynamicCache``. Finished rows
-are dropped from the cache as they finish, so long tails do not pay for short ones. Requests
-arriving mid-batch wait for the next batch (no continuous batching: simpler, and enough for CPU).
+to arrive (again while a burst keeps arriving, up to 20 windows), then every queued sequence
+(prompts x n, up to ``max_batch_size``) is prefilled together with left padding and decoded step
+by step sharing one ``DynamicCache``. Finished rows are dropped from the cache as they finish, so
+long tails do not pay for short ones. Requests arriving mid-batch wait for the next batch (no
+continuous batching: simpler, and enough for CPU). The sequences of one request never straddle a
+weight update: an update queued behind a request runs after all of that request's sequences.
 
 Sampling per row: temperature (0 = greedy), top-k, top-p, and a per-row ``torch.Generator`` when
 a seed is given, so a seeded request gives the same tokens whatever else shares its batch (up to
@@ -195,9 +197,7 @@ class BatchGenerator:
                     self._queue.popleft()
                 self._run_task(head)
                 continue
-            # Let requests that arrive together join one batch.
-            if self.batch_wait_s > 0:
-                time.sleep(self.batch_wait_s)
+            self._gather()
             batch = self._take_batch()
             if batch:
                 self._run_batch(batch)
@@ -208,6 +208,22 @@ class BatchGenerator:
         for item in left:
             if not item.future.done():
                 item.future.set_exception(RuntimeError("engine shut down"))
+
+    def _gather(self) -> None:
+        """Let requests that arrive together join one batch.
+
+        Wait ``batch_wait_s``; while more sequences keep arriving (a burst of requests still
+        being parsed by the HTTP server) and the batch is not full, wait again, up to 20 windows.
+        """
+        if self.batch_wait_s <= 0:
+            return
+        seen = self.pending()
+        for _ in range(20):
+            time.sleep(self.batch_wait_s)
+            now = self.pending()
+            if now == seen or now >= self.max_batch_size:
+                return
+            seen = now
 
     def _run_task(self, task: _Task) -> None:
         try:

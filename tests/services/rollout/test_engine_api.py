@@ -39,7 +39,7 @@ def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     proc, url = start_engine(
         model_dir,
         tmp_path_factory.mktemp("engine-api"),
-        "engine.batch_wait_ms=100",
+        "engine.batch_wait_ms=25",
         "engine.max_new_tokens=200",
         "engine.register_in_redis=false",
     )
