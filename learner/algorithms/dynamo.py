@@ -95,6 +95,8 @@ def dynamo_modulate(
     ``multiplier_mean`` (over valid tokens) and ``beta_comp_mean_pos`` (over valid A > 0 tokens).
     """
     params = dynamo_params(preset, **overrides)
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
     for name, t in (("logp", logp), ("old_logp", old_logp), ("entropy", entropy), ("mask", mask)):
         if t.shape != advantages.shape:
             raise ValueError(

@@ -49,6 +49,10 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     """
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL kind {kind!r}; known: {', '.join(KL_KINDS)}")
+    if logp.shape != ref_logp.shape:  # a silent broadcast would compare the wrong tokens
+        raise ValueError(
+            f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {tuple(ref_logp.shape)}"
+        )
     d = _f32(logp) - _f32(ref_logp)
     if kind == "k1":
         return d

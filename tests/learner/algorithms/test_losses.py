@@ -47,6 +47,20 @@ def test_k3_clamps_ratio_and_result():
 def test_kl_unknown_kind_lists_known():
     with pytest.raises(ValueError, match="k3"):
         kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
+    with pytest.raises(ValueError, match="ref_logp"):
+        kl_penalty(torch.zeros(2, 3), torch.zeros(1, 3), "k1")
+
+
+def test_bfloat16_inputs_are_upcast():
+    logp = torch.tensor([[-1.0, -2.0]]).bfloat16().requires_grad_()
+    old = torch.tensor([[-1.1, -2.0]]).bfloat16()
+    adv = torch.tensor([[1.0, -1.0]]).bfloat16()
+    loss, _ = policy_loss(logp, old, adv, torch.ones(1, 2), clip_low=0.2, clip_high=0.2)
+    assert loss.dtype == torch.float32
+    ref, _ = policy_loss(logp.float(), old.float(), adv.float(), torch.ones(1, 2))
+    assert loss.item() == pytest.approx(ref.item())
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert grad.dtype == torch.bfloat16
 
 
 @settings(max_examples=100, deadline=None)
