@@ -14,7 +14,7 @@ from dynamo_rl.metrics import ServiceMetrics
 
 __all__ = ["DISTRIBUTION_SAMPLE", "AllocatorMetrics"]
 
-DISTRIBUTION_SAMPLE = 32
+DISTRIBUTION_SAMPLE = 16
 METHODS = ("Allocate", "ReportOutcomes", "GetStats", "ResetNamespace", "ExportNamespace")
 COUNT_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 48, 64, 128)
 PRIORITY_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6)
