@@ -145,9 +145,13 @@ class RolloutWorker:
         raw = await self._redis(lambda: self.redis.get(weight_version_key(self.namespace)))
         return int(raw) if raw is not None else 0
 
+    async def _sleep(self, reason: str) -> None:
+        """One poll interval of a wait, counted in wait_seconds_total as it happens."""
+        await asyncio.sleep(self.cfg.poll_interval_s)
+        self.metrics.wait_seconds.labels(reason).inc(self.cfg.poll_interval_s)
+
     async def wait_for_fresh_weights(self) -> int:
         """Block until the engines are at most ``max_staleness`` behind; returns their version."""
-        started = time.monotonic()
         reason = ""
         while True:
             latest = await self.learner_version()
@@ -158,21 +162,21 @@ class RolloutWorker:
                 self.metrics.staleness.set(staleness)
                 self.metrics.weight_version.set(oldest)
                 if staleness <= self.cfg.max_staleness:
-                    if reason:
-                        self._waited(reason, time.monotonic() - started)
                     return oldest
                 if reason != "staleness":
                     log.info(
                         "engines at weight version %d, learner at %d (max_staleness %d): "
                         "waiting for the push", oldest, latest, self.cfg.max_staleness,
                     )  # fmt: skip
+                    self.metrics.waits.labels("staleness").inc()
                 reason = "staleness"
             else:
                 if reason != "engine":
                     log.warning("no engine replica reports a weight version; waiting")
+                    self.metrics.waits.labels("engine").inc()
                 reason = "engine"
                 await self.discover_engines()
-            await asyncio.sleep(self.cfg.poll_interval_s)
+            await self._sleep(reason)
 
     async def pending_groups(self) -> int:
         """Groups in the stream the learner has not acknowledged (all of them before it joins)."""
@@ -199,22 +203,20 @@ class RolloutWorker:
     async def wait_for_room(self) -> None:
         if not self.cfg.max_pending_groups:
             return
-        started = time.monotonic()
-        logged = False
+        waiting = False
         while True:
             pending = await self.pending_groups()
             self.metrics.pending_groups.set(pending)
             if pending < self.cfg.max_pending_groups:
-                if logged:
-                    self._waited("backpressure", time.monotonic() - started)
                 return
-            if not logged:
+            if not waiting:
                 log.info(
                     "stream holds %d unconsumed groups (max_pending_groups %d): pausing",
                     pending, self.cfg.max_pending_groups,
                 )  # fmt: skip
-                logged = True
-            await asyncio.sleep(self.cfg.poll_interval_s)
+                self.metrics.waits.labels("backpressure").inc()
+                waiting = True
+            await self._sleep("backpressure")
 
     async def discover_engines(self) -> int:
         """Add engines registered in Redis that the pool lacks; returns how many were added."""

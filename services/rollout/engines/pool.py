@@ -79,7 +79,9 @@ class EnginePool:
         replica.failures += 1
         delay = min(self.backoff_s * 2 ** (replica.failures - 1), self.backoff_max_s)
         replica.benched_until = time.monotonic() + delay
-        log.warning("engine %s failed (%s); benched for %.1fs", replica.engine.url, error, delay)
+        # Warn once per outage; a replica that stays down would otherwise flood the log.
+        level = logging.WARNING if replica.failures == 1 else logging.DEBUG
+        log.log(level, "engine %s failed (%s); benched for %.1fs", replica.engine.url, error, delay)
         if self._on_failure is not None:
             self._on_failure(replica.engine.url, error)
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -368,3 +370,33 @@ def test_engines_registered_in_redis_join_the_pool(make_worker, redis_url, engin
     asyncio.run(run_and_close(worker, 1))
     assert worker.pool.urls == [dead, engine]
     assert len(stream_groups(redis_url)) == 3
+
+
+def test_rollout_command_stops_cleanly_on_sigterm_while_waiting(redis_url, dataset, tmp_path):
+    from learner.tiny_model import build_char_tokenizer
+
+    build_char_tokenizer().save_pretrained(tmp_path / "tok")
+    metrics_port = free_port()
+    argv = dynamo_rl_argv(
+        "rollout", "--dataset", str(dataset), "--tokenizer", str(tmp_path / "tok"),
+        "--metrics-port", str(metrics_port), "rollout.backoff_s=0.1", "rollout.backoff_max_s=0.2",
+    )  # fmt: skip
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "ENGINE_URLS": f"http://127.0.0.1:{free_port()}",  # no engine: the worker waits
+        "ALLOCATOR_ADDR": f"127.0.0.1:{free_port()}",
+        "REWARD_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    proc = ServiceProcess("rollout", argv, tmp_path / "rollout.log", env=env, cwd=REPO).start()
+    try:
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        proc.wait_ready(
+            lambda: 'dynamo_rollout_waits_total{reason="engine"}' in httpx.get(url).text,
+            timeout=60,
+        )
+        proc.signal(signal.SIGTERM)
+        assert proc.proc is not None and proc.proc.wait(timeout=30) == 0
+        assert "stopped after 0 batches" in proc.log_tail()
+    finally:
+        proc.stop()
