@@ -32,16 +32,39 @@ import httpx  # noqa: E402
 from dynamo_rl.procs import ServiceProcess, free_port, http_ok  # noqa: E402
 from services.reward.sandbox import RunLimits, Sandbox  # noqa: E402
 
-MATH_ANSWERS = [
-    (r"The answer is \boxed{\frac{1}{2}}.", "0.5"),
-    (r"So \boxed{3}", "3"),
-    (r"\boxed{x^2+2x+1}", "(x+1)^2"),
-    (r"Answer: 42", "41"),
-    (r"\boxed{[1, 2)}", "[1,2)"),
-    (r"\boxed{50\%}", "0.5"),
-    (r"\boxed{\sqrt{8}}", r"2\sqrt{2}"),
-    (r"no answer here", "7"),
-]
+
+def math_answer(k: int, symbolic: bool = False) -> tuple[str, str]:
+    """A (response, ground truth) pair; ``k`` makes every answer distinct, so math-verify's
+    parse caches cannot flatter the figure.
+
+    The numeric mix is what GSM8K/MATH-style rollouts mostly produce (one in eight wrong, one in
+    eight without an answer); the symbolic mix (polynomials, intervals, sets, radicals) is where
+    sympy's simplification costs 0.1-0.6 s an item.
+    """
+    kind = k % 8
+    if symbolic:
+        if kind % 4 == 0:
+            return rf"\boxed{{x^2+{2 * k}x+{k * k}}}", f"(x+{k})^2"
+        if kind % 4 == 1:
+            return rf"\boxed{{[{k}, {k + 1})}}", f"[{k},{k + 1})"
+        if kind % 4 == 2:
+            return rf"\boxed{{\{{{k}, {k + 2}\}}}}", rf"\{{{k + 2},{k}\}}"
+        return rf"\boxed{{\sqrt{{{4 * k}}}}}", rf"2\sqrt{{{k}}}"
+    if kind == 0:
+        return rf"The answer is \boxed{{\frac{{{k}}}{{2}}}}.", str(k / 2)
+    if kind == 1:
+        return rf"So the total is \boxed{{{k}}}.", str(k)
+    if kind == 2:
+        return f"Adding up, we get {k} apples.\nAnswer: {k}", str(k)
+    if kind == 3:
+        return rf"\boxed{{{k + 1}}}", str(k)
+    if kind == 4:
+        return rf"\boxed{{{k}.25}}", f"{k}.25"
+    if kind == 5:
+        return rf"\boxed{{{k}\%}}", str(k / 100)
+    if kind == 6:
+        return rf"\boxed{{\$ {k}}}", str(k)
+    return "I am not sure.", str(k)
 
 
 def start_server(workdir: Path) -> tuple[ServiceProcess, str]:
@@ -65,23 +88,36 @@ def start_server(workdir: Path) -> tuple[ServiceProcess, str]:
     return proc, url
 
 
-def math_items(n: int, offset: int = 0) -> list[dict[str, object]]:
-    out = []
-    for i in range(n):
-        resp, gt = MATH_ANSWERS[(i + offset) % len(MATH_ANSWERS)]
-        # A distinct number per item keeps math-verify's parse caches from flattering the figure.
-        k = i + offset
-        out.append({"id": k, "kind": "math", "response": f"Step {k}. {resp}", "ground_truth": gt})
-    return out
+def math_items(n: int, offset: int = 0, symbolic: bool = False) -> list[dict[str, object]]:
+    items = []
+    for k in range(offset, offset + n):
+        response, truth = math_answer(k, symbolic)
+        items.append({"id": k, "kind": "math", "response": response, "ground_truth": truth})
+    return items
 
 
-def bench_math(url: str, total: int) -> float:
-    client = httpx.Client(timeout=120)
-    client.post(f"{url}/v1/verify", json={"items": math_items(8)})  # warm up
+def bench_math_in_process(n: int, symbolic: bool) -> float:
+    """Baseline: math-verify called directly, one thread, on the same kind of items."""
+    import logging
+
+    from services.reward.math_answer import score_math
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    score_math(r"\boxed{1}", "1", "last_boxed")
+    items = math_items(n, 2 * 10**6, symbolic)
+    start = time.perf_counter()
+    for item in items:
+        score_math(str(item["response"]), str(item["ground_truth"]), "last_boxed")
+    return n / (time.perf_counter() - start)
+
+
+def bench_math(url: str, total: int, symbolic: bool = False) -> float:
+    client = httpx.Client(timeout=300)
+    client.post(f"{url}/v1/verify", json={"items": math_items(8, 10**6)})  # warm up
     start = time.perf_counter()
     done = 0
     while done < total:
-        r = client.post(f"{url}/v1/verify", json={"items": math_items(32, done)})
+        r = client.post(f"{url}/v1/verify", json={"items": math_items(32, done, symbolic)})
         r.raise_for_status()
         done += 32
     rate = done / (time.perf_counter() - start)
@@ -127,7 +163,7 @@ async def bench_latency(url: str, clients: int, per_client: int) -> tuple[float,
 
     async def one_client(c: int, client: httpx.AsyncClient) -> None:
         for i in range(per_client):
-            item = math_items(1, c * 1000 + i)
+            item = math_items(1, 10**5 + c * 1000 + i)
             t = time.perf_counter()
             r = await client.post(f"{url}/v1/verify", json={"items": item})
             latencies.append(time.perf_counter() - t)
@@ -168,8 +204,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(Path(tmp))
         try:
-            rate = bench_math(url, 128 if q else 512)
-            print(f"math: {rate:.0f} items/s with 2 workers ({rate / 2:.0f} items/s per worker)")
+            for symbolic, n in ((False, 64 if q else 256), (True, 32 if q else 64)):
+                mix = "symbolic" if symbolic else "numeric"
+                rate = bench_math(url, n, symbolic)
+                base = bench_math_in_process(16 if q else 32, symbolic)
+                print(
+                    f"math ({mix} mix): {rate:.1f} items/s with 2 workers; in-process "
+                    f"math-verify on one thread {base:.1f} items/s -> {rate / base:.2f}x"
+                )
             runs = asyncio.run(bench_code(url, 40 if q else 160))
             print(
                 f"code: {runs:.1f} sandboxed runs/s of a trivial Python program "
