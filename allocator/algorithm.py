@@ -100,7 +100,7 @@ def allocate_rollouts(
     """Responses per prompt (int64[N]) summing to the budget clipped to [N·n_min, N·n_max].
 
     ``sample_counts`` (G) and ``success_counts`` (k) may be floats (statistics with decay).
-    With ``return_priorities`` the priorities (−1 for explored prompts) come back too.
+    With ``return_priorities`` the priorities (−1 for prompts still explored) come back too.
     """
     g = np.asarray(sample_counts, dtype=np.float64).reshape(-1)
     k = np.asarray(success_counts, dtype=np.float64).reshape(-1)
@@ -144,7 +144,7 @@ def allocate_rollouts(
             spare = 0
 
     # Step 3: the rest by priority. Eligible prompts are done exploring, so step 1 gave them nothing
-    # and sits at n_min with the same room (n_max − n_min): both schemes are then
+    # and they all sit at n_min with the same room (n_max − n_min): both schemes are then
     # x_i = clip(λ·p_i − a, 0, room), with a = 0 (reference) or a = n_min (water-level).
     if spare > 0:
         eligible = p > 0  # UNEXPLORED is negative
