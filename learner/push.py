@@ -18,6 +18,7 @@ Engines come from the Redis registry ``engines_key(ns)`` (each engine registers 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -225,17 +226,20 @@ class DistributedPush:
             if is_main and not error:
                 try:
                     for t in fulls:
-                        self.group.broadcast([t.to(self.device).contiguous()], 0).wait()
+                        self.group.broadcast(t.to(self.device).contiguous(), 0).wait()
                         nbytes += t.numel() * t.element_size()
                 except Exception as e:
                     error = f"broadcast failed: {e}"
             del fulls
+        if is_main and error:
+            # Tear the group down first: an engine blocked in its receive then fails at once
+            # instead of holding its HTTP answer until the timeout. A broken group is never reused.
+            self.close()
         if is_main and join is not None:
             errors = join()
             if errors and not error:
                 error = "; ".join(errors)
-        if error and is_main:
-            self.close()  # a broken group is never reused
+                self.close()
         ok = torch.tensor([0 if error else 1])
         if dist.get_world_size() > 1:
             dist.broadcast(ok, 0)
@@ -243,7 +247,7 @@ class DistributedPush:
 
     def close(self) -> None:
         if self.group is not None:
-            with _suppress():
+            with contextlib.suppress(Exception):
                 self.group.shutdown()
         self.group, self._store, self.engines = None, None, ()
 
@@ -298,11 +302,3 @@ def discover_engines(redis_client: Any, engines_key: str) -> list[str]:
             pass
         urls.append(url)
     return sorted(set(urls))
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return True
