@@ -247,10 +247,14 @@ class PromptSampler:
         while len(batch) < size:
             if self._pos >= len(self._order):
                 self._new_epoch()
-            r = self.records[self._order[self._pos]]
+            index = self._order[self._pos]
             self._pos += 1
-            # Across an epoch boundary a prompt could come twice; one group per prompt per batch.
-            if r.prompt_id not in taken:
-                taken.add(r.prompt_id)
-                batch.append(r)
+            r = self.records[index]
+            if r.prompt_id in taken:
+                # Across an epoch boundary a prompt could come twice in one batch; serve it later
+                # in this epoch instead, so every epoch still covers every prompt exactly once.
+                self._order.append(index)
+                continue
+            taken.add(r.prompt_id)
+            batch.append(r)
         return batch

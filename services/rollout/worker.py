@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -303,13 +304,11 @@ class RolloutWorker:
                 self.pool.generate(
                     tokens,
                     size,
-                    Sampling(
-                        **{
-                            **self.sampling.__dict__,
-                            "seed": request_seed(
-                                self.sampling.seed, self.worker_id, batch_index, prompt_id, chunk
-                            ),
-                        }
+                    dataclasses.replace(
+                        self.sampling,
+                        seed=request_seed(
+                            self.sampling.seed, self.worker_id, batch_index, prompt_id, chunk
+                        ),
                     ),
                 )
                 for chunk, size in enumerate(sizes)
@@ -370,7 +369,7 @@ class RolloutWorker:
             responses = []
             for j, s in enumerate(group):
                 res = by_id[f"{batch_index}:{p}:{j}"]
-                reward = float(res.get("score", 0.0))
+                reward = float(res.get("score") or 0.0)
                 correct = bool(res.get("correct", False))
                 rewards.append(reward)
                 corrects += correct

@@ -125,9 +125,13 @@ def test_sampler_covers_each_epoch_shards_and_never_repeats_in_a_batch() -> None
     epoch = [r.prompt_id for _ in range(5) for r in sampler.next_batch(2)]
     assert sorted(epoch) == sorted(str(i) for i in range(10))
     assert epoch != [str(i) for i in range(10)]  # shuffled
-    for _ in range(20):
+    served: list[str] = []
+    for _ in range(10):
         batch = sampler.next_batch(3)  # 10 is not a multiple of 3: batches straddle epochs
         assert len({r.prompt_id for r in batch}) == 3
+        served += [r.prompt_id for r in batch]
+    # 30 draws are exactly three more epochs: every prompt served three times, none dropped.
+    assert sorted(served) == sorted(str(i) for i in range(10) for _ in range(3))
     shards = [PromptSampler(records, num_shards=3, shard=k).records for k in range(3)]
     ids = [r.prompt_id for shard in shards for r in shard]
     assert sorted(ids) == sorted(str(i) for i in range(10))
