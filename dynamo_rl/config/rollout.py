@@ -98,8 +98,9 @@ class RolloutConfig(Section):
     # Reward service.
     reward_timeout_s: Seconds = 120.0
     """Deadline of one /v1/verify request."""
-    reward_batch_items: Annotated[int, Field(ge=1)] = 512
-    """Most items per /v1/verify request."""
+    reward_batch_items: Annotated[int, Field(ge=1)] = 256
+    """Most items per /v1/verify request (keep it <= the reward service's reward.code.max_pending
+    for code datasets: a larger request is refused whole)."""
     reward_max_wait_s: Annotated[float, Field(ge=0)] = 0.0
     """How long to keep retrying an unreachable reward service before failing (0: forever);
     nothing is pushed unscored either way."""

@@ -37,7 +37,7 @@ class RewardClient:
         url: str,
         *,
         timeout_s: float = 120.0,
-        batch_items: int = 512,
+        batch_items: int = 256,
         backoff_s: float = 0.5,
         backoff_max_s: float = 10.0,
         max_wait_s: float = 0.0,
