@@ -30,6 +30,7 @@ from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
 from learner.tiny_model import build_tiny_model
 from services.rollout.engines import SGLangEngine
+from services.rollout.reward_client import RewardClient, RewardRequestError
 from services.rollout.worker import RolloutWorker, build_worker, split_count
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.services.rollout.engine_util import load_reference, reference_logprobs, start_engine
@@ -400,3 +401,35 @@ def test_rollout_command_stops_cleanly_on_sigterm_while_waiting(redis_url, datas
         assert "stopped after 0 batches" in proc.log_tail()
     finally:
         proc.stop()
+
+
+def test_reward_client_matches_results_by_id_and_refuses_bad_items(reward_server):
+    url = reward_server.start()
+    items = [
+        {"id": "a", "kind": "math", "response": "so \\boxed{4}", "ground_truth": "4"},
+        {"id": "b", "kind": "math", "response": "\\boxed{5}", "ground_truth": "4"},
+        {"id": "c", "kind": "math", "response": "no answer", "ground_truth": "4"},
+    ]
+
+    async def go() -> list[dict]:
+        client = RewardClient(url, batch_items=2)  # two requests
+        try:
+            return await client.verify(items)
+        finally:
+            await client.aclose()
+
+    results = asyncio.run(go())
+    assert [r["id"] for r in results] == ["a", "b", "c"]
+    assert [r["correct"] for r in results] == [True, False, False]
+    assert results[0]["score"] == 1.0 and results[2]["format_ok"] is False
+
+    async def bad() -> None:
+        client = RewardClient(url)
+        try:
+            await client.verify([{"id": "x", "kind": "poem", "response": "", "ground_truth": ""}])
+        finally:
+            await client.aclose()
+
+    with pytest.raises(RewardRequestError, match="422") as info:
+        asyncio.run(bad())
+    assert "kind" in str(info.value)
