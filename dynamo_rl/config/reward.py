@@ -24,6 +24,9 @@ class RewardMathConfig(Section):
     scores 0 with reason ``timeout``."""
     max_pending: Annotated[int, Field(ge=1)] = 4096
     """Math items admitted at once (running + waiting); beyond this a request gets 429."""
+    memory_mb: Annotated[int, Field(ge=256)] = 4096
+    """Address-space limit of each worker (MiB): an answer that makes sympy allocate more
+    scores 0 instead of exhausting the host."""
 
 
 class RewardCodeConfig(Section):

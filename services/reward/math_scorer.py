@@ -40,7 +40,7 @@ class MathScorer(Scorer):
     def __init__(self, cfg: RewardConfig, metrics: RewardMetrics) -> None:
         super().__init__(cfg, metrics)
         mc = cfg.math
-        self.pool = MathPool(mc.workers, mc.timeout_s)
+        self.pool = MathPool(mc.workers, mc.timeout_s, memory_mb=mc.memory_mb)
         self._sem = asyncio.Semaphore(mc.workers)
         self._executor = ThreadPoolExecutor(mc.workers, thread_name_prefix="math")
         self._restarts_seen = 0
