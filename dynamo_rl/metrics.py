@@ -23,6 +23,13 @@ from prometheus_client import (
 __all__ = ["CONTENT_TYPE_LATEST", "LATENCY_BUCKETS", "ServiceMetrics"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "summary": ("", "_count", "_sum", "_created"),
+    "info": ("_info",),
+}
 LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -79,8 +86,13 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
     def names(self) -> set[str]:
-        """Every sample name this registry exposes (dashboards are checked against it)."""
-        return {s.name for m in self.registry.collect() for s in m.samples}
+        """Every sample name this registry exposes, now or once its labelled metrics are used
+        (a labelled metric has no sample until a label set is first used); dashboards are
+        checked against it."""
+        names = {s.name for m in self.registry.collect() for s in m.samples}
+        for family in self.registry.collect():
+            names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+        return names
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` on its own port (for non-HTTP services); returns the bound port."""

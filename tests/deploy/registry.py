@@ -4,7 +4,7 @@ Each service keeps all its metrics in one class in its ``metrics.py`` whose no-a
 holds a :class:`dynamo_rl.metrics.ServiceMetrics` in ``metrics``. :func:`service_registry` builds
 that class and returns every sample name it can expose. A labelled metric exposes no sample until a
 label set is first used, so the names are derived from each metric family's type as well as read
-from the samples present.
+from the samples present (``ServiceMetrics.names``).
 """
 
 from __future__ import annotations
@@ -25,24 +25,10 @@ METRIC_CLASSES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "learner": ("learner.metrics", ("LearnerMetrics",)),
 }
 
-_SUFFIXES = {
-    "counter": ("_total", "_created"),
-    "gauge": ("",),
-    "histogram": ("_bucket", "_count", "_sum", "_created"),
-    "summary": ("", "_count", "_sum", "_created"),
-    "info": ("_info",),
-    "stateset": ("",),
-    "enum": ("",),
-    "unknown": ("",),
-}
-
 
 def exposed_names(metrics: ServiceMetrics) -> set[str]:
     """Every sample name the registry exposes now or once its labelled metrics are used."""
-    names = set(metrics.names())
-    for family in metrics.registry.collect():
-        names.update(family.name + s for s in _SUFFIXES.get(family.type, ("",)))
-    return names
+    return metrics.names()
 
 
 @dataclass

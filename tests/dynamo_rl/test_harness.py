@@ -92,3 +92,11 @@ def test_sigterm_is_used_before_sigkill(tmp_path) -> None:
     assert proc.stop(grace=10) == 0
     assert marker.exists()
     assert signal.SIGTERM  # documented order: TERM first
+
+
+def test_metrics_names_include_unused_labelled_metrics() -> None:
+    m = ServiceMetrics("engine")
+    m.counter("errors_total", "errors", ["kind"])
+    m.histogram("wait_seconds", "waits", ["why"])
+    names = m.names()
+    assert {"dynamo_engine_errors_total", "dynamo_engine_wait_seconds_bucket"} <= names
