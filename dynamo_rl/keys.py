@@ -53,3 +53,11 @@ def consumed_key(namespace: str) -> str:
 def lease_key(namespace: str, worker_id: str) -> str:
     """A rollout worker's lease on the prompts it holds (expires if the worker dies)."""
     return f"{PREFIX}:lease:{_check(namespace)}:{worker_id}"
+
+
+def pushed_batch_key(namespace: str, batch_id: str) -> str:
+    """Marker of a rollout batch already in the stream (its entry ids), so a retried push after a
+    lost reply does not add the batch twice; expires after a day."""
+    if not batch_id or any(c.isspace() for c in batch_id):
+        raise ValueError(f"batch_id must be non-empty without whitespace, got {batch_id!r}")
+    return f"{PREFIX}:pushed:{_check(namespace)}:{batch_id}"

@@ -1,8 +1,8 @@
 """``dynamo-rl rollout``: run one rollout worker (dataset → allocator → engines → reward → stream).
 
 The config is parsed before anything heavy is imported, so ``--help`` and config mistakes answer at
-once. SIGTERM/SIGINT stop the worker between or inside a batch; a batch is pushed in one
-transaction, so an interrupted batch leaves nothing half-written in the stream.
+once. SIGTERM/SIGINT stop the worker between or inside a batch; a batch is pushed atomically
+(one Lua script), so an interrupted batch leaves nothing half-written in the stream.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ One batch, in order:
    results are matched back by id. The service being down means wait and retry: nothing is pushed
    unscored.
 5. **Report** ``(prompt_id, attempts, successes)`` to the allocator (kept and re-sent with the next
-   batch if the allocator is down), then **push** one ``TrajectoryGroup`` per prompt in a single
-   ``MULTI``/``EXEC`` so a batch lands whole or not at all.
+   batch if the allocator is down), then **push** one ``TrajectoryGroup`` per prompt with one Lua
+   script, so a batch lands whole or not at all, and at most once (see :meth:`RolloutWorker.push`).
 
 Each prompt's responses are gathered by that prompt's own task, so a group can only ever hold its
 own prompt's responses: counts and metadata cannot misalign (the reference code's repeat/metadata
@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 import zlib
@@ -45,7 +46,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup, encode_entry
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
-from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
+from dynamo_rl.keys import (
+    engines_key,
+    learner_group,
+    pushed_batch_key,
+    trajectory_stream,
+    weight_version_key,
+)
 from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler
 from services.rollout.engines import Engine, EnginePool, Sample, Sampling, make_engine
 from services.rollout.metrics import WorkerMetrics
@@ -55,6 +62,24 @@ __all__ = ["BatchResult", "RolloutWorker", "build_worker", "split_count"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+PUSH_MARKER_TTL_S = 86400
+
+# KEYS: stream, marker. ARGV: marker TTL, fields per entry x 2, then every entry's field pairs.
+PUSH_SCRIPT = """
+local done = redis.call('GET', KEYS[2])
+if done then return cjson.decode(done) end
+local width = tonumber(ARGV[2])
+local ids = {}
+for i = 3, #ARGV, width do
+  local fields = {}
+  for j = 0, width - 1 do fields[#fields + 1] = ARGV[i + j] end
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', unpack(fields))
+end
+redis.call('SET', KEYS[2], cjson.encode(ids), 'EX', tonumber(ARGV[1]))
+return ids
+"""
 
 
 def split_count(count: int, chunk: int) -> list[int]:
@@ -122,6 +147,8 @@ class RolloutWorker:
         self._unreported: dict[str, list[int]] = {}
         self._rendered: dict[str, tuple[str, list[int]]] = {}
         self.batches_done = 0
+        # Tells this run's batches from an earlier run of a worker with the same id.
+        self.session = secrets.token_hex(4)
 
     # -- waiting --------------------------------------------------------------------------------
 
@@ -325,6 +352,7 @@ class RolloutWorker:
 
     async def run_batch(self, batch_index: int) -> BatchResult:
         t0 = time.monotonic()
+        batch_id = f"{self.worker_id}:{self.session}:{batch_index}"
         await self.discover_engines()
         engine_version = await self.wait_for_fresh_weights()
         await self.wait_for_room()
@@ -408,14 +436,14 @@ class RolloutWorker:
                     worker_id=self.worker_id,
                     allocated_n=count,
                     priority=priority,
-                    batch_id=f"{self.worker_id}:{batch_index}",
+                    batch_id=batch_id,
                 )
             )
             outcomes.append((r.prompt_id, len(group), sum(resp.correct for resp in responses)))
 
         await self.report(outcomes)
         t_push = time.monotonic()
-        entry_ids = await self.push(groups)
+        entry_ids = await self.push(groups, batch_id)
         t_end = time.monotonic()
 
         m = self.metrics
@@ -445,19 +473,27 @@ class RolloutWorker:
         )  # fmt: skip
         return BatchResult(batch_index, groups, entry_ids, fallback)
 
-    async def push(self, groups: Sequence[TrajectoryGroup]) -> list[str]:
-        """XADD every group in one transaction; returns the entry ids."""
+    async def push(self, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
+        """XADD every group of a batch atomically and at most once; returns the entry ids.
+
+        One Lua script adds the entries and records their ids under ``pushed_batch_key``: if the
+        reply is lost (Redis restarted, connection cut) the retry finds the marker and returns the
+        same ids instead of adding the batch a second time.
+        """
         if not groups:
             return []
         entries = [encode_entry(g) for g in groups]
+        width = 2 * len(entries[0])
+        args: list[Any] = [PUSH_MARKER_TTL_S, width]
+        for fields in entries:
+            for key, value in fields.items():
+                args += [key, value]
+        keys = [self.stream, pushed_batch_key(self.namespace, batch_id)]
 
-        async def xadd_all() -> list[Any]:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                for fields in entries:
-                    pipe.xadd(self.stream, fields)
-                return await pipe.execute()
+        async def push_once() -> list[Any]:
+            return await self.redis.eval(PUSH_SCRIPT, len(keys), *keys, *args)
 
-        ids = await self._redis(xadd_all)
+        ids = await self._redis(push_once)
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 
     async def run(self, num_batches: int | None = None) -> int:

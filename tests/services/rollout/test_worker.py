@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -24,7 +25,7 @@ import torch
 
 from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
-from dynamo_rl.codec import TrajectoryGroup, decode_entry
+from dynamo_rl.codec import Response, TrajectoryGroup, decode_entry
 from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
@@ -228,7 +229,8 @@ def test_groups_decode_and_counts_equal_the_allocation(make_worker, redis_url, a
     assert [g.allocated_n for g in groups] == expected
     reference = load_reference(model)
     for g in groups:
-        assert g.namespace == NS and g.worker_id == "w0" and g.batch_id == "w0:0"
+        assert g.namespace == NS and g.worker_id == "w0"
+        assert re.fullmatch(r"w0:[0-9a-f]{8}:0", g.batch_id)
         assert g.data_source == "arith" and g.prompt_text.endswith("Assistant:")
         assert g.weight_version >= 0 and g.sampling.max_tokens == 8
         for r in g.responses:
@@ -433,3 +435,31 @@ def test_reward_client_matches_results_by_id_and_refuses_bad_items(reward_server
     with pytest.raises(RewardRequestError, match="422") as info:
         asyncio.run(bad())
     assert "kind" in str(info.value)
+
+
+def test_push_is_atomic_and_at_most_once_per_batch(make_worker, redis_url):
+    worker = make_worker(start_reward=False)
+    groups = [
+        TrajectoryGroup(
+            prompt_id=f"p{i}",
+            prompt_token_ids=[1],
+            responses=[Response(token_ids=[2, 3], logprobs=[-0.1, -0.2], reward=1.0)],
+        )
+        for i in range(3)
+    ]
+
+    async def go() -> tuple[list[str], list[str], list[str]]:
+        try:
+            first = await worker.push(groups, "w0:s:0")
+            again = await worker.push(groups, "w0:s:0")  # a retry after a lost reply
+            other = await worker.push(groups[:1], "w0:s:1")
+            return first, again, other
+        finally:
+            await worker.aclose()
+
+    first, again, other = asyncio.run(go())
+    assert len(first) == 3 and again == first and len(other) == 1
+    entries = stream_groups(redis_url)
+    assert [eid for eid, _g in entries] == first + other
+    assert [g.prompt_id for _eid, g in entries] == ["p0", "p1", "p2", "p0"]
+    assert entries[1][1].responses[0].logprobs == pytest.approx([-0.1, -0.2])
