@@ -34,7 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if lc.model is None:
         error = "learner.model: required (a Hugging Face model directory), e.g. learner.model=DIR"
     elif not (Path(lc.model) / "config.json").is_file():
-        error = f"learner.model: {lc.model!r} is not a Hugging Face model directory (no config.json)"
+        error = (
+            f"learner.model: {lc.model!r} is not a Hugging Face model directory (no config.json)"
+        )
     if error:
         print(f"dynamo-rl learner: {error}", file=sys.stderr)
         return EXIT_CONFIG

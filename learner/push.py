@@ -105,7 +105,11 @@ class _Posts:
                     url.rstrip("/") + path, json=body(i), headers=self.headers,
                     timeout=self.timeout_s,
                 )  # fmt: skip
-                results[i] = None if r.status_code == 200 else f"{url}{path}: HTTP {r.status_code} {r.text[:300]}"
+                results[i] = (
+                    None
+                    if r.status_code == 200
+                    else f"{url}{path}: HTTP {r.status_code} {r.text[:300]}"
+                )
             except Exception as e:  # reported to the caller, which decides what fails
                 results[i] = f"{url}{path}: {type(e).__name__}: {e}"
 

@@ -103,9 +103,9 @@ class RLTrainer(Trainer):
                 self.namespace,
                 vocab_size=self.vocab_size,
                 max_seq_len=self.lc.max_seq_len,
-                on_dead_letter=lambda _id, _reason: self.metrics.dead_letters.inc()
-                if self.metrics
-                else None,
+                on_dead_letter=lambda _id, _reason: (
+                    self.metrics.dead_letters.inc() if self.metrics else None
+                ),
             )
             self.reader.setup(committed=self.committed_ids)
 
@@ -216,7 +216,9 @@ class RLTrainer(Trainer):
         plan: list[list[MicroBatch]] = []
         for rows in minis:
             mine = rank_share(rows, env.rank, env.world_size)
-            splits = micro_splits(mine, lc.micro_batch_size, num_micro(rows, env.world_size, lc.micro_batch_size))
+            splits = micro_splits(
+                mine, lc.micro_batch_size, num_micro(rows, env.world_size, lc.micro_batch_size)
+            )
             plan.append([collate(samples, s, self.pad_id).to(env.device) for s in splits])
 
         # 1. Old (and reference) log-probs and values under the weights at batch start.
@@ -314,7 +316,9 @@ class RLTrainer(Trainer):
                     )
                     tok = mb.mask
                     if not mb.rows:  # a dummy keeps this rank in step with the others
-                        loss = logp.sum() * 0.0 + (values.sum() * 0.0 if values is not None else 0.0)
+                        loss = logp.sum() * 0.0 + (
+                            values.sum() * 0.0 if values is not None else 0.0
+                        )
                         t1 = time.perf_counter()
                         (loss * env.world_size).backward()
                         t_fwd += t1 - t0

@@ -16,7 +16,7 @@ class StepLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb: Any = None
         try:  # TensorBoard only when installed; the JSONL log is the source of truth.
-            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+            from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
         except Exception:

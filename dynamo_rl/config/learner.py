@@ -339,12 +339,12 @@ class LearnerConfig(Section):
                 f"learner.mini_batch_size ({mini}) must be <= learner.train_batch_size "
                 f"({self.train_batch_size})"
             )
-        if self.optim.schedule == "cosine" and self.optim.total_steps is None:
-            if self.max_steps is None:
-                raise ValueError(
-                    "learner.optim.schedule 'cosine' needs learner.optim.total_steps or "
-                    "learner.max_steps"
-                )
+        cosine = self.optim.schedule == "cosine"
+        if cosine and self.optim.total_steps is None and self.max_steps is None:
+            raise ValueError(
+                "learner.optim.schedule 'cosine' needs learner.optim.total_steps or "
+                "learner.max_steps"
+            )
         return self
 
     @property

@@ -30,7 +30,11 @@ def test_collate_left_pads_prompts_and_right_pads_responses() -> None:
         [0, 0, 5, 10, 11, 12],
         [0, 0, 4, 0, 0, 0],
     ]
-    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1], [0, 0, 1, 0, 0, 0]]
+    assert mb.attention_mask.tolist() == [
+        [1, 1, 1, 1, 1, 0],
+        [0, 0, 1, 1, 1, 1],
+        [0, 0, 1, 0, 0, 0],
+    ]
     assert mb.response_ids.tolist() == [[8, 9, 0], [10, 11, 12], [0, 0, 0]]
     assert mb.mask.tolist() == [[1, 1, 0], [1, 1, 1], [0, 0, 0]]
     assert mb.num_tokens == 5
@@ -46,11 +50,11 @@ def test_rank_shares_partition_and_micro_counts_agree(world: int) -> None:
     assert [len(m) for m in minis] == [6, 5]  # whole groups of three (the last one short)
     for rows in minis:
         shares = [rank_share(rows, r, world) for r in range(world)]
-        assert sum(shares, []) == rows
+        assert [i for s in shares for i in s] == rows
         n = num_micro(rows, world, micro=2)
         for share in shares:
             splits = micro_splits(share, 2, n)
-            assert len(splits) == n and sum(splits, []) == share
+            assert len(splits) == n and [i for s in splits for i in s] == share
 
 
 def test_lr_schedule() -> None:

@@ -25,7 +25,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_shipped_config_trains(config: str, tiny_model: Path, redis_url: str, tmp_path: Path) -> None:
+def test_shipped_config_trains(
+    config: str, tiny_model: Path, redis_url: str, tmp_path: Path
+) -> None:
     name = f"cfg-{config}"
     uniform = TrajectoryGroup(  # all rewards equal: DAPO's dynamic sampling must skip it
         prompt_id="same",

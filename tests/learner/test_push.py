@@ -45,8 +45,15 @@ def test_push_reaches_the_embedded_engine(
     port = free_port()
     service(
         "engine",
-        dynamo_rl_argv("engine", "--model", str(model), "--port", str(port),
-                       f"run.name={name}", f"endpoints.redis_url={redis_url}"),  # fmt: skip
+        dynamo_rl_argv(
+            "engine",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            f"run.name={name}",
+            f"endpoints.redis_url={redis_url}",
+        ),
         http_ok(f"http://127.0.0.1:{port}/health"),
         timeout=120,
     )
@@ -77,8 +84,14 @@ def test_push_reaches_the_embedded_engine(
 
     reply = httpx.post(
         f"{engine}/v1/completions",
-        json={"prompt": PROMPT, "max_tokens": 12, "temperature": 1.0, "seed": 3, "logprobs": 0,
-              "return_token_ids": True},  # fmt: skip
+        json={
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": 1.0,
+            "seed": 3,
+            "logprobs": 0,
+            "return_token_ids": True,
+        },
         timeout=60,
     ).json()
     choice = reply["choices"][0]

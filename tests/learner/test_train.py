@@ -61,9 +61,9 @@ def test_two_ranks_match_one_rank_and_the_loss_falls(
         # The poison entry went to the dead-letter stream; everything trained was acknowledged.
         dead = client.xrange(keys.dead_letter_stream(name))
         assert len(dead) == 1 and b"protobuf" in dead[0][1][b"reason"]
-        assert client.xpending(keys.trajectory_stream(name), keys.learner_group(name))[
-            "pending"
-        ] == 0
+        assert (
+            client.xpending(keys.trajectory_stream(name), keys.learner_group(name))["pending"] == 0
+        )
         client.close()
     two, one = records[2], records[1]
     for a, b in zip(two, one, strict=True):
@@ -118,7 +118,7 @@ def test_kill_after_checkpoint_resumes_to_the_same_loss(
     common = [*RECIPE, "learner.max_steps=4", "learner.stream.wait_timeout_s=120"]
 
     # Uninterrupted reference run.
-    write_groups(redis_url, "whole", sum(batches, []))
+    write_groups(redis_url, "whole", [g for b in batches for g in b])
     run_learner(2, [*base_overrides(tiny_model, tmp_path / "whole", redis_url, "whole"), *common],
                 tmp_path / "whole.log")  # fmt: skip
     whole = {r["step"]: r for r in read_log(tmp_path / "whole" / "metrics.jsonl")}
@@ -126,7 +126,7 @@ def test_kill_after_checkpoint_resumes_to_the_same_loss(
     # Same data, but only three batches exist yet: the learner checkpoints at step 2, trains step
     # 3 (not checkpointed) and waits for a fourth batch — then it is killed.
     overrides = [*base_overrides(tiny_model, tmp_path / "cut", redis_url, "cut"), *common]
-    write_groups(redis_url, "cut", sum(batches[:3], []))
+    write_groups(redis_url, "cut", [g for b in batches[:3] for g in b])
     proc = start_learner(2, overrides, tmp_path / "cut.log")
     try:
         _wait_for_step(tmp_path / "cut" / "metrics.jsonl", 3, proc)
