@@ -105,10 +105,8 @@ if os.fork() == 0:
 while True:
     pass
 """
-    started = time.monotonic()
     out = run(reward, code, timeout=1)
     assert out["run_result"]["status"] == "TimeLimitExceeded"
-    assert time.monotonic() - started < 10
     time.sleep(0.2)
     assert host_processes_with(marker) == [], "a sandboxed process survived its run"
     reward.assert_serving()
@@ -273,13 +271,12 @@ for target in (os.getppid(), 1, -1):
 
 
 def test_stdout_flood_is_truncated(reward: RewardServer) -> None:
-    started = time.monotonic()
-    out = run(reward, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", timeout=10)
+    out = run(reward, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", timeout=30)
     rr = out["run_result"]
     assert rr["truncated"] is True
     assert len(rr["stdout"]) <= 1 << 20
     assert "truncated" in out["message"]
-    assert time.monotonic() - started < 10  # stopped at the cap, not at the timeout
+    assert rr["status"] == "Error"  # stopped at the cap, not left to run into its timeout
     reward.assert_serving()
 
 

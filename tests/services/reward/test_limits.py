@@ -72,10 +72,8 @@ def test_full_kind_gets_429_with_retry_after(small: RewardServer) -> None:
 def test_hung_math_worker_scores_timeout_and_is_replaced(small: RewardServer) -> None:
     hang = {"id": "h", "kind": "math", "response": r"\boxed{9^{9^{9^{9^{9}}}}}",
             "ground_truth": "1"}  # fmt: skip
-    started = time.monotonic()
     res = verify(small, [hang]).json()["results"][0]
     assert (res["score"], res["correct"], res["reason"]) == (0.0, False, "timeout")
-    assert time.monotonic() - started < 30
     # The only worker was killed; its replacement scores the next item.
     assert verify(small, [{"id": 1, **MATH}]).json()["results"][0]["correct"] is True
     metrics = httpx.get(f"{small.url}/metrics").text
