@@ -65,3 +65,30 @@ def test_bad_config_names_the_key(args: tuple[str, ...], expected: str) -> None:
     assert out.returncode == 2, out.stderr
     assert expected in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_registers_and_unregisters_in_redis(redis_url: str, tmp_path: Path) -> None:
+    """A real engine registers at start and removes its entry on SIGTERM (graceful shutdown)."""
+    import json
+
+    import redis
+
+    from dynamo_rl.keys import engines_key
+    from learner.tiny_model import build_tiny_model
+    from tests.services.rollout.engine_util import start_engine
+
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
+                             num_kv_heads=1)  # fmt: skip
+    proc, url = start_engine(
+        model, tmp_path, f"endpoints.redis_url={redis_url}", "run.name=cli-test"
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entry = json.loads(client.hget(engines_key("cli-test"), url))
+        assert entry["url"] == url and entry["weight_version"] == 0
+        # uvicorn re-raises SIGTERM after its graceful shutdown, hence -15 rather than 0.
+        assert proc.stop() in (0, -15)
+        assert client.hget(engines_key("cli-test"), url) is None
+    finally:
+        proc.stop()
+        client.close()
