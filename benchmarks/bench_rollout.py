@@ -121,19 +121,19 @@ async def _measure(worker, args) -> int:
 
     try:
         await worker.run_batch(-1)  # warm-up: connections, tokenizer, model name, first batch
-        results, walls = [], []
-        for b in range(args.batches):
-            t0 = time.perf_counter()
-            results.append(await worker.run_batch(b))
-            walls.append(time.perf_counter() - t0)
-        groups = sum(len(r.groups) for r in results)
-        responses = sum(len(g.responses) for r in results for g in r.groups)
-        tokens = sum(len(x.token_ids) for r in results for g in r.groups for x in g.responses)
-        loop_s = sum(walls)
+        reg = worker.metrics.metrics.registry
 
-        # Baseline: the same prompts and counts, generation only.
-        base_tokens, base_s = 0, 0.0
-        for r in results:
+        def phase_sums() -> dict[str, float]:
+            return {
+                phase: reg.get_sample_value("dynamo_rollout_batch_seconds_sum", {"phase": phase})
+                or 0.0
+                for phase in ("allocate", "generate", "verify", "push", "total")
+            }
+
+        warm = phase_sums()
+
+        async def generation_only(r) -> tuple[int, float]:
+            """The same prompts and counts as batch ``r``, generation only."""
             t0 = time.perf_counter()
             out = await asyncio.gather(
                 *(
@@ -142,10 +142,24 @@ async def _measure(worker, args) -> int:
                     for size in split_count(len(g.responses), worker.cfg.max_n_per_request)
                 )
             )
-            base_s += time.perf_counter() - t0
-            base_tokens += sum(len(s.token_ids) for part in out for s in part)
+            return sum(len(s.token_ids) for part in out for s in part), time.perf_counter() - t0
 
-        reg = worker.metrics.metrics.registry
+        # Loop and baseline alternate batch by batch so load on a shared machine hits both alike.
+        results, walls = [], []
+        base_tokens, base_s = 0, 0.0
+        for b in range(args.batches):
+            t0 = time.perf_counter()
+            results.append(await worker.run_batch(b))
+            walls.append(time.perf_counter() - t0)
+            n_tok, seconds = await generation_only(results[-1])
+            base_tokens += n_tok
+            base_s += seconds
+        groups = sum(len(r.groups) for r in results)
+        responses = sum(len(g.responses) for r in results for g in r.groups)
+        tokens = sum(len(x.token_ids) for r in results for g in r.groups for x in g.responses)
+        loop_s = sum(walls)
+
+        sums = {k: v - warm[k] for k, v in phase_sums().items()}
         print(
             f"rollout loop: {args.batches} batches x {args.batch_size} prompts, n={args.n} (DRA), "
             f"max_tokens={args.max_tokens}, model hidden {args.hidden} x {args.layers} layers, "
@@ -156,11 +170,8 @@ async def _measure(worker, args) -> int:
         print(f"  tokens/s           {tokens / loop_s:8.1f}")
         print(f"  batch wall (median){statistics.median(walls):8.3f}s")
         for phase in ("allocate", "generate", "verify", "push"):
-            s = reg.get_sample_value("dynamo_rollout_batch_seconds_sum", {"phase": phase}) or 0.0
-            total = reg.get_sample_value("dynamo_rollout_batch_seconds_sum", {"phase": "total"})
-            print(
-                f"  phase {phase:9s}    {s:8.3f}s  ({100 * s / (total or 1):5.1f}% incl. warm-up)"
-            )
+            share = 100 * sums[phase] / (sums["total"] or 1)
+            print(f"  phase {phase:9s}    {sums[phase]:8.3f}s  ({share:5.1f}%)")
         base_rate = base_tokens / base_s if base_s else 0.0
         print(f"baseline (generation only, same prompts and counts): {base_rate:8.1f} tokens/s")
         ratio = (tokens / loop_s) / base_rate if base_rate else float("nan")
