@@ -33,28 +33,35 @@ from learner.algorithms import (
 )
 
 
-def timed(fn: Callable[[], object], repeats: int, device: torch.device) -> tuple[float, float]:
-    """Best (minimum) process CPU time and wall time of ``fn`` in seconds, after a warm-up call.
+def timed(
+    fns: dict[str, Callable[[], object]], repeats: int, device: torch.device
+) -> dict[str, tuple[float, float]]:
+    """Best (minimum) process CPU time and wall time of each function, in seconds.
 
-    The minimum, not the mean: on a shared machine the slow runs measure the neighbours. CPU time
-    (``time.process_time``) does not count the time this process waits for a core, so on a busy
-    machine it is the steadier figure; with one thread and nothing else running the two agree.
+    The functions run round-robin (after one warm-up call each), so a burst of load from the
+    neighbours hits all variants alike instead of one. The minimum, not the mean: the slow runs
+    measure the neighbours. CPU time (``time.process_time``) leaves out the time this process
+    waits for a core, so on a busy machine it is the steadier figure; with one thread on an idle
+    machine the two agree.
     """
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    fn()
-    sync()
-    cpu, wall = [], []
-    for _ in range(repeats):
-        w0, c0 = time.perf_counter(), time.process_time()
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    wall: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
         fn()
-        sync()
-        cpu.append(time.process_time() - c0)
-        wall.append(time.perf_counter() - w0)
-    return min(cpu), min(wall)
+    sync()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            sync()
+            cpu[name].append(time.process_time() - c0)
+            wall[name].append(time.perf_counter() - w0)
+    return {name: (min(cpu[name]), min(wall[name])) for name in fns}
 
 
 def main() -> None:
@@ -129,17 +136,19 @@ def main() -> None:
         f"device={device}, threads={torch.get_num_threads()}, best of {r}"
     )
     print(f"  {'':40s} {'cpu ms':>9s} {'wall ms':>9s}  ratio (cpu, wall)")
-    base = timed(plain, r, device)
+    fns = {"plain": plain, "ent": with_entropy_only, "dyn": with_dynamo, "read": one_pass}
+    fns["lse"] = lse_pass
+    if args.naive:
+        fns["naive"] = naive
+    figs = timed(fns, r, device)
+    figs["mod"] = timed({"mod": modulation}, max(r, 20), device)["mod"]
+    base = figs["plain"]
 
     def line(label: str, fig: tuple[float, float], note: str = "") -> None:
         ratios = f"{fig[0] / base[0]:.3f}, {fig[1] / base[1]:.3f}"
         print(f"  {label:40s} {fig[0] * 1e3:9.1f} {fig[1] * 1e3:9.1f}  {ratios}  {note}")
 
-    ent = timed(with_entropy_only, r, device)
-    dyn = timed(with_dynamo, r, device)
-    mod = timed(modulation, max(r, 20), device)
-    read = timed(one_pass, r, device)
-    lse = timed(lse_pass, r, device)
+    ent, dyn, mod, read, lse = (figs[k] for k in ("ent", "dyn", "mod", "read", "lse"))
     line("plain clipped loss, fwd+bwd", base, "(baseline)")
     line("+ entropy (fused), fwd+bwd", ent)
     line("+ entropy + dynamo_modulate, fwd+bwd", dyn)
@@ -154,7 +163,7 @@ def main() -> None:
             f"{100 * mod[i] / base[i]:.3f}% of plain (target < 5%)"
         )
     if args.naive:
-        line("naive log_softmax head, fwd+bwd", timed(naive, r, device))
+        line("naive log_softmax head, fwd+bwd", figs["naive"])
 
 
 if __name__ == "__main__":
