@@ -56,6 +56,13 @@ def check_prompt(v: Any, text_allowed: bool = True, ids_allowed: bool = True) ->
     return v
 
 
+def check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    """An empty stop string would match before the first token: refuse it."""
+    if v == "" or (isinstance(v, list) and any(s == "" for s in v)):
+        raise ValueError("stop strings must not be empty")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,6 +88,11 @@ class CompletionRequest(_Strict):
     echo: Literal[False] = False
     user: str | None = None
 
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: Any) -> Any:
+        return check_stop(v)
+
     @field_validator("prompt", mode="plain")
     @classmethod
     def _prompt(cls, v: Any) -> Any:
@@ -100,6 +112,11 @@ class SGLangSamplingParams(_Strict):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     sampling_seed: int | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: Any) -> Any:
+        return check_stop(v)
 
 
 class GenerateRequest(_Strict):

@@ -144,6 +144,15 @@ def test_stop_token_ids_and_stop_strings(engine: str, reference: torch.nn.Module
     assert len(r["token_ids"]) < len(greedy)
 
 
+def test_request_larger_than_a_batch(engine: str) -> None:
+    """n x prompts beyond engine.max_batch_size (64) is split over batches, answered whole."""
+    r = complete(engine, prompt=[[7, 8], [9]], n=40, max_tokens=2, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == list(range(80))
+    assert r.json()["usage"]["completion_tokens"] == 160
+
+
 def test_max_tokens_zero(engine: str) -> None:
     c = complete(engine, prompt=[5, 6], max_tokens=0, return_token_ids=True).json()["choices"][0]
     assert c["token_ids"] == [] and c["finish_reason"] == "length"
@@ -167,6 +176,7 @@ def test_max_tokens_zero(engine: str) -> None:
         ({"prompt": [1], "top_p": 0}, "top_p"),
         ({"prompt": [1], "temperature": -1}, "temperature"),
         ({"prompt": [1], "stream": True}, "stream"),
+        ({"prompt": [1], "stop": ["x", ""]}, "stop"),
     ],
 )
 def test_bad_requests_name_the_field(engine: str, body: dict, field: str) -> None:

@@ -152,7 +152,10 @@ def test_distributed_update_changes_outputs_and_version(
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.5)
+        # One tensor travels as bfloat16 (the engine casts on load): round it here as well.
+        new.model.norm.weight.copy_(new.model.norm.weight.to(torch.bfloat16).float())
     tensors = dict(new.state_dict())
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.bfloat16)
 
     rank0 = Rank0(engine)
     # A request in flight while the push happens must come from one version, never a mix.
