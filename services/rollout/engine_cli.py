@@ -36,28 +36,46 @@ def _parser() -> argparse.ArgumentParser:
         "--model", dest="engine.model", metavar="DIR", help="model directory (engine.model)"
     )
     p.add_argument(
-        "--host", dest="engine.host", help="address to bind (engine.host, default 127.0.0.1)"
+        "--host",
+        dest="engine.host",
+        metavar="HOST",
+        help="address to bind (engine.host, default 127.0.0.1)",
     )
     p.add_argument(
-        "--port", dest="engine.port", type=int, help="port (engine.port, default 8000; 0: free)"
+        "--port",
+        dest="engine.port",
+        type=int,
+        metavar="PORT",
+        help="port (engine.port, default 8000; 0: free)",
     )
     p.add_argument(
-        "--dtype", dest="engine.dtype", help="float32 | bfloat16 | float16 | auto (engine.dtype)"
+        "--dtype",
+        dest="engine.dtype",
+        metavar="DTYPE",
+        help="float32 | bfloat16 | float16 | auto (engine.dtype)",
     )
-    p.add_argument("--device", dest="engine.device", help="cpu | cuda (engine.device)")
+    p.add_argument(
+        "--device", dest="engine.device", metavar="DEVICE", help="cpu | cuda (engine.device)"
+    )
     p.add_argument(
         "--max-batch-size",
         dest="engine.max_batch_size",
         type=int,
+        metavar="N",
         help="sequences decoded together (engine.max_batch_size, default 64)",
     )
     p.add_argument(
         "--served-model-name",
         dest="engine.served_model_name",
+        metavar="NAME",
         help="name in /v1/models (engine.served_model_name)",
     )
     p.add_argument(
-        "--threads", dest="engine.threads", type=int, help="torch threads (engine.threads)"
+        "--threads",
+        dest="engine.threads",
+        type=int,
+        metavar="N",
+        help="torch threads (engine.threads)",
     )
     return p
 
