@@ -363,21 +363,24 @@ class BatchGenerator:
         if all(greedy):
             tokens = logits.argmax(-1)
         else:
-            scaled = logits / torch.tensor([t if t > 0 else 1.0 for t in temps])[:, None]
+            dev = logits.device
+            scaled = (
+                logits / torch.tensor([t if t > 0 else 1.0 for t in temps], device=dev)[:, None]
+            )
             top_ks = [s.params.top_k if 0 < s.params.top_k < vocab else 0 for s in seqs]
             if any(top_ks):
                 kmax = max(top_ks)
                 kth = torch.topk(scaled, kmax, dim=-1).values
-                idx = torch.tensor([(k or kmax) - 1 for k in top_ks])
+                idx = torch.tensor([(k or kmax) - 1 for k in top_ks], device=dev)
                 thresh = kth.gather(1, idx[:, None])
-                off = torch.tensor([k == 0 for k in top_ks])[:, None]
+                off = torch.tensor([k == 0 for k in top_ks], device=dev)[:, None]
                 scaled = scaled.masked_fill((scaled < thresh) & ~off, float("-inf"))
             top_ps = [s.params.top_p for s in seqs]
             if any(p < 1.0 for p in top_ps):
                 sorted_logits, order = scaled.sort(dim=-1, descending=True)
                 probs_sorted = sorted_logits.softmax(-1)
                 cum = probs_sorted.cumsum(-1)
-                p = torch.tensor(top_ps)[:, None]
+                p = torch.tensor(top_ps, device=dev)[:, None]
                 # Drop a token when the mass before it already reaches top_p (keeps >= 1 token).
                 drop_sorted = (cum - probs_sorted) >= p
                 drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
@@ -385,7 +388,7 @@ class BatchGenerator:
             probs = scaled.softmax(-1)
             # Exponential race (argmax p/E, E ~ Exp(1)) is exact categorical sampling and lets
             # each seeded row draw its noise from its own generator.
-            noise = torch.empty((n, vocab), dtype=probs.dtype)
+            noise = torch.empty((n, vocab), dtype=probs.dtype)  # CPU: generators live there
             unseeded = [r for r, s in enumerate(seqs) if s.generator is None]
             if unseeded:
                 noise[unseeded] = torch.empty(

@@ -114,6 +114,31 @@ def test_logprobs_match_fresh_forward(engine: str, reference: torch.nn.Module) -
     assert greedy == reference_greedy(reference, PROMPTS[0], 9)
 
 
+@torch.inference_mode()
+def _ranks(model: torch.nn.Module, prompt: list[int], tokens: list[int]) -> list[int]:
+    """Rank of each sampled token among the model's logits at its position (0 = argmax)."""
+    logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0]
+    rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
+    chosen = rows.gather(1, torch.tensor(tokens)[:, None])
+    return (rows > chosen).sum(-1).tolist()
+
+
+def test_top_k_and_top_p_restrict_sampling(engine: str, reference: torch.nn.Module) -> None:
+    prompt = PROMPTS[1]
+    common = {"prompt": prompt, "max_tokens": 8, "ignore_eos": True, "return_token_ids": True}
+    greedy = reference_greedy(reference, prompt, 8)
+    for extra in ({"top_k": 1}, {"top_p": 1e-6}):
+        r = complete(engine, temperature=1.0, n=3, **common, **extra).json()
+        assert all(c["token_ids"] == greedy for c in r["choices"]), extra
+    r = complete(engine, temperature=2.0, n=6, top_k=3, seed=1, **common).json()
+    ranks = [k for c in r["choices"] for k in _ranks(reference, prompt, c["token_ids"])]
+    assert max(ranks) <= 2 and len(set(ranks)) > 1
+    # Without the restriction the same seed reaches further down the distribution.
+    r = complete(engine, temperature=2.0, n=6, seed=1, **common).json()
+    ranks = [k for c in r["choices"] for k in _ranks(reference, prompt, c["token_ids"])]
+    assert max(ranks) > 2
+
+
 def test_seed_is_reproducible(engine: str) -> None:
     a = complete(engine, prompt=PROMPTS[1], n=2, max_tokens=12, seed=5, return_token_ids=True)
     b = complete(engine, prompt=PROMPTS[1], n=2, max_tokens=12, seed=5, return_token_ids=True)
