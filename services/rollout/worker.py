@@ -120,6 +120,7 @@ class RolloutWorker:
         metrics: WorkerMetrics | None = None,
         engine_factory: Callable[[str], Engine] | None = None,
         engines_namespace: str | None = None,
+        allocator_factory: Callable[[], Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.namespace = namespace
@@ -132,6 +133,7 @@ class RolloutWorker:
         self.allocator = allocator
         self.metrics = metrics or WorkerMetrics()
         self.engine_factory = engine_factory
+        self.allocator_factory = allocator_factory
         self.engines_namespace = engines_namespace or namespace
         self.stream = trajectory_stream(namespace)
         self.group = learner_group(namespace)
@@ -282,6 +284,7 @@ class RolloutWorker:
                 "allocator unavailable (%s); uniform n=%d for this batch", _short(e), self.cfg.n
             )
             self.metrics.allocator_fallbacks.inc()
+            await self._reset_allocator()
             return *uniform, True
         if len(result.counts) != len(prompt_ids):
             log.error(
@@ -292,6 +295,16 @@ class RolloutWorker:
             self.metrics.allocator_fallbacks.inc()
             return *uniform, True
         return list(result.counts), list(result.priorities), False
+
+    async def _reset_allocator(self) -> None:
+        """Replace the client after a failure: a gRPC channel that failed to connect backs off
+        reconnecting for up to minutes, while a fresh one tries at once, so DRA resumes with the
+        first batch after the allocator is back."""
+        if self.allocator_factory is None or self.allocator is None:
+            return
+        old = self.allocator
+        self.allocator = self.allocator_factory()
+        await asyncio.to_thread(old.close)
 
     async def report(self, outcomes: Sequence[tuple[str, int, int]]) -> None:
         for pid, attempts, successes in outcomes:
@@ -310,6 +323,7 @@ class RolloutWorker:
                 len(batch),
             )
             self.metrics.report_failures.inc()
+            await self._reset_allocator()
             return
         self._unreported.clear()
 
@@ -598,12 +612,14 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
     )
     from allocator.client import AllocatorClient
 
-    allocator = AllocatorClient(
-        cfg.endpoints.allocator_addr,
-        timeout_s=rc.allocator_timeout_s,
-        retries=1,
-        control_token=token,
-    )
+    def allocator_factory() -> AllocatorClient:
+        return AllocatorClient(
+            cfg.endpoints.allocator_addr,
+            timeout_s=rc.allocator_timeout_s,
+            retries=1,
+            control_token=token,
+        )
+
     return RolloutWorker(
         cfg=rc,
         namespace=rc.namespace or cfg.run.name,
@@ -613,7 +629,8 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         pool=pool,
         reward=reward,
         redis=aioredis.Redis.from_url(cfg.endpoints.redis_url, socket_timeout=10.0),
-        allocator=allocator,
+        allocator=allocator_factory(),
+        allocator_factory=allocator_factory,
         metrics=metrics,
         engine_factory=engine_factory,
         engines_namespace=cfg.run.name,

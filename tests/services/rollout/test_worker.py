@@ -463,3 +463,38 @@ def test_push_is_atomic_and_at_most_once_per_batch(make_worker, redis_url):
     assert [eid for eid, _g in entries] == first + other
     assert [g.prompt_id for _eid, g in entries] == ["p0", "p1", "p2", "p0"]
     assert entries[1][1].responses[0].logprobs == pytest.approx([-0.1, -0.2])
+
+
+def test_allocator_back_means_dynamic_counts_again(make_worker, redis_server, redis_url, tmp_path):
+    port = free_port()
+    worker = make_worker("rollout.allocator_timeout_s=1", allocator=f"127.0.0.1:{port}")
+    argv = dynamo_rl_argv(
+        "allocator", "--redis-url", redis_server, "--port", str(port), "--metrics-port", "0",
+    )  # fmt: skip
+    proc = ServiceProcess("allocator2", argv, tmp_path / "allocator.log", cwd=REPO)
+
+    async def go() -> None:
+        try:
+            await worker.run_batch(0)  # allocator down: uniform
+            await asyncio.to_thread(
+                lambda: proc.start().wait_ready(grpc_healthy(f"127.0.0.1:{port}", SERVICE_NAME))
+            )
+            await worker.run_batch(1)
+        finally:
+            await worker.aclose()
+
+    try:
+        asyncio.run(go())
+        assert metric(worker, "dynamo_rollout_allocator_fallbacks_total") == 1
+        # The kept outcomes of the first batch reached the allocator with the second batch's.
+        assert worker._unreported == {}
+        first, second = {}, {}
+        for _eid, g in stream_groups(redis_url):
+            (first if g.batch_id.endswith(":0") else second)[g.prompt_id] = g
+        with AllocatorClient(f"127.0.0.1:{port}") as client:
+            stats = client.get_stats(NS, sorted(set(first) | set(second)))
+    finally:
+        proc.stop()
+    for s in stats:
+        attempts = sum(len(b[s.prompt_id].responses) for b in (first, second) if s.prompt_id in b)
+        assert s.samples == attempts
