@@ -56,6 +56,7 @@ import dataclasses
 import json
 import logging
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -277,9 +278,10 @@ class Sandbox:
     def _kill(proc: subprocess.Popen[bytes], status_raw: bytes = b"") -> None:
         """SIGKILL the sandbox: its pid-namespace init first, then bwrap's process group.
 
-        Killing the init makes the kernel kill every process of the namespace and finish before
-        the init is reaped, so once bwrap has exited nothing of the run is left. (Killing only
-        the outer bwrap would leave that to the asynchronous parent-death signal.)
+        Killing the init makes the kernel kill every process of the namespace before the init
+        finishes exiting; waiting for that makes the cleanup synchronous. (Killing only the outer
+        bwrap would leave it to the asynchronous parent-death signal: processes could outlive
+        the call by a moment.)
         """
         init_pid = _child_pid(status_raw)
         if init_pid is not None and proc.poll() is None:
@@ -289,6 +291,9 @@ class Sandbox:
                     # The pidfd pins the process; check it is still bwrap's child, not a reused pid.
                     if _parent_pid(init_pid) == proc.pid:
                         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                        # The pidfd turns readable once the init has exited, which the kernel
+                        # lets happen only after every process of its namespace is gone.
+                        select.select([pidfd], [], [], 10.0)
                 finally:
                     os.close(pidfd)
         with contextlib.suppress(ProcessLookupError, PermissionError):

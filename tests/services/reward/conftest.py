@@ -1,4 +1,4 @@
-"""A real reward server (``dynamo-rl reward`` under uvicorn) per test module, on a free port.
+"""A real reward server (``dynamo-rl reward`` under uvicorn) on a free port, shared by the tests.
 
 Tests talk to it over HTTP only. ``SECRET_ENV`` is set in the server's environment so the
 sandbox tests can check that nothing of it reaches a sandboxed program.
@@ -57,9 +57,10 @@ def start_reward_server(log_dir: Path, overrides: Sequence[str] = ()) -> RewardS
     return RewardServer(url, proc)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def reward(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer]:
-    """One server per test module with the default config (2 math workers, 2 sandboxes)."""
+    """One default-config server (2 math workers, 2 sandboxes) shared by this folder's modules;
+    modules that need other limits start their own with :func:`start_reward_server`."""
     server = start_reward_server(tmp_path_factory.mktemp("reward"))
     try:
         yield server
