@@ -114,3 +114,34 @@ CASES: list[tuple[str, str, str, bool, str]] = [
     (r"unbalanced \boxed{\frac{1}{2}", "1/2", B, False, "no_answer"),
     ("", "3", M, False, "no_answer"),
 ]
+
+# math-verify's own regression cases (huggingface/Math-Verify, tests/test_all.py, MIT licence)
+# as a yardstick for the math_verify mode: (ground truth, response, expected correct).
+MATH_VERIFY_YARDSTICK: list[tuple[str, str, bool]] = [
+    ("$9$", "Answer \\[ 9 \\]", True),
+    ("$9$", "Answer $ 9 $", True),
+    ("$9$", "Answer $$ 9 $$", True),
+    ("$9$", "Answer \\( 9 \\)", True),
+    ("$10$", "Answer \\( (9+1) \\)", True),
+    ("$9$", "Answer \\[ \n 9 \n \\]", True),
+    ("$10/9$", "Answer $ \\frac{1}{2} \\$ = \\frac{10}{9} $", True),
+    ("$1/3$", "$\\frac13 $", True),
+    ("$1$", "$\\frac3{3} $", True),
+    ("$\\sqrt{3}$", "$\\sqrt3 $", True),
+    ("$1/3$", "$\\cfrac{1}{3} $", True),
+    ("$1/3$", "$\\left( \\frac{1}{3} \\right)$", True),
+    ("$1/3$", "$\\frac{1}{3} \\text{meters}$", True),
+    ("$1/3$", "$k = \\frac{1}{3}$", True),
+    ("$28\\%$", "28 percent", True),
+    ("$28\\%$", "$28$ %", True),
+    ("$28\\%$", "$\\boxed{28}$ pct", True),
+    ("$0.28$", "28", False),
+    ("$28$", "28/100", False),
+    ("$[0,9)$", "$[0,1)$", False),
+    ("$(0,9)$", "$[0,9)$", False),
+    ("$2-2p$", "If $2-x=p$, then $x=2-p$. Thus $x-p=\\boxed{2-2p}$.", True),
+    ("$\\frac{14}{3}$", r"$f(-2)+f(-1)+f(0)=2+\frac{5}{3}+1=\boxed{\frac{14}{3}}$", True),
+    ("$\\text{Evelyn}$", r"Therefore, $\boxed{\text{Evelyn}}$ is our answer.", True),
+    ("10/9", "\\frac{10}{9}", True),
+    ("-10/9", "-\\frac{10}{9}", True),
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.services.reward.conftest import RewardServer
-from tests.services.reward.math_cases import CASES
+from tests.services.reward.math_cases import CASES, MATH_VERIFY_YARDSTICK
 
 
 @pytest.mark.parametrize(("response", "ground_truth", "mode", "correct", "reason"), CASES)
@@ -19,6 +19,17 @@ def test_math_case(
     assert res["reason"] == reason, res
     assert res["score"] == (1.0 if correct else 0.0)
     assert res["format_ok"] is (reason != "no_answer")
+
+
+@pytest.mark.parametrize(("ground_truth", "response", "correct"), MATH_VERIFY_YARDSTICK)
+def test_math_verify_mode_yardstick(
+    reward: RewardServer, ground_truth: str, response: str, correct: bool
+) -> None:
+    res = reward.one(
+        {"kind": "math", "response": response, "ground_truth": ground_truth,
+         "extraction": "math_verify"}
+    )  # fmt: skip
+    assert res["correct"] is correct, res
 
 
 def test_batch_keeps_item_order(reward: RewardServer) -> None:
