@@ -44,6 +44,10 @@ Not covered — say so plainly
   cgroup; size the machine or run the service in a memory-limited container;
 - CPU and memory-bandwidth contention with other sandboxes (no cgroup CPU quota), timing side
   channels, and reading what ``/usr`` and ``/proc`` reveal about the host (kernel version, CPU);
+- math items: they never reach the sandbox. math-verify parses hostile text in worker processes
+  running as the service's user, bounded by an address-space limit and the hard timeout only;
+  a bug in its LaTeX parser or in sympy is reachable (its plain-expression path feeds sympy only
+  digits and operators, never identifiers, so it does not evaluate Python names);
 - hosts where unprivileged user namespaces are disabled: bwrap fails and the service refuses to
   run code at start-up unless started with ``--unsafe-no-sandbox``, which keeps only rlimits, a
   temporary directory and the wall-clock kill (no isolation at all — trusted code only).
