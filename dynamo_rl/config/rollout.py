@@ -124,6 +124,7 @@ class RolloutConfig(Section):
     """Longest retry delay."""
 
     sampling: SamplingConfig = SamplingConfig()
+    """Sampling parameters of every generation request."""
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutConfig:
