@@ -3,7 +3,8 @@
 Row layouts (both file formats accept both):
 
 - verl: ``prompt`` as chat messages (``[{"role": "user", "content": ...}]``), ``data_source``,
-  ``reward_model.ground_truth``, ``extra_info.index``;
+  ``reward_model.ground_truth``, ``extra_info.index``, and ``ability`` (its value is the reward
+  kind when it is ``math`` or ``code``);
 - flat: ``prompt`` as text or messages, ``ground_truth`` (or ``answer``), optional ``id``,
   ``data_source``, ``kind`` (``math`` | ``code``); code rows carry ``tests`` (and ``language``).
 
@@ -85,7 +86,13 @@ def record_from_row(
         raise DatasetError(f"{where}: missing field 'prompt'")
     prompt = _messages(row["prompt"], where)
     data_source = str(row.get("data_source") or "data")
-    kind = str(row.get("kind") or _get(row, "extra_info.kind") or default_kind)
+    ability = row.get("ability")  # verl's field: "math", "code", or free text such as "reasoning"
+    kind = str(
+        row.get("kind")
+        or _get(row, "extra_info.kind")
+        or (ability if ability in ("math", "code") else None)
+        or default_kind
+    )
     if kind not in ("math", "code"):
         raise DatasetError(f"{where}: kind must be 'math' or 'code', got {kind!r}")
     truth = _get(row, "reward_model.ground_truth")

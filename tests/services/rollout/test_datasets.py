@@ -54,6 +54,17 @@ def test_jsonl_flat_rows_and_code_rows(tmp_path: Path) -> None:
     assert b.prompt_id == "code-1" and b.kind == "code"
     assert b.reward_extra == {"tests": tests, "language": "python"}
     assert c.prompt_id == "data-2"
+    verl_code = {
+        "prompt": "p",
+        "ability": "code",
+        "reward_model": {"ground_truth": '{"type": "assert", "code": "assert f()"}'},
+    }
+    code = record_from_row(verl_code, 0)
+    assert code.kind == "code" and code.reward_extra["tests"] == {
+        "type": "assert",
+        "code": "assert f()",
+    }
+    assert record_from_row({"prompt": "p", "ability": "reasoning", "answer": "1"}, 0).kind == "math"
 
 
 @pytest.mark.parametrize(
