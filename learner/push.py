@@ -47,6 +47,9 @@ class PushResult:
     bytes: int
     seconds: float
     error: str = ""
+    gather_seconds: float = 0.0  # all-gathering FSDP shards into full tensors (every rank)
+    send_seconds: float = 0.0  # rank 0's broadcasts to the engines
+    answer_seconds: float = 0.0  # after the last broadcast, until every engine answered
 
     @property
     def gb_per_s(self) -> float:
@@ -225,8 +228,12 @@ class DistributedPush:
         if failed.item():
             return PushResult(False, len(engines), 0, time.perf_counter() - t0, error)
         nbytes = 0
+        t_gather = t_send = 0.0
         for bucket in _buckets(params, self.bucket_bytes):
+            t1 = time.perf_counter()
             fulls = [_full(p) for _, p in bucket]
+            t2 = time.perf_counter()
+            t_gather += t2 - t1
             if is_main and not error:
                 try:
                     for t in fulls:
@@ -234,7 +241,9 @@ class DistributedPush:
                         nbytes += t.numel() * t.element_size()
                 except Exception as e:
                     error = f"broadcast failed: {e}"
+            t_send += time.perf_counter() - t2
             del fulls
+        t_answer = time.perf_counter()
         if is_main and error:
             # Tear the group down first: an engine blocked in its receive then fails at once
             # instead of holding its HTTP answer until the timeout. A broken group is never reused.
@@ -244,10 +253,14 @@ class DistributedPush:
             if errors and not error:
                 error = "; ".join(errors)
                 self.close()
+        t_answer = time.perf_counter() - t_answer
         ok = torch.tensor([0 if error else 1])
         if dist.get_world_size() > 1:
             dist.broadcast(ok, 0)
-        return PushResult(bool(ok.item()), len(engines), nbytes, time.perf_counter() - t0, error)
+        return PushResult(
+            bool(ok.item()), len(engines), nbytes, time.perf_counter() - t0, error,
+            gather_seconds=t_gather, send_seconds=t_send, answer_seconds=t_answer,
+        )  # fmt: skip
 
     def close(self) -> None:
         if self.group is not None:

@@ -154,6 +154,9 @@ class Trainer:
                     record["push_ok"] = result.ok
                     record["push_seconds"] = result.seconds
                     record["push_gb_per_s"] = result.gb_per_s
+                    record["push_gather_seconds"] = result.gather_seconds
+                    record["push_send_seconds"] = result.send_seconds
+                    record["push_answer_seconds"] = result.answer_seconds
             record["step"] = self.step
             record["weight_version"] = self.weight_version
             record["time_step"] = time.perf_counter() - t0
