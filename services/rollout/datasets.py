@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynamo_rl.prompts import render_prompt, uses_chat_template
+
 __all__ = [
     "DatasetError",
     "PromptRecord",
@@ -32,6 +34,7 @@ __all__ = [
     "PromptSampler",
     "load_records",
     "record_from_row",
+    "reward_item",
 ]
 
 
@@ -182,37 +185,28 @@ def load_records(
 
 
 class PromptRenderer:
-    """Turns a record's prompt into (text, token ids) with a tokenizer."""
+    """Turns a record's prompt into (text, token ids) with a tokenizer, by the one rendering the
+    learner's supervised mode and evaluation share (:mod:`dynamo_rl.prompts`)."""
 
     def __init__(self, tokenizer: Any, template: str = "auto") -> None:
-        if template not in ("auto", "chat", "plain"):
-            raise ValueError(f"prompt_template must be auto, chat or plain, got {template!r}")
-        has_template = bool(getattr(tokenizer, "chat_template", None))
-        if template == "chat" and not has_template:
-            raise ValueError(
-                "rollout.prompt_template is 'chat' but the tokenizer has no chat template; "
-                "use 'plain' or 'auto'"
-            )
+        try:
+            uses_chat_template(tokenizer, template)
+        except ValueError as e:
+            raise ValueError(f"rollout.prompt_template: {e}; use 'plain' or 'auto'") from None
         self.tokenizer = tokenizer
-        self.use_chat = template == "chat" or (template == "auto" and has_template)
-
-    @staticmethod
-    def plain(messages: Sequence[Mapping[str, str]]) -> str:
-        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-        return "\n".join([*lines, "Assistant:"])
+        self.template = template
 
     def render(self, prompt: str | list[dict[str, str]]) -> tuple[str, list[int]]:
-        if isinstance(prompt, str):
-            # Raw text is the prompt verbatim: the dataset already chose its format.
-            return prompt, list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        if self.use_chat:
-            text = self.tokenizer.apply_chat_template(
-                prompt, tokenize=False, add_generation_prompt=True
-            )
-            # The template already wrote any BOS; adding special tokens would double it.
-            return text, list(self.tokenizer.encode(text, add_special_tokens=False))
-        text = self.plain(prompt)
-        return text, list(self.tokenizer.encode(text, add_special_tokens=True))
+        return render_prompt(self.tokenizer, prompt, self.template)
+
+
+def reward_item(record: PromptRecord, item_id: str, response: str) -> dict[str, Any]:
+    """The reward service item that scores ``response`` to ``record`` (``POST /v1/verify``)."""
+    item: dict[str, Any] = {"id": item_id, "kind": record.kind, "response": response}
+    if record.kind == "math":
+        item["ground_truth"] = record.ground_truth
+    item.update(record.reward_extra)
+    return item
 
 
 class PromptSampler:

@@ -53,7 +53,7 @@ from dynamo_rl.keys import (
     trajectory_stream,
     weight_version_key,
 )
-from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler
+from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, reward_item
 from services.rollout.engines import Engine, EnginePool, Sample, Sampling, make_engine
 from services.rollout.metrics import WorkerMetrics
 from services.rollout.reward_client import RewardClient
@@ -357,13 +357,6 @@ class RolloutWorker:
         )
         return [s for part in parts for s in part]
 
-    def reward_item(self, record: PromptRecord, item_id: str, sample: Sample) -> dict[str, Any]:
-        item: dict[str, Any] = {"id": item_id, "kind": record.kind, "response": sample.text}
-        if record.kind == "math":
-            item["ground_truth"] = record.ground_truth
-        item.update(record.reward_extra)
-        return item
-
     async def run_batch(self, batch_index: int) -> BatchResult:
         t0 = time.monotonic()
         batch_id = f"{self.worker_id}:{self.session}:{batch_index}"
@@ -390,7 +383,7 @@ class RolloutWorker:
 
         t_ver = time.monotonic()
         items = [
-            self.reward_item(r, f"{batch_index}:{p}:{j}", s)
+            reward_item(r, f"{batch_index}:{p}:{j}", s.text)
             for p, (r, group) in enumerate(zip(records, samples, strict=True))
             for j, s in enumerate(group)
         ]
