@@ -1,0 +1,170 @@
+"""``dynamo-rl eval``: held-out accuracy of a model, sampled on engines, scored by the reward service.
+
+Two ways to run it:
+
+- ``dynamo-rl eval --model DIR --data FILE``: self-contained; it starts an embedded engine on the
+  model and a reward service on free ports, evaluates, and stops them.
+- ``dynamo-rl eval --config run.yaml --data FILE``: against the running engines
+  (``endpoints.engine_urls``) and reward service (``endpoints.reward_url``) — what ``dynamo-rl up``
+  does before and after RL.
+
+For each of the first ``--limit`` prompts it samples ``--n`` responses and reports
+``avg@n`` (the mean fraction of correct samples per prompt: pass@1 estimated from n samples;
+``accuracy`` in the output), ``pass@n`` (any sample correct) and the same by ``data_source``.
+With ``--temperature 0`` and ``--n 1`` it is greedy pass@1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dynamo_rl.cli import parse_config, service_parser
+from dynamo_rl.config import ExperimentConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = service_parser("eval", __doc__.splitlines()[0].split(": ", 1)[1])
+    parser.add_argument("--data", required=True, metavar="FILE",
+                        help="held-out prompts (JSONL or verl parquet)")  # fmt: skip
+    parser.add_argument("--model", metavar="DIR",
+                        help="evaluate this model on engine and reward processes of its own")  # fmt: skip
+    parser.add_argument("--n", type=int, default=4, help="samples per prompt (default 4)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="evaluate the first N prompts only (0: all)")  # fmt: skip
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sampling temperature (default: rollout.sampling.temperature)")  # fmt: skip
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="prompts in flight at once (default 16)")  # fmt: skip
+    parser.add_argument("--out", metavar="FILE", help="also write the result as JSON here")
+    return parser
+
+
+async def evaluate(
+    cfg: ExperimentConfig,
+    data: str,
+    *,
+    n: int,
+    limit: int,
+    temperature: float,
+    concurrency: int,
+    tokenizer_dir: str,
+) -> dict[str, Any]:
+    import asyncio
+
+    from services.rollout.datasets import PromptRenderer, load_records, reward_item
+    from services.rollout.engines import EnginePool, Sampling, make_engine
+    from services.rollout.reward_client import RewardClient
+    from services.rollout.worker import load_tokenizer
+
+    rc = cfg.rollout
+    records = load_records(data, rc.dataset_format, rc.default_kind)
+    if limit:
+        records = records[:limit]
+    renderer = PromptRenderer(load_tokenizer(tokenizer_dir), rc.prompt_template)
+    pool = EnginePool(
+        [make_engine(u, engine_api=rc.engine_api, weight_api=rc.weight_api, model=rc.model_name,
+                     timeout_s=rc.request_timeout_s) for u in cfg.endpoints.engine_urls],
+        max_wait_s=60.0,
+    )  # fmt: skip
+    reward = RewardClient(cfg.endpoints.reward_url, timeout_s=rc.reward_timeout_s, max_wait_s=60.0)
+    s = rc.sampling
+    sampling = Sampling(
+        max_tokens=s.max_tokens, temperature=temperature, top_p=s.top_p, top_k=s.top_k,
+        stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids), seed=cfg.run.seed,
+    )  # fmt: skip
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(record) -> list[float]:
+        async with gate:
+            _text, ids = renderer.render(record.prompt)
+            samples = await pool.generate(ids, n, sampling)
+            items = [
+                reward_item(record, f"{record.prompt_id}/{j}", x.text)
+                for j, x in enumerate(samples)
+            ]
+            results = await reward.verify(items)
+            return [1.0 if r["correct"] else 0.0 for r in results]
+
+    try:
+        scores = await asyncio.gather(*(one(r) for r in records))
+        versions = await pool.weight_versions()
+    finally:
+        await pool.aclose()
+        await reward.aclose()
+    by_source: dict[str, list[list[float]]] = {}
+    for record, sc in zip(records, scores, strict=True):
+        by_source.setdefault(record.data_source, []).append(sc)
+
+    def summary(groups: list[list[float]]) -> dict[str, float]:
+        return {
+            "accuracy": sum(sum(g) / len(g) for g in groups) / len(groups),
+            f"pass@{n}": sum(1.0 for g in groups if max(g) > 0) / len(groups),
+            "prompts": len(groups),
+        }
+
+    return {
+        **summary(scores),
+        "n": n,
+        "temperature": temperature,
+        "data": str(data),
+        "weight_versions": versions,
+        "by_data_source": {k: summary(v) for k, v in sorted(by_source.items())},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, cfg = parse_config(parser, argv)
+    if args.n < 1 or args.limit < 0 or args.concurrency < 1:
+        parser.error("--n and --concurrency must be >= 1 and --limit >= 0")
+    import asyncio
+
+    from dynamo_rl.procs import ServiceProcess, free_port, http_ok
+
+    procs: list[ServiceProcess] = []
+    tokenizer_dir = cfg.rollout.tokenizer or args.model or cfg.engine.model
+    if not tokenizer_dir:
+        print(
+            "dynamo-rl eval: give --model DIR, or rollout.tokenizer / engine.model", file=sys.stderr
+        )
+        return 2
+    try:
+        if args.model:
+            # Self-contained: an engine and a reward service of our own on free ports.
+            logs = Path(tempfile.mkdtemp(prefix="dynamo-eval-"))
+            ep, rp = free_port(), free_port()
+            cli = [sys.executable, "-m", "dynamo_rl.cli"]
+            engine = ServiceProcess("engine", [*cli, "engine", "--model", args.model, "--port",
+                                               str(ep), "engine.register_in_redis=false"],
+                                    logs / "engine.log").start()  # fmt: skip
+            rewardp = ServiceProcess("reward", [*cli, "reward", "--port", str(rp)],
+                                     logs / "reward.log").start()  # fmt: skip
+            procs += [engine, rewardp]
+            engine.wait_ready(http_ok(f"http://127.0.0.1:{ep}/health"), 180)
+            rewardp.wait_ready(http_ok(f"http://127.0.0.1:{rp}/healthz"), 180)
+            cfg.endpoints.engine_urls = [f"http://127.0.0.1:{ep}"]
+            cfg.endpoints.reward_url = f"http://127.0.0.1:{rp}"
+        temperature = (
+            args.temperature if args.temperature is not None else cfg.rollout.sampling.temperature
+        )
+        result = asyncio.run(
+            evaluate(cfg, args.data, n=args.n, limit=args.limit, temperature=temperature,
+                     concurrency=args.concurrency, tokenizer_dir=tokenizer_dir)
+        )  # fmt: skip
+    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+        print(f"dynamo-rl eval: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for p in procs:
+            p.stop()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
