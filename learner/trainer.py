@@ -27,7 +27,7 @@ import torch.distributed as dist
 from dynamo_rl import keys
 from dynamo_rl.config import ExperimentConfig
 from learner.checkpoint import CheckpointManager
-from learner.dist import DistEnv, init_distributed
+from learner.dist import DistEnv, broadcast_object, init_distributed
 from learner.metrics import LearnerMetrics
 from learner.model import (
     PolicyModel,
@@ -250,6 +250,13 @@ class Trainer:
         """Collective: push the weights as version ``step``; bumps the version in Redis."""
         version = self.step
         engines = self.engines()
+        # Every rank must agree to skip (the push is collective): no engine, no export either.
+        if not broadcast_object(len(engines)):
+            if self.env.is_main:
+                log.warning("no engines registered (%s); push of version %d skipped",
+                            self.lc.push.engines_from, version)  # fmt: skip
+            self._count_push(self.transport.name, "no_engines")
+            return None
         result = self.transport.push(self.model, version, engines)
         fallback = getattr(self, "_disk_fallback", None)
         if not result.ok and fallback is not None and self.transport is not fallback:

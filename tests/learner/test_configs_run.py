@@ -40,6 +40,7 @@ def test_shipped_config_trains(
         "learner.train_batch_size=2",
         "learner.mini_batch_size=1",
         "learner.max_steps=2",
+        "learner.push.every=1",  # no engine is registered: each push is skipped, not an error
     ]
     result = subprocess.run(
         dynamo_rl_argv("learner", "--config", str(REPO / "configs" / f"{config}.yaml"), *overrides),
@@ -48,6 +49,8 @@ def test_shipped_config_trains(
     assert result.returncode == 0, result.stderr[-4000:]
     records = read_log(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
+    assert "no engines registered (redis); push of version 2 skipped" in result.stderr
+    assert all("push_ok" not in r for r in records)
     for r in records:
         assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["tokens"] > 0
         assert len(r["update_losses"]) == 2 * (2 if config == "ppo" else 1)  # minis × epochs
