@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from dynamo_rl.cli import parse_config, service_parser
+from dynamo_rl.cli import EXIT_CONFIG, is_loopback, parse_config, service_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _args, cfg = parse_config(parser, argv)
+    token = cfg.endpoints.control_token
+    if not is_loopback(cfg.allocator.host) and not (token and token.get_secret_value()):
+        # ResetNamespace wipes a run's statistics: never expose it unauthenticated.
+        print(
+            f"dynamo-rl allocator: allocator.host: refusing to bind {cfg.allocator.host!r} (not "
+            "loopback) without a control token; set endpoints.control_token "
+            "(DYNAMO_CONTROL_TOKEN) or bind 127.0.0.1",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     logging.basicConfig(
         level=cfg.run.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -71,7 +81,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg.endpoints.redis_url, decay=acfg.decay, timeout_s=acfg.redis_timeout_s
     )
     metrics = AllocatorMetrics()
-    token = cfg.endpoints.control_token
     running = start_server(
         acfg, store, metrics, control_token=token.get_secret_value() if token else None
     )

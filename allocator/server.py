@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 import redis
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -339,6 +340,39 @@ class RunningServer:
         self.server.wait_for_termination()
 
 
+_REQUEST_TYPES: dict[str, Any] = {
+    "Allocate": (pb.AllocateRequest, pb.AllocateResponse),
+    "ReportOutcomes": (pb.ReportOutcomesRequest, pb.ReportOutcomesResponse),
+    "GetStats": (pb.GetStatsRequest, pb.GetStatsResponse),
+    "ResetNamespace": (pb.ResetNamespaceRequest, pb.ResetNamespaceResponse),
+    "ExportNamespace": (pb.ExportNamespaceRequest, pb.ExportNamespaceResponse),
+}
+
+
+def _add_allocator_servicer(service: AllocatorService, server: grpc.Server) -> None:
+    """``pb_grpc.add_AllocatorServicer_to_server``, but bytes that are not the request message are
+    INVALID_ARGUMENT naming the message (grpc's own deserializer answers INTERNAL)."""
+    handlers = {}
+    for method, (request_cls, response_cls) in _REQUEST_TYPES.items():
+
+        def handle(raw: bytes, context: grpc.ServicerContext, _m=method, _cls=request_cls) -> Any:
+            request = _cls()
+            try:
+                request.ParseFromString(raw)
+            except DecodeError as e:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"request: not a valid {_cls.DESCRIPTOR.full_name} message ({e})",
+                )
+            return getattr(service, _m)(request, context)
+
+        handlers[method] = grpc.unary_unary_rpc_method_handler(
+            handle, request_deserializer=None, response_serializer=response_cls.SerializeToString
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 def start_server(
     cfg: AllocatorConfig,
     store: StatsStore,
@@ -355,7 +389,7 @@ def start_server(
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.max_workers), options=options)
     health_servicer = health.HealthServicer()
     service = AllocatorService(cfg, store, metrics, health_servicer, control_token)
-    pb_grpc.add_AllocatorServicer_to_server(service, server)
+    _add_allocator_servicer(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server

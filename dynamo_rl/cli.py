@@ -41,6 +41,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 EXIT_CONFIG = 2
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a server reachable from this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def service_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A subcommand's parser with ``--config`` and trailing ``key.sub=value`` overrides."""
     parser = argparse.ArgumentParser(
