@@ -1,0 +1,683 @@
+"""Sample efficiency of DynaMO against uniform GRPO on the built-in ``arith`` task, in-process.
+
+Every method gets the same rollout budget per step (``batch_size`` prompts × ``n`` responses) and
+starts from the same warm-started checkpoint; each step is one on-policy update. Methods:
+
+- ``grpo``          uniform n per prompt, GRPO advantages, PPO-clip loss (the baseline);
+- ``alloc``         DynaMO allocation only: counts from ``allocator.allocate_rollouts`` (scheme
+                    ``reference``, priority ``variance``, statistics decay 1.0), same loss as grpo;
+- ``mod``           DynaMO modulation only: uniform counts, ``dynamo_modulate`` (preset decay6) on
+                    the GRPO advantages before the loss;
+- ``dynamo``        both (allocation as in ``alloc``, modulation as in ``mod``);
+- ``dynamo-wl-std`` both, allocator scheme ``water-level`` with priority ``std`` (n ∝ σ);
+- ``dynamo-decay``  both, statistics decay ``--decay`` (default 0.9).
+
+The methods run **in this process, not through the distributed services**: the same allocator
+function (``allocate_rollouts``), advantage, modulation and loss functions
+(``learner.algorithms``) and the reward service's math scorer (``score_math`` in ``last_boxed``
+mode, called in-process with a memo cache) as the services use — but generation is
+``model.generate`` on the policy itself and the per-prompt statistics live in a dict updated with
+the allocator's Redis semantics (on every report: samples, successes ← decay·old + new). Running the
+services (Redis, allocator, reward workers, an engine, the learner under torchrun) for 18 runs does
+not fit the 2 shared CPU cores this benchmark was measured on; the in-process loop measures the
+algorithm, not the plumbing.
+
+Statistics are updated online after every scored group, before the next step's allocation. Each
+(method, seed) run is one child process writing one JSON file into the cache folder, so an
+interrupted benchmark resumes where it stopped. The outputs (``--out``) are a JSON file with all
+curves, per-step logs and the summary, and a PNG of held-out accuracy against rollouts consumed.
+
+    .venv/bin/python benchmarks/sample_efficiency.py --quick          # smoke run, ~2 minutes
+    .venv/bin/python benchmarks/sample_efficiency.py                  # full benchmark
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One compared method: how rollouts are allocated and whether advantages are modulated."""
+
+    allocate: bool
+    modulate: bool
+    scheme: str = "reference"
+    priority: str = "variance"
+    decay: float = 1.0
+
+
+def method_specs(decay: float) -> dict[str, MethodSpec]:
+    return {
+        "grpo": MethodSpec(allocate=False, modulate=False),
+        "alloc": MethodSpec(allocate=True, modulate=False),
+        "mod": MethodSpec(allocate=False, modulate=True),
+        "dynamo": MethodSpec(allocate=True, modulate=True),
+        "dynamo-wl-std": MethodSpec(
+            allocate=True, modulate=True, scheme="water-level", priority="std"
+        ),
+        "dynamo-decay": MethodSpec(allocate=True, modulate=True, decay=decay),
+    }
+
+
+@dataclass
+class Settings:
+    """Everything a run depends on (hashed into the cache key)."""
+
+    # task
+    task_seed: int = 0
+    task_train: int = 3512
+    """Train rows drawn; the warm start uses those of the easy/medium tiers."""
+    train_prompts: int = 256
+    """RL prompt pool: the first rows of the train split (several epochs, so statistics matter)."""
+    test_prompts: int = 1000
+    # model and warm start
+    hidden_size: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    warm_steps: int = 1000
+    warm_batch: int = 64
+    warm_lr: float = 3e-3
+    # RL
+    steps: int = 64
+    batch_size: int = 16
+    n: int = 8
+    n_min: int = 4
+    n_max: int = 16
+    initial_budget: int = 8
+    mastery_threshold: float = 0.85
+    min_priority: float = 0.01
+    lr: float = 2e-4
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    grad_clip: float = 1.0
+    preset: str = "decay6"
+    temperature: float = 1.0
+    max_new_tokens: int = 12
+    # evaluation
+    eval_every: int = 8
+    eval_subset: int = 500
+    decay: float = 0.9
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def warm_key(self) -> str:
+        d = asdict(self)
+        keep = ["task_seed", "task_train", "test_prompts", "hidden_size", "layers", "heads"]
+        keep += ["kv_heads", "warm_steps", "warm_batch", "warm_lr"]
+        return hashlib.sha256(json.dumps({k: d[k] for k in keep}).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------------------------
+# Task, scoring
+
+
+def task_rows(s: Settings) -> tuple[list[dict], list[dict], list[dict]]:
+    """(RL train pool, SFT pool of easy/medium tiers, held-out test rows); test is disjoint."""
+    from dynamo_rl.tasks.arith import generate_rows
+
+    train, test = generate_rows(s.task_train, s.test_prompts, seed=s.task_seed)
+    rl_pool = train[: s.train_prompts]
+    sft = [r for r in train if r["extra_info"]["tier"] in ("easy", "medium", "medium-rev")]
+    sft += [r for r in train if r["extra_info"]["tier"] == "medium-sub"]
+    return rl_pool, sft, test
+
+
+_CANONICAL_INT = re.compile(r"-?(0|[1-9][0-9]*)")
+SCORER_CALLS = {"fast": 0, "math_verify": 0}
+
+
+@lru_cache(maxsize=200_000)
+def is_correct(response: str, ground_truth: str) -> bool:
+    """The reward service's ``last_boxed`` verdict, memoised (responses repeat a lot).
+
+    The answer is extracted with the service's own ``extract_last_boxed``. When both it and the
+    ground truth are canonical integers (no sign but a leading minus, no leading zeros — nearly
+    every response of this task) math-verify's verdict is plain equality of the strings, so that
+    is used; anything else goes through the service's ``score_math`` (math-verify) in-process.
+    """
+    from services.reward.math_answer import extract_last_boxed, score_math
+
+    answer = extract_last_boxed(response)
+    if answer is None:
+        SCORER_CALLS["fast"] += 1
+        return False
+    if _CANONICAL_INT.fullmatch(answer) and _CANONICAL_INT.fullmatch(ground_truth):
+        SCORER_CALLS["fast"] += 1
+        return answer == ground_truth
+    SCORER_CALLS["math_verify"] += 1
+    return bool(score_math(response, ground_truth, "last_boxed")["correct"])
+
+
+def prompt_text(row: dict) -> str:
+    from dynamo_rl.prompts import render_plain
+
+    return render_plain(row["prompt"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Model helpers
+
+
+def load(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype="float32")
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    return model, tok
+
+
+def warm_start(s: Settings, cache: Path) -> Path:
+    """Build the tiny model and train it on reference answers of the easy/medium tiers (cached)."""
+    import torch
+
+    from learner.tiny_model import build_tiny_model
+
+    out = cache / f"warm-{s.warm_key()}"
+    if (out / "done").exists():
+        return out
+    torch.set_num_threads(1)
+    build_tiny_model(
+        out,
+        hidden_size=s.hidden_size,
+        num_layers=s.layers,
+        num_heads=s.heads,
+        num_kv_heads=s.kv_heads,
+        seed=s.task_seed,
+    )
+    model, tok = load(out)
+    _, sft, _ = task_rows(s)
+    texts = [(prompt_text(r), r["extra_info"]["answer"]) for r in sft]
+    encoded = []
+    for p, a in texts:
+        pi = tok.encode(p)
+        ai = [*tok.encode(a), tok.eos_token_id]
+        encoded.append((pi, ai))
+    opt = torch.optim.AdamW(model.parameters(), lr=s.warm_lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(s.task_seed)
+    model.train()
+    t0 = time.time()
+    for step in range(s.warm_steps):
+        idx = torch.randint(len(encoded), (s.warm_batch,), generator=gen).tolist()
+        seqs = [encoded[i][0] + encoded[i][1] for i in idx]
+        width = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), width), tok.pad_token_id)
+        labels = torch.full((len(seqs), width), -100)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        for b, i in enumerate(idx):
+            p, a = encoded[i]
+            ids[b, : len(p) + len(a)] = torch.tensor(p + a)
+            labels[b, len(p) : len(p) + len(a)] = torch.tensor(a)
+            attn[b, : len(p) + len(a)] = 1
+        for g in opt.param_groups:  # short linear warm-up, then constant
+            g["lr"] = s.warm_lr * min(1.0, (step + 1) / 50)
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 200 == 0 or step == s.warm_steps - 1:
+            print(f"[warm] step {step} loss {loss.item():.4f} {time.time() - t0:.0f}s", flush=True)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "done").write_text("ok\n")
+    return out
+
+
+def generate(model, tok, prompts: list[str], *, greedy: bool, s: Settings, chunk: int = 512):
+    """Left-padded generation; returns (sequences [B, P+T], prompt width P) per chunk as a list."""
+    import torch
+
+    outs = []
+    for i in range(0, len(prompts), chunk):
+        enc = tok(prompts[i : i + chunk], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            seq = model.generate(
+                **enc,
+                do_sample=not greedy,
+                temperature=s.temperature if not greedy else None,
+                top_k=0 if not greedy else None,
+                top_p=1.0 if not greedy else None,
+                max_new_tokens=s.max_new_tokens,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        outs.append((seq, enc["input_ids"].shape[1], enc["attention_mask"]))
+    return outs
+
+
+def response_mask(resp, eos_id: int):
+    """1 up to and including the first EOS (generate pads after it)."""
+    import torch
+
+    is_eos = resp == eos_id
+    before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # EOS seen strictly before
+    return (before == 0).long()
+
+
+def decode_responses(tok, resp, mask) -> list[str]:
+    out = []
+    for row, m in zip(resp.tolist(), mask.tolist(), strict=True):
+        ids = [t for t, keep in zip(row, m, strict=True) if keep and t != tok.eos_token_id]
+        out.append(tok.decode(ids, skip_special_tokens=True))
+    return out
+
+
+def evaluate(model, tok, rows: list[dict], s: Settings, seed: int) -> dict[str, float]:
+    """Greedy and sampled (temperature 1, one sample) accuracy on ``rows``."""
+    import torch
+
+    model.eval()
+    prompts = [prompt_text(r) for r in rows]
+    gts = [r["reward_model"]["ground_truth"] for r in rows]
+    res = {}
+    for name, greedy in (("greedy", True), ("sampled", False)):
+        torch.manual_seed(10_000_019 * (seed + 1) + 7)  # same eval sampling noise at every point
+        correct = 0
+        k = 0
+        for seq, width, _ in generate(model, tok, prompts, greedy=greedy, s=s):
+            resp = seq[:, width:]
+            texts = decode_responses(tok, resp, response_mask(resp, tok.eos_token_id))
+            correct += sum(
+                is_correct(t, g) for t, g in zip(texts, gts[k : k + len(texts)], strict=True)
+            )
+            k += len(texts)
+        res[name] = correct / len(rows)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# One RL run
+
+
+def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> None:
+    import numpy as np
+    import torch
+
+    from allocator.algorithm import allocate_rollouts
+    from learner.algorithms import (
+        dynamo_modulate,
+        grpo_advantages,
+        policy_loss,
+        token_logprobs_and_entropy,
+    )
+
+    torch.set_num_threads(1)
+    spec = method_specs(s.decay)[method]
+    rl_pool, _, test = task_rows(s)
+    eval_rows = test[: s.eval_subset]
+    model, tok = load(warm)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    rng = np.random.default_rng(seed)  # prompt order: a function of the seed only
+    samples = np.zeros(len(rl_pool))
+    successes = np.zeros(len(rl_pool))
+    order: list[int] = []
+    curve = []
+    log = []
+    consumed = 0
+    zero_adv_rollouts = 0
+    t_start = time.time()
+
+    def record(step: int, rows: list[dict]) -> None:
+        acc = evaluate(model, tok, rows, s, seed)
+        curve.append({"step": step, "rollouts": consumed, **acc})
+        print(
+            f"[{method} s{seed}] step {step} rollouts {consumed} greedy {acc['greedy']:.3f} "
+            f"sampled {acc['sampled']:.3f} ({time.time() - t_start:.0f}s)",
+            flush=True,
+        )
+
+    record(0, eval_rows)
+    for step in range(1, s.steps + 1):
+        if len(order) < s.batch_size:
+            order += rng.permutation(len(rl_pool)).tolist()
+        batch, order = order[: s.batch_size], order[s.batch_size :]
+        budget = s.batch_size * s.n
+        if spec.allocate:
+            counts = allocate_rollouts(
+                samples[batch],
+                successes[batch],
+                budget,
+                n_min=s.n_min,
+                n_max=s.n_max,
+                initial_budget=s.initial_budget,
+                mastery_threshold=s.mastery_threshold,
+                min_priority=s.min_priority,
+                priority=spec.priority,
+                scheme=spec.scheme,
+            ).tolist()
+        else:
+            counts = [s.n] * s.batch_size
+        assert sum(counts) == budget
+        group_of = [g for g, c in enumerate(counts) for _ in range(c)]
+        prompts = [prompt_text(rl_pool[batch[g]]) for g in group_of]
+        gts = [rl_pool[batch[g]]["reward_model"]["ground_truth"] for g in group_of]
+
+        model.eval()
+        torch.manual_seed(seed * 1_000_003 + step)
+        ((seq, width, prompt_attn),) = generate(model, tok, prompts, greedy=False, s=s, chunk=10**9)
+        resp = seq[:, width:]
+        rmask = response_mask(resp, tok.eos_token_id)
+        texts = decode_responses(tok, resp, rmask)
+        rewards = torch.tensor([float(is_correct(t, g)) for t, g in zip(texts, gts, strict=True)])
+
+        # Online statistics, one report per scored group (allocator semantics: decay·old + new).
+        zero_groups = 0
+        for g, c in enumerate(counts):
+            r = rewards[[i for i, gg in enumerate(group_of) if gg == g]]
+            k = float(r.sum())
+            i = batch[g]
+            samples[i] = samples[i] * spec.decay + c
+            successes[i] = successes[i] * spec.decay + k
+            if k in (0.0, float(c)):
+                zero_groups += 1
+                zero_adv_rollouts += c
+        consumed += budget
+
+        model.train()
+        attn = torch.cat([prompt_attn, rmask], dim=1)
+        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        logits = model(input_ids=seq, attention_mask=attn, position_ids=pos).logits
+        logits = logits[:, width - 1 : -1].float()
+        logp, ent = token_logprobs_and_entropy(logits, resp)
+        old = logp.detach()  # one update per batch: on-policy, ratio 1
+        adv = grpo_advantages(rewards, torch.tensor(group_of))[:, None].expand_as(logp)
+        adv = adv * rmask
+        stats: dict[str, float] = {}
+        if spec.modulate:
+            adv, mstats = dynamo_modulate(
+                adv,
+                logp.detach(),
+                old,
+                ent.detach(),
+                rmask,
+                clip_low=s.clip_low,
+                clip_high=s.clip_high,
+                preset=s.preset,
+            )
+            stats = {k: float(v) for k, v in mstats.items()}
+        loss, _ = policy_loss(
+            logp,
+            old,
+            adv,
+            rmask,
+            clip_low=s.clip_low,
+            clip_high=s.clip_high,
+            dual_clip=10.0,
+            agg="token-mean",
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
+        opt.step()
+        log.append(
+            {
+                "step": step,
+                "rollouts": consumed,
+                "reward": float(rewards.mean()),
+                "zero_adv_groups": zero_groups,
+                "counts_min": min(counts),
+                "counts_max": max(counts),
+                "grad_norm": gnorm,
+                **stats,
+            }
+        )
+        if step % s.eval_every == 0 or step == s.steps:
+            record(step, eval_rows)
+
+    final = evaluate(model, tok, test, s, seed + 1000) if s.eval_subset < len(test) else None
+    out_file.write_text(
+        json.dumps(
+            {
+                "method": method,
+                "seed": seed,
+                "curve": curve,
+                "final_full": final or {k: curve[-1][k] for k in ("greedy", "sampled")},
+                "rollouts": consumed,
+                "zero_adv_rollouts": zero_adv_rollouts,
+                "log": log,
+                "wall_s": time.time() - t_start,
+                "scorer_calls": dict(SCORER_CALLS),
+            }
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+
+
+def rollouts_to_reach(curve_x: list[float], curve_y: list[float], target: float) -> float | None:
+    """First rollout count where the (linearly interpolated) curve reaches ``target``."""
+    for i, y in enumerate(curve_y):
+        if y >= target:
+            if i == 0:
+                return curve_x[0]
+            x0, x1, y0 = curve_x[i - 1], curve_x[i], curve_y[i - 1]
+            return x0 + (x1 - x0) * (target - y0) / (y - y0)
+    return None
+
+
+def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: float) -> dict:
+    import numpy as np
+
+    by = {
+        m: sorted((r for r in runs if r["method"] == m), key=lambda r: r["seed"]) for m in methods
+    }
+    x = [p["rollouts"] for p in by["grpo"][0]["curve"]]
+    mean = {m: np.mean([[p[metric] for p in r["curve"]] for r in by[m]], axis=0) for m in methods}
+    start = float(np.mean([mean[m][0] for m in methods]))
+    grpo_final = float(mean["grpo"][-1])
+    target = start + target_frac * (grpo_final - start)
+    table = {}
+    base = rollouts_to_reach(x, list(mean["grpo"]), target)
+    for m in methods:
+        finals = [r["final_full"][metric] for r in by[m]]
+        reach = rollouts_to_reach(x, list(mean[m]), target)
+        per_seed = [rollouts_to_reach(x, [p[metric] for p in r["curve"]], target) for r in by[m]]
+        zero = [r["zero_adv_rollouts"] / r["rollouts"] for r in by[m]]
+        table[m] = {
+            "seeds": [r["seed"] for r in by[m]],
+            "final_mean": float(np.mean(finals)),
+            "final_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
+            "final_per_seed": finals,
+            "auc_mean": float(np.mean(mean[m])),
+            "rollouts_to_target": reach,
+            "ratio_to_grpo": (reach / base) if reach is not None and base else None,
+            "rollouts_to_target_per_seed": per_seed,
+            "zero_adv_share_mean": float(np.mean(zero)),
+            "zero_adv_share_per_seed": zero,
+        }
+    return {"metric": metric, "start": start, "target": target, "methods": table}
+
+
+def plot(runs: list[dict], methods: list[str], path: Path, s: Settings, summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    colors = dict(zip(methods, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for ax, metric in zip(axes[:2], ("sampled", "greedy"), strict=True):
+        for m in methods:
+            rs = [r for r in runs if r["method"] == m]
+            x = np.array([p["rollouts"] for p in rs[0]["curve"]])
+            y = np.array([[p[metric] for p in r["curve"]] for r in rs]) * 100
+            ax.plot(x, y.mean(0), label=m, color=colors[m])
+            ax.fill_between(x, y.min(0), y.max(0), alpha=0.15, color=colors[m])
+        if metric == summary["metric"]:
+            ax.axhline(summary["target"] * 100, ls=":", color="grey", lw=1)
+        ax.set_xlabel("rollouts consumed")
+        ax.set_ylabel(f"held-out accuracy, {metric} (%)")
+        ax.set_title(f"{metric}: mean over {len(rs)} seeds, band = min..max")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    ax = axes[2]
+    shares = [summary["methods"][m]["zero_adv_share_mean"] * 100 for m in methods]
+    ax.bar(range(len(methods)), shares, color=[colors[m] for m in methods])
+    ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("rollouts in all-equal-reward groups (%)")
+    ax.set_title("compute that taught nothing")
+    fig.suptitle(
+        f"arith, tiny Qwen2 (h{s.hidden_size}, {s.layers} layers), {s.batch_size} prompts × "
+        f"{s.n} rollouts/step, lr {s.lr}, {s.steps} steps; eval on {s.eval_subset} held-out prompts",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--methods", default="grpo,alloc,mod,dynamo,dynamo-wl-std,dynamo-decay")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--quick", action="store_true", help="tiny smoke settings (minutes)")
+    p.add_argument("--out", default=str(RESULTS / "sample_efficiency"), help="output path stem")
+    p.add_argument("--cache", default=os.environ.get("SE_CACHE", "/tmp/dynamo_se_cache"))
+    p.add_argument("--metric", default="sampled", choices=("sampled", "greedy"))
+    p.add_argument(
+        "--target-frac",
+        type=float,
+        default=0.8,
+        help="target accuracy = start + frac × (GRPO's final mean − start)",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="runs at the same time (one process each)")
+    p.add_argument("--run-one", nargs=2, metavar=("METHOD", "SEED"), help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    for f in Settings.__dataclass_fields__.values():
+        if f.name == "extra":
+            continue
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None)
+    args = p.parse_args(argv)
+    s = Settings()
+    if args.quick:
+        s = Settings(
+            train_prompts=64, task_train=1564, warm_steps=300, steps=6, batch_size=8, eval_every=3
+        )
+        s.test_prompts = 1000
+        s.eval_subset = 200
+    for name in Settings.__dataclass_fields__:
+        v = getattr(args, name, None)
+        if v is not None and name != "extra":
+            setattr(s, name, v)
+    return args, s
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, s = parse(argv)
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    if args.run_one:
+        import torch
+
+        torch.set_num_threads(1)
+        method, seed = args.run_one[0], int(args.run_one[1])
+        run_one(method, seed, s, warm_start(s, cache), Path(args.result))
+        return 0
+    methods = args.methods.split(",")
+    unknown = set(methods) - set(method_specs(s.decay))
+    if unknown or "grpo" not in methods:
+        raise SystemExit(f"unknown methods {sorted(unknown)} (grpo is required as the baseline)")
+    seeds = [int(x) for x in args.seeds.split(",")]
+    t0 = time.time()
+    warm = warm_start(s, cache)
+    print(f"warm start ready: {warm} ({time.time() - t0:.0f}s)", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    pending = []
+    for seed in seeds:  # seed-major, so a partial benchmark has every method on its first seeds
+        for m in methods:
+            res = cache / f"run-{s.key()}-{m}-{seed}.json"
+            if not res.exists():
+                pending.append((m, seed, res))
+    procs: list[tuple[subprocess.Popen, Path]] = []
+    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    while pending or procs:
+        while pending and len(procs) < args.jobs:
+            m, seed, res = pending.pop(0)
+            cmd = [sys.executable, __file__, *forwarded, "--run-one", m, str(seed)]
+            cmd += ["--result", str(res)]
+            procs.append((subprocess.Popen(cmd, env=env), res))
+        for pr, res in list(procs):
+            if pr.poll() is not None:
+                procs.remove((pr, res))
+                if pr.returncode != 0:
+                    raise SystemExit(f"run {res.name} failed with exit code {pr.returncode}")
+        time.sleep(0.5)
+    runs = [
+        json.loads((cache / f"run-{s.key()}-{m}-{seed}.json").read_text())
+        for seed in seeds
+        for m in methods
+    ]
+    summary = {
+        metric: summarise(runs, methods, metric, args.target_frac)
+        for metric in ("sampled", "greedy")
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "what": "held-out accuracy against rollouts consumed, in-process (see module docstring)",
+        "settings": asdict(s),
+        "methods": {m: asdict(method_specs(s.decay)[m]) for m in methods},
+        "seeds": seeds,
+        "target_frac": args.target_frac,
+        "summary": summary,
+        "runs": runs,
+        "wall_s": time.time() - t0,
+    }
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    plot(runs, methods, out.with_suffix(".png"), s, summary[args.metric])
+    print_table(summary[args.metric], s)
+    if args.metric != "greedy":
+        print_table(summary["greedy"], s)
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return 0
+
+
+def print_table(summary: dict, s: Settings) -> None:
+    print(
+        f"\nmetric: {summary['metric']} held-out accuracy ({s.test_prompts} prompts); start "
+        f"{summary['start'] * 100:.1f}%, target {summary['target'] * 100:.1f}%"
+    )
+    print(
+        "| method | final acc % (mean ± sd) | rollouts to target | ratio to GRPO | zero-adv share |"
+    )
+    print("| --- | --- | --- | --- | --- |")
+    for m, r in summary["methods"].items():
+        reach = (
+            "not reached" if r["rollouts_to_target"] is None else f"{r['rollouts_to_target']:.0f}"
+        )
+        ratio = "—" if r["ratio_to_grpo"] is None else f"{r['ratio_to_grpo']:.2f}"
+        print(
+            f"| {m} | {r['final_mean'] * 100:.1f} ± {r['final_std'] * 100:.1f} | {reach} | "
+            f"{ratio} | {r['zero_adv_share_mean'] * 100:.1f}% |"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
