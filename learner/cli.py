@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error:
         print(f"dynamo-rl learner: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    _die_with_launcher()
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
         level=cfg.run.log_level.upper(),
@@ -56,3 +57,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _die_with_launcher() -> None:
+    """Under torchrun, end this rank when the launcher dies (even by SIGKILL).
+
+    torchrun starts each rank in its own session, so killing the launcher alone would leave
+    orphaned ranks training on, holding stream entries and pushing weights."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    if os.getppid() == 1:  # the launcher died before the line above
+        os._exit(1)

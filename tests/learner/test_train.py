@@ -92,12 +92,28 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill_all(proc) -> None:
-    """SIGKILL the launcher and every rank at once: a crash of the whole learner."""
-    for pid in [proc.pid, *_descendants(proc.pid)]:
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a dead rank may wait a moment to be reaped by its new parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_launcher(proc) -> list[int]:
+    """SIGKILL torchrun only; the ranks (in their own sessions) must die with it. Returns the
+    ranks still alive after 20 s (and then kills them, so nothing is left behind)."""
+    ranks = _descendants(proc.pid)
+    proc.signal(signal.SIGKILL)
+    proc.stop(grace=5)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(map(_running, ranks)):
+        time.sleep(0.1)
+    alive = [p for p in ranks if _running(p)]
+    for pid in alive:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    proc.stop(grace=5)
+    return alive
 
 
 def _wait_for_step(log_path: Path, step: int, proc, timeout: float = 180) -> None:
@@ -131,7 +147,8 @@ def test_kill_after_checkpoint_resumes_to_the_same_loss(
     try:
         _wait_for_step(tmp_path / "cut" / "metrics.jsonl", 3, proc)
     finally:
-        _kill_all(proc)
+        orphans = _kill_launcher(proc)
+    assert orphans == []  # every rank went down with the launcher
     client = redis.Redis.from_url(redis_url)
     stream, group = keys.trajectory_stream("cut"), keys.learner_group("cut")
     assert client.xpending(stream, group)["pending"] == 4  # step 3's groups, never acknowledged
