@@ -19,14 +19,17 @@ from tests.conftest import REPO
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 
-def make_groups(n_groups: int, n_responses: int = 4, seed: int = 0) -> list[TrajectoryGroup]:
-    """Deterministic groups over the tiny model's byte vocabulary, with mixed rewards."""
+def make_groups(
+    n_groups: int, n_responses: int = 4, seed: int = 0, sizes: list[int] | None = None
+) -> list[TrajectoryGroup]:
+    """Deterministic groups over the tiny model's byte vocabulary, with mixed rewards; ``sizes``
+    gives each group its own response count (as dynamic allocation does)."""
     rng = random.Random(seed)
     groups = []
     for g in range(n_groups):
         prompt = [rng.randrange(3, 259) for _ in range(rng.randrange(4, 9))]
         responses = []
-        for r in range(n_responses):
+        for r in range(sizes[g] if sizes else n_responses):
             length = rng.randrange(3, 10)
             reward = float((r + g) % 2)  # half right, half wrong in every group
             responses.append(

@@ -47,7 +47,12 @@ RECIPE = [
 def test_two_ranks_match_one_rank_and_the_loss_falls(
     tiny_model: Path, redis_url: str, tmp_path: Path
 ) -> None:
-    fixed = make_groups(4)  # the same batch every step
+    # The same batch every step, with DynaMO-like uneven group sizes. Two mini-batches of two
+    # groups (5 and 8 responses) over micro-batches of 2: with 2 ranks the first mini-batch splits
+    # 2 + 3 rows, so rank 0 runs an empty micro-batch to keep the collectives in step, and both
+    # layouts see the same micro-batches (DynaMO modulation is per micro-batch).
+    fixed = make_groups(4, sizes=[2, 3, 4, 4])
+    layout = ["learner.micro_batch_size=2", "learner.mini_batch_size=2"]
     records = {}
     for nproc in (2, 1):
         name = f"fixed{nproc}"
@@ -55,7 +60,9 @@ def test_two_ranks_match_one_rank_and_the_loss_falls(
         client.xadd(keys.trajectory_stream(name), {b"v": b"1", b"g": b"poison"})
         write_groups(redis_url, name, fixed * 4)
         overrides = base_overrides(tiny_model, tmp_path / name, redis_url, name)
-        run_learner(nproc, [*overrides, *RECIPE, "learner.max_steps=4"], tmp_path / f"{name}.log")
+        run_learner(
+            nproc, [*overrides, *RECIPE, *layout, "learner.max_steps=4"], tmp_path / f"{name}.log"
+        )
         records[nproc] = read_log(tmp_path / name / "metrics.jsonl")
         assert [r["step"] for r in records[nproc]] == [1, 2, 3, 4]
         # The poison entry went to the dead-letter stream; everything trained was acknowledged.
@@ -72,7 +79,8 @@ def test_two_ranks_match_one_rank_and_the_loss_falls(
         assert a["update_losses"] == pytest.approx(b["update_losses"], abs=1e-4)
     losses = [r["loss"] for r in two]
     assert losses[-1] < losses[0] - 0.05, losses
-    assert all(r["tokens"] > 0 and r["groups"] == 4 for r in two)
+    assert all(r["responses"] == 13 and r["groups"] == 4 for r in two)
+    assert all(len(r["update_losses"]) == 4 for r in two)  # 2 epochs x 2 mini-batches
     # The export is a loadable Hugging Face model.
     from transformers import AutoModelForCausalLM
 
