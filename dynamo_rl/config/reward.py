@@ -1,14 +1,23 @@
-"""The reward service's section: where it listens, request limits, the math pool, the sandbox.
+"""The reward service's section: where it listens, request limits, the math pool, the sandbox,
+reward models, LLM judges and composite rewards per data source.
 
 Every limit has a default that is safe on a shared machine; per-item limits sent by clients
 (``timeout_s``, ``memory_mb``) are capped by the ``max_*`` values here, never raised above them.
+
+Composite specs (``composite.<data_source>``) are checked here, when the config is loaded, so a
+mistake stops the service at start-up with the key named: an unknown component kind, a weight
+that is not a number, a gate or ``correct_from`` naming no component, a ``model``/``judge``
+component naming no entry of ``models``/``judges``, a regex that does not compile. Whether a
+model directory exists is checked by ``dynamo-rl reward`` itself (the config may be validated on
+another machine).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
@@ -77,6 +86,224 @@ class RewardCodeConfig(Section):
     as root, otherwise the service's own uid is used outside."""
 
 
+class RewardModelSpec(Section):
+    """A Hugging Face sequence-classification reward model (``num_labels=1``) in a directory.
+
+    It runs in its own worker process (``services.reward_model.worker``) so the service itself
+    never imports torch; requests from concurrent items are batched."""
+
+    path: str
+    """Directory with the model and its tokenizer (``save_pretrained`` layout)."""
+    device: str = "cpu"
+    """``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    batch_size: Annotated[int, Field(ge=1, le=4096)] = 16
+    """Pairs scored in one forward pass."""
+    batch_wait_ms: Annotated[float, Field(ge=0, le=10_000)] = 5.0
+    """How long the first pair of a batch waits for more before the batch runs."""
+    max_length: Annotated[int, Field(ge=8)] = 2048
+    """Tokens per (prompt, response) text; longer texts are cut at the end."""
+    template: Literal["plain", "chat"] = "plain"
+    """``plain``: prompt + response as one text; ``chat``: the tokenizer's chat template over a
+    user and an assistant message."""
+    normalize: Literal["sigmoid", "none"] = "sigmoid"
+    """Normalised score: ``sigmoid((raw - shift) / scale)`` or the raw score unchanged."""
+    shift: float = 0.0
+    scale: Annotated[float, Field(gt=0)] = 1.0
+    correct_above: float = 0.5
+    """A ``model`` item is ``correct`` when its normalised score is at least this."""
+    max_pending: Annotated[int, Field(ge=1)] = 1024
+    """Items admitted at once (running + waiting); beyond this 429."""
+    load_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """The worker must have loaded the model within this, or the service refuses to start."""
+    score_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    """One batch's limit; a worker still busy after it is killed, restarted, and the batch's
+    items score 0 with reason ``model_error``."""
+    threads: Annotated[int, Field(ge=1)] = 1
+    """torch CPU threads of the worker."""
+
+
+DEFAULT_JUDGE_TEMPLATE = (
+    "Rate the response to the question on a scale from 0 to 10.\n\n"
+    "Question:\n{prompt}\n\nReference answer (may be empty):\n{reference}\n\n"
+    "Response:\n{response}\n\nAnswer with a line 'Score: N'."
+)
+
+
+class JudgeSpec(Section):
+    """An LLM judge behind an OpenAI-compatible API (vLLM, SGLang, the embedded engine, hosted)."""
+
+    url: str
+    """Base URL, e.g. ``http://127.0.0.1:8000``; ``/v1/chat/completions`` (or
+    ``/v1/completions``) is appended."""
+    api: Literal["chat", "completions"] = "chat"
+    """``chat``: messages to ``/v1/chat/completions``; ``completions``: the rendered template as a
+    text prompt to ``/v1/completions`` (engines without a chat route, such as the embedded one)."""
+    model: str | None = None
+    """The request's ``model`` field (required by most servers that host several models)."""
+    api_key_env: str | None = None
+    """Name of an environment variable holding a bearer token (never the token itself)."""
+    system: str | None = None
+    """Optional system message (chat only)."""
+    template: str = DEFAULT_JUDGE_TEMPLATE
+    """The judge's prompt; ``{prompt}``, ``{response}`` and ``{reference}`` are filled in."""
+    score_pattern: str = r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)"
+    """Regex searched in the judge's answer; its first group is the score (the last match
+    counts)."""
+    min_score: float = 0.0
+    max_score: float = 10.0
+    """The judge's scale; the normalised score is ``(s - min) / (max - min)``; a parsed value
+    outside the scale makes the answer unparseable."""
+    correct_above: float = 0.5
+    """A ``judge`` item is ``correct`` when its normalised score is at least this."""
+    max_tokens: Annotated[int, Field(ge=1)] = 256
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+    timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    """Per attempt."""
+    retries: Annotated[int, Field(ge=0, le=10)] = 2
+    """Extra attempts after a timeout, a connection error, 429 or 5xx (not after other 4xx)."""
+    retry_backoff_s: Annotated[float, Field(ge=0)] = 0.5
+    """Wait before retry k: ``retry_backoff_s * 2**k``."""
+    concurrency: Annotated[int, Field(ge=1, le=4096)] = 8
+    """Requests in flight to the judge at once."""
+    max_pending: Annotated[int, Field(ge=1)] = 1024
+    """Items admitted at once (running + waiting); beyond this 429."""
+
+    @field_validator("score_pattern")
+    @classmethod
+    def _one_group(cls, v: str) -> str:
+        try:
+            groups = re.compile(v).groups
+        except re.error as e:
+            raise ValueError(f"not a valid regex: {e}") from None
+        if groups < 1:
+            raise ValueError("needs a capturing group around the number")
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _placeholders(cls, v: str) -> str:
+        try:
+            v.format(prompt="", response="", reference="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(
+                f"bad placeholder {e}; allowed: {{prompt}}, {{response}}, {{reference}} "
+                "(write {{ and }} for literal braces)"
+            ) from None
+        return v
+
+    @model_validator(mode="after")
+    def _scale(self) -> JudgeSpec:
+        if self.max_score <= self.min_score:
+            raise ValueError("max_score must be greater than min_score")
+        return self
+
+
+class _Component(Section):
+    name: str | None = None
+    """How the component is reported (``components`` of the result); defaults to its kind."""
+    weight: float = 1.0
+    """The total is the weighted sum of component scores."""
+    gate: str | None = None
+    """Name of an ungated component: this one counts (and runs) only when that one is
+    ``correct``; otherwise it scores 0."""
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind  # type: ignore[attr-defined]
+
+
+class MathComponent(_Component):
+    """The item's ``math`` verdict (needs ``ground_truth``)."""
+
+    kind: Literal["math"]
+
+
+class CodeComponent(_Component):
+    """The item's ``code`` verdict (needs ``tests``)."""
+
+    kind: Literal["code"]
+
+
+class ModelComponent(_Component):
+    """A reward model's normalised score (the raw one is reported as ``<name>_raw``)."""
+
+    kind: Literal["model"]
+    model: str | None = None
+    """Key in ``reward.models``; may be left out when there is exactly one."""
+
+
+class JudgeComponent(_Component):
+    """An LLM judge's normalised score."""
+
+    kind: Literal["judge"]
+    judge: str | None = None
+    """Key in ``reward.judges``; may be left out when there is exactly one."""
+
+
+class FormatComponent(_Component):
+    """1 when the response has the expected form, else 0."""
+
+    kind: Literal["format"]
+    pattern: str | None = None
+    """Regex searched in the response (dot matches newlines); without it, the verifier's
+    ``format_ok`` (an answer or a program was found)."""
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a valid regex: {e}") from None
+        return v
+
+
+class LengthComponent(_Component):
+    """DAPO's soft overlong penalty: 0 up to ``max_length - buffer``, then falling linearly to
+    -1 at ``max_length``, -1 beyond. Length is the item's ``response_length`` (tokens) when sent,
+    else the response's characters."""
+
+    kind: Literal["length"]
+    max_length: Annotated[int, Field(ge=1)]
+    buffer: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _fits(self) -> LengthComponent:
+        if self.buffer > self.max_length:
+            raise ValueError("buffer must not exceed max_length")
+        return self
+
+
+Component = Annotated[
+    MathComponent
+    | CodeComponent
+    | ModelComponent
+    | JudgeComponent
+    | FormatComponent
+    | LengthComponent,
+    Field(discriminator="kind"),
+]
+VERIFIERS = ("math", "code")
+
+
+class RewardSpec(Section):
+    """The reward of one data source: weighted components, optionally gated."""
+
+    components: Annotated[list[Component], Field(min_length=1)]
+    correct_from: str | None = None
+    """Component whose ``correct`` is the sample's (what rollout allocation counts as a
+    success); defaults to the first ``math``/``code`` component."""
+    correct_threshold: float = 0.5
+    """Without a verifier component, the sample is correct when the total reaches this."""
+
+    def verifier(self) -> str | None:
+        if self.correct_from is not None:
+            return self.correct_from
+        return next((c.label for c in self.components if c.kind in VERIFIERS), None)
+
+
 class RewardConfig(Section):
     host: Host = "127.0.0.1"
     port: Port = 8080
@@ -88,3 +315,59 @@ class RewardConfig(Section):
     """``Retry-After`` seconds sent with 429 when a kind's queue is full."""
     math: RewardMathConfig = RewardMathConfig()
     code: RewardCodeConfig = RewardCodeConfig()
+    models: dict[str, RewardModelSpec] = {}
+    """Reward models by name; enables the ``model`` kind."""
+    judges: dict[str, JudgeSpec] = {}
+    """LLM judges by name; enables the ``judge`` kind."""
+    composite: dict[str, RewardSpec] = {}
+    """Reward specs by ``data_source`` (``"*"``: every other data source). An item whose
+    ``data_source`` has a spec is scored by it; others by their ``kind`` alone."""
+    composite_max_pending: Annotated[int, Field(ge=1)] = 4096
+    """Composite items admitted at once (running + waiting); beyond this 429."""
+
+    @model_validator(mode="after")
+    def _check_composite(self) -> RewardConfig:
+        problems: list[str] = []
+        for source, spec in self.composite.items():
+            where = f"reward.composite.{source}"
+            labels = [c.label for c in spec.components]
+            ungated = {c.label for c in spec.components if c.gate is None}
+            for i, c in enumerate(spec.components):
+                key = f"{where}.components.{i}"
+                if labels.count(c.label) > 1:
+                    problems.append(
+                        f"{key}: component name {c.label!r} is used twice; give one a 'name'"
+                    )
+                if c.gate is not None and c.gate not in ungated:
+                    problems.append(
+                        f"{key}.gate: {c.gate!r} is not an ungated component of this spec "
+                        f"(ungated: {', '.join(sorted(ungated)) or 'none'})"
+                    )
+                if isinstance(c, ModelComponent):
+                    problems += _named(f"{key}.model", c.model, self.models, "reward.models")
+                if isinstance(c, JudgeComponent):
+                    problems += _named(f"{key}.judge", c.judge, self.judges, "reward.judges")
+                if isinstance(c, CodeComponent) and not self.code.enabled:
+                    problems.append(f"{key}: a code component needs reward.code.enabled=true")
+                if isinstance(c, FormatComponent) and c.pattern is None and not spec.verifier():
+                    problems.append(
+                        f"{key}.pattern: required when the spec has no math/code component"
+                    )
+            if spec.correct_from is not None and spec.correct_from not in ungated:
+                problems.append(
+                    f"{where}.correct_from: {spec.correct_from!r} is not an ungated component "
+                    f"of this spec (ungated: {', '.join(sorted(ungated)) or 'none'})"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def _named(key: str, name: str | None, table: dict[str, object], table_key: str) -> list[str]:
+    if name is None:
+        if len(table) == 1:
+            return []
+        return [f"{key}: required when {table_key} has {len(table)} entries (not exactly one)"]
+    if name not in table:
+        return [f"{key}: {name!r} is not in {table_key} (known: {', '.join(table) or 'none'})"]
+    return []

@@ -1,7 +1,8 @@
 """The reward service's FastAPI app: routes, admission control, limits and error shapes.
 
 - ``POST /v1/verify`` dispatches each item to the scorer registered for its ``kind``
-  (:data:`services.reward.registry.SCORERS`) and answers in item order.
+  (:data:`services.reward.registry.SCORERS`), or, when its ``data_source`` has a composite spec,
+  to :class:`services.reward.composite.CompositeRouter`, and answers in item order.
 - ``POST /run_code`` is the SandboxFusion subset (:mod:`services.reward.run_code`).
 - ``GET /healthz``, ``GET /metrics``; OpenAPI at ``/docs``.
 
@@ -31,6 +32,8 @@ from dynamo_rl.config import RewardConfig
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
 from services.reward.base import ItemResult, Scorer
 from services.reward.code_scorer import CodeScorer
+from services.reward.composite import KIND as COMPOSITE
+from services.reward.composite import CompositeRouter
 from services.reward.metrics import RewardMetrics
 from services.reward.registry import SCORERS
 from services.reward.run_code import RunCodeRequest, RunCodeResponse, run_code_blocking
@@ -91,10 +94,31 @@ def _error_field(e: dict[str, Any]) -> str:
     return _field(loc)
 
 
+def _capacity_key(kind: str) -> str:
+    """The config key that sets a kind's admission budget (named in 422s)."""
+    if kind == COMPOSITE:
+        return "reward.composite_max_pending"
+    if kind in ("model", "judge"):
+        return f"reward.{kind}s.<name>.max_pending"
+    return f"reward.{kind}.max_pending"
+
+
+def _item_error(i: int, loc: tuple[str | int, ...], msg: str) -> dict[str, Any]:
+    """A check failure of item ``i`` at ``loc`` within the item."""
+    return {
+        "loc": ("body", "items", i, *loc),
+        "field": ".".join(str(p) for p in ("items", i, *loc)),
+        "type": "value_error",
+        "msg": msg,
+    }
+
+
 def _invalid(errors: list[dict[str, Any]]) -> JSONResponse:
     detail = [
         {
-            "field": _error_field(e),
+            # Errors raised by the service itself carry their field (a field can be named like a
+            # kind, e.g. a judge item's ``judge``, which _error_field would take for a union tag).
+            "field": e.get("field") or _error_field(e),
             "loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())],
             "msg": e.get("msg", "invalid"),
             "type": e.get("type", "value_error"),
@@ -182,8 +206,11 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
     for kind, cls in SCORERS.items():
         if cls.enabled(cfg):
             scorers[kind] = cls(cfg, metrics)
+    composite = CompositeRouter(cfg, scorers, metrics)
     admission = {kind: Admission(s.capacity) for kind, s in scorers.items()}
-    for kind in scorers:
+    if cfg.composite:
+        admission[COMPOSITE] = Admission(composite.capacity)
+    for kind in admission:
         metrics.queue_depth.labels(kind).set(0)
 
     item_union = functools.reduce(operator.or_, [cls.item_model for cls in SCORERS.values()])
@@ -208,7 +235,8 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
 
     app = FastAPI(
         title="DynaMO-RL reward service",
-        description="Math verification and sandboxed code execution. See docs/reward.md.",
+        description="Math verification, sandboxed code execution, reward models, LLM judges and "
+        "composite rewards per data source. See docs/reward.md.",
         version="1",
         lifespan=lifespan,
     )
@@ -263,9 +291,22 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
         metrics.items.labels(scorer.kind, result.reason).inc()
         return result
 
+    async def score_composite(item: Any, key: str, spec: Any) -> ItemResult:
+        try:
+            result = await composite.score(item, key, spec)
+        except Exception as e:
+            log.exception("scoring item %r (composite %s) failed", item.id, key)
+            result = ItemResult(
+                id=item.id, score=0.0, correct=False, format_ok=False,
+                reason="internal_error", detail=f"{type(e).__name__}",
+            )  # fmt: skip
+        metrics.items.labels(COMPOSITE, result.reason).inc()
+        return result
+
     @app.post(
         "/v1/verify",
         response_model=VerifyResponse,
+        response_model_exclude_none=True,
         responses={413: {"description": "body too large"}, 429: {"description": "queue full"}},
     )
     async def verify(request: VerifyRequest) -> Any:  # type: ignore[valid-type]
@@ -282,7 +323,13 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
                 }
             )
         counts: dict[str, int] = {}
+        routes: list[Any] = [composite.route(item) for item in items]
         for i, item in enumerate(items[: cfg.max_items]):
+            if routes[i] is not None:
+                for loc, msg in composite.check(item, *routes[i]):
+                    errors.append(_item_error(i, loc, msg))
+                counts[COMPOSITE] = counts.get(COMPOSITE, 0) + 1
+                continue
             scorer = scorers.get(item.kind)
             if scorer is None:
                 errors.append(
@@ -295,9 +342,7 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
                 )
                 continue
             for loc, msg in scorer.check(item):
-                errors.append(
-                    {"loc": ("body", "items", i, *loc), "type": "value_error", "msg": msg}
-                )
+                errors.append(_item_error(i, loc, msg))
             counts[item.kind] = counts.get(item.kind, 0) + 1
         for kind, n in counts.items():
             if n > admission[kind].capacity:  # would never fit: not a "retry later" case
@@ -307,7 +352,7 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
                         "type": "too_long",
                         "msg": f"{n} {kind} items in one request; this server admits at "
                         f"most {admission[kind].capacity} at once "
-                        f"(reward.{kind}.max_pending)",
+                        f"({_capacity_key(kind)})",
                     }
                 )
         if errors:
@@ -316,7 +361,12 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
         try:
             with admitted(counts):
                 results = await asyncio.gather(
-                    *(score_one(scorers[item.kind], item) for item in items)
+                    *(
+                        score_one(scorers[item.kind], item)
+                        if route is None
+                        else score_composite(item, *route)
+                        for item, route in zip(items, routes, strict=True)
+                    )
                 )
         except QueueFull as e:
             return too_busy(e)
@@ -358,6 +408,7 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
             "kinds": list(scorers),
             "sandbox": sandbox,
             "pending": {kind: a.pending for kind, a in admission.items()},
+            "composite": sorted(cfg.composite),
         }
 
     @app.get("/metrics")

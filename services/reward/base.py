@@ -28,6 +28,9 @@ Reason = Literal[
     "sandbox_error",
     "bad_ground_truth",
     "internal_error",
+    "unparseable",
+    "upstream_error",
+    "model_error",
 ]
 """Why an item scored what it did (see docs/reward.md for each)."""
 
@@ -42,6 +45,17 @@ class ItemBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: ItemId
+    data_source: str | None = Field(
+        None,
+        description="routes the item to reward.composite.<data_source> (or '*') when the "
+        "server has such a spec; otherwise the item is scored by its kind alone",
+    )
+    prompt: str | None = Field(
+        None, description="the prompt's text (what reward-model and judge components read)"
+    )
+    response_length: int | None = Field(
+        None, ge=0, description="the response's length in tokens (length components)"
+    )
 
 
 class ItemResult(BaseModel):
@@ -53,6 +67,14 @@ class ItemResult(BaseModel):
     format_ok: bool = Field(description="an answer (math) or a program (code) was found")
     reason: Reason
     detail: str = ""
+    raw_score: float | None = Field(
+        None, description="model kind: the reward model's raw output (score is normalised)"
+    )
+    components: dict[str, float] | None = Field(
+        None,
+        description="composite items: each component's unweighted score (0 when gated off; "
+        "reward models also '<name>_raw'); score is the weighted total",
+    )
 
 
 class Scorer(abc.ABC):

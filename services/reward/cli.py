@@ -23,7 +23,8 @@ _BANNER = "!" * 78
 def build_parser() -> argparse.ArgumentParser:
     parser = service_parser(
         "reward",
-        "Serve POST /v1/verify (math and code items), POST /run_code (SandboxFusion subset), "
+        "Serve POST /v1/verify (math, code, model and judge items; composite rewards per "
+        "data source), POST /run_code (SandboxFusion subset), "
         "GET /healthz, GET /metrics; OpenAPI at /docs.",
     )
     parser.add_argument(
@@ -71,6 +72,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=exp.run.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from pathlib import Path
+
+    for name, spec in cfg.models.items():
+        if not Path(spec.path).is_dir():
+            print(
+                f"dynamo-rl reward: reward.models.{name}.path: {spec.path!r} is not a directory "
+                "(a Hugging Face sequence-classification model saved with save_pretrained)",
+                file=sys.stderr,
+            )
+            return 1
+
     from services.reward.sandbox import Sandbox, SandboxUnavailable
 
     if cfg.code.enabled:

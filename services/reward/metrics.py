@@ -45,3 +45,29 @@ class RewardMetrics:
         self.math_worker_restarts = m.counter(
             "math_worker_restarts_total", "Math workers killed and replaced (timeout or crash)"
         )
+        self.model_batch_size = m.histogram(
+            "model_batch_size",
+            "Pairs per reward-model forward pass, by model",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        self.model_worker_restarts = m.counter(
+            "model_worker_restarts_total", "Reward-model workers restarted, by model", ["model"]
+        )
+        self.judge_requests = m.counter(
+            "judge_requests_total",
+            "Requests to LLM judges, by judge and outcome (ok, timeout, connect_error)",
+            ["judge", "outcome"],
+        )
+        self.components = m.counter(
+            "components_total",
+            "Composite components, by spec (data source), component and outcome "
+            "(scored, failed, gated)",
+            ["data_source", "component", "outcome"],
+        )
+        self.component_score = m.histogram(
+            "component_score",
+            "Unweighted component scores (and 'total', the weighted sum), by spec and component",
+            ["data_source", "component"],
+            buckets=(-1.0, -0.5, -0.1, 0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+        )

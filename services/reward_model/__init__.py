@@ -1,0 +1,1 @@
+"""The reward-model worker process (torch + transformers), started by the reward service."""
