@@ -26,8 +26,10 @@ from typing import Annotated, Any
 
 import torch
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dynamo_rl.config.engine import EngineConfig
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
@@ -371,6 +373,16 @@ def create_app(engine: Engine) -> FastAPI:
             {"loc": list(e["loc"]), "msg": e["msg"], "type": e.get("type")} for e in errors
         ]
         return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(req: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers a body that is not UTF-8 or nests too deep for its JSON parser with a
+        # bare 400; make it the 422 naming the body that every other malformed request gets.
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            return JSONResponse(
+                _error_body(["body"], "not valid JSON (encoding or nesting)", "json_invalid"), 422
+            )
+        return await http_exception_handler(req, exc)
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(_req: Request, exc: InvalidRequest) -> JSONResponse:
