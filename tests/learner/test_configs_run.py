@@ -62,3 +62,42 @@ def test_shipped_config_trains(
         assert all("value_loss" in r and "kl_beta" in r for r in records)
     if config == "dynamo_grpo":
         assert all(0 < r["beta_stab_mean"] <= 1 for r in records)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ["learner.algorithm.advantage.type=rloo", "learner.algorithm.agg=seq-mean-token-sum",
+         "learner.algorithm.kl.kind=k1"],
+        ["learner.algorithm.advantage.type=drgrpo", "learner.algorithm.agg=seq-mean-token-sum-norm",
+         "learner.algorithm.kl.kind=k2", "learner.algorithm.entropy_coef=0.01"],
+        ["learner.algorithm.advantage.type=reinforce_pp",
+         "learner.algorithm.advantage.group_baseline=true",
+         "learner.algorithm.agg=seq-mean-token-mean", "learner.algorithm.is_cap=null",
+         "learner.optim.schedule=cosine", "learner.optim.warmup_steps=2",
+         "learner.optim.total_steps=3"],
+    ],
+    ids=["rloo", "drgrpo", "reinforce_pp_baseline"],
+)  # fmt: skip
+def test_advantage_and_aggregation_variants_train(
+    variant: list[str], tiny_model: Path, redis_url: str, tmp_path: Path
+) -> None:
+    name = "variant"
+    write_groups(redis_url, name, make_groups(4))
+    overrides = [
+        *base_overrides(tiny_model, tmp_path / "run", redis_url, name),
+        "learner.train_batch_size=2",
+        "learner.mini_batch_size=null",
+        "learner.max_steps=2",
+        *variant,
+    ]
+    result = subprocess.run(
+        dynamo_rl_argv("learner", "--config", str(REPO / "configs" / "grpo.yaml"), *overrides),
+        env=learner_env(), cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = read_log(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["kl"] >= 0 for r in records)
+    if "learner.optim.warmup_steps=2" in variant:  # linear warmup over the two steps
+        assert [r["lr"] for r in records] == pytest.approx([5e-4, 1e-3])
