@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dynamo_rl.config.base import Section
 
@@ -22,6 +22,21 @@ class TinyModelConfig(Section):
     """Attention heads (must divide hidden_size)."""
     num_kv_heads: Annotated[int, Field(ge=1)] = 2
     """Key/value heads (must divide num_heads)."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        # Checked here so that ``up`` refuses the config before it starts anything.
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"up.tiny_model.num_heads ({self.num_heads}) must divide "
+                f"up.tiny_model.hidden_size ({self.hidden_size})"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"up.tiny_model.num_kv_heads ({self.num_kv_heads}) must divide "
+                f"up.tiny_model.num_heads ({self.num_heads})"
+            )
+        return self
 
 
 class WarmStartConfig(Section):
