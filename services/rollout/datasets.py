@@ -6,7 +6,12 @@ Row layouts (both file formats accept both):
   ``reward_model.ground_truth``, ``extra_info.index``, and ``ability`` (its value is the reward
   kind when it is ``math`` or ``code``);
 - flat: ``prompt`` as text or messages, ``ground_truth`` (or ``answer``), optional ``id``,
-  ``data_source``, ``kind`` (``math`` | ``code``); code rows carry ``tests`` (and ``language``).
+  ``data_source``, ``kind`` (``math`` | ``code`` | ``model`` | ``judge``); code rows carry ``tests``
+  (and ``language``); ``model`` and ``judge`` rows (scored by a reward model or an LLM judge) need no
+  ground truth (a judge is shown it as the reference when there is one).
+
+Every reward item carries the row's ``data_source`` and the prompt's plain text, so the reward
+service can route it to a composite reward spec (``reward.composite.<data_source>``).
 
 A prompt's id is what the allocator keeps statistics under, so it must be stable across epochs and
 workers: the row's ``id`` if it has one, else ``<data_source>-<extra_info.index>``, else
@@ -38,6 +43,9 @@ __all__ = [
 ]
 
 
+KINDS = ("math", "code", "model", "judge")
+
+
 class DatasetError(ValueError):
     """A dataset file or row this loader cannot use; the message names the row and field."""
 
@@ -50,7 +58,7 @@ class PromptRecord:
     ground_truth: str
     data_source: str
     kind: str
-    """Reward kind: "math" | "code"."""
+    """Reward kind: "math" | "code" | "model" | "judge"."""
     reward_extra: dict[str, Any] = field(default_factory=dict)
     """Extra fields for the reward item (code: 'tests', 'language')."""
 
@@ -96,8 +104,8 @@ def record_from_row(
         or (ability if ability in ("math", "code") else None)
         or default_kind
     )
-    if kind not in ("math", "code"):
-        raise DatasetError(f"{where}: kind must be 'math' or 'code', got {kind!r}")
+    if kind not in KINDS:
+        raise DatasetError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
     truth = _get(row, "reward_model.ground_truth")
     if truth is None:
         truth = row.get("ground_truth", row.get("answer"))
@@ -115,6 +123,8 @@ def record_from_row(
         extra["tests"] = tests
         extra["language"] = str(row.get("language") or _get(row, "extra_info.language") or "python")
         truth = truth if isinstance(truth, str) else ""
+    elif truth is None and kind in ("model", "judge"):
+        truth = ""
     elif truth is None:
         raise DatasetError(
             f"{where}: missing field 'reward_model.ground_truth' (or 'ground_truth'/'answer')"
@@ -200,11 +210,33 @@ class PromptRenderer:
         return render_prompt(self.tokenizer, prompt, self.template)
 
 
-def reward_item(record: PromptRecord, item_id: str, response: str) -> dict[str, Any]:
-    """The reward service item that scores ``response`` to ``record`` (``POST /v1/verify``)."""
-    item: dict[str, Any] = {"id": item_id, "kind": record.kind, "response": response}
+def prompt_text(prompt: str | list[dict[str, str]]) -> str:
+    """The prompt as plain text for a reward model or a judge: the text itself, or the user
+    messages' contents (no chat template: the scorer applies its own)."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(m["content"] for m in prompt if m["role"] == "user")
+
+
+def reward_item(
+    record: PromptRecord, item_id: str, response: str, response_length: int | None = None
+) -> dict[str, Any]:
+    """The reward service item that scores ``response`` to ``record`` (``POST /v1/verify``).
+
+    ``response_length`` (tokens) is what a composite spec's ``length`` component measures."""
+    item: dict[str, Any] = {
+        "id": item_id,
+        "kind": record.kind,
+        "response": response,
+        "data_source": record.data_source,
+        "prompt": prompt_text(record.prompt),
+    }
     if record.kind == "math":
         item["ground_truth"] = record.ground_truth
+    elif record.kind == "judge" and record.ground_truth:
+        item["reference"] = record.ground_truth
+    if response_length is not None:
+        item["response_length"] = response_length
     item.update(record.reward_extra)
     return item
 

@@ -383,7 +383,7 @@ class RolloutWorker:
 
         t_ver = time.monotonic()
         items = [
-            reward_item(r, f"{batch_index}:{p}:{j}", s.text)
+            reward_item(r, f"{batch_index}:{p}:{j}", s.text, len(s.token_ids))
             for p, (r, group) in enumerate(zip(records, samples, strict=True))
             for j, s in enumerate(group)
         ]
@@ -408,7 +408,8 @@ class RolloutWorker:
                 correct = bool(res.get("correct", False))
                 rewards.append(reward)
                 corrects += correct
-                components = res.get("reward_components") or {}
+                # Composite rewards report each component; kept with the trajectory.
+                components = res.get("components") or {}
                 responses.append(
                     Response(
                         token_ids=s.token_ids,

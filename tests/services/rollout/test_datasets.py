@@ -16,6 +16,7 @@ from services.rollout.datasets import (
     PromptSampler,
     load_records,
     record_from_row,
+    reward_item,
 )
 
 VERL_ROWS = [
@@ -73,7 +74,10 @@ def test_jsonl_flat_rows_and_code_rows(tmp_path: Path) -> None:
         ({"answer": "1"}, "row 0: missing field 'prompt'"),
         ({"prompt": "q"}, "reward_model.ground_truth"),
         ({"prompt": [{"role": "user"}], "answer": "1"}, "prompt[0]"),
-        ({"prompt": "q", "answer": "1", "kind": "poem"}, "kind must be 'math' or 'code'"),
+        (
+            {"prompt": "q", "answer": "1", "kind": "poem"},
+            "kind must be one of math, code, model, judge",
+        ),
         ({"prompt": "q", "kind": "code"}, "code rows need 'tests'"),
     ],
 )
@@ -149,3 +153,21 @@ def test_sampler_covers_each_epoch_shards_and_never_repeats_in_a_batch() -> None
     assert len(PromptSampler(records[:2], shuffle=False).next_batch(5)) == 2
     with pytest.raises(DatasetError, match="shard 3 of 4 holds no prompts"):
         PromptSampler(records[:3], num_shards=4, shard=3)
+
+
+def test_reward_items_carry_data_source_prompt_and_length() -> None:
+    """What composite reward specs route and measure by; judge/model rows need no answer."""
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+    math = record_from_row({"prompt": chat, "answer": "4", "data_source": "gsm"}, 0)
+    assert reward_item(math, "a", "4", response_length=3) == {
+        "id": "a", "kind": "math", "response": "4", "data_source": "gsm", "prompt": "2+2?",
+        "ground_truth": "4", "response_length": 3,
+    }  # fmt: skip
+    judged = record_from_row({"prompt": "Write a haiku", "kind": "judge", "data_source": "p"}, 1)
+    item = reward_item(judged, "b", "...")
+    assert item["kind"] == "judge" and "reference" not in item and "response_length" not in item
+    ref = record_from_row({"prompt": "q", "kind": "judge", "answer": "r"}, 2)
+    assert reward_item(ref, "c", "x")["reference"] == "r"
+    assert (
+        reward_item(record_from_row({"prompt": "q", "kind": "model"}, 3), "d", "x")["prompt"] == "q"
+    )

@@ -101,6 +101,10 @@ class LazyReward:
             argv = dynamo_rl_argv(
                 "reward", "--port", str(self.port), "--math-workers", "1",
                 "reward.code.enabled=false",
+                # A composite spec for the dataset's data source, so the component breakdown
+                # must reach the trajectories (the length term has weight 0: rewards stay 1/0).
+                "reward.composite.arith.components=[{kind: math},"
+                " {kind: length, max_length: 6, buffer: 4, weight: 0.0}]",
             )  # fmt: skip
             self.proc = ServiceProcess("reward", argv, self.log_dir / "reward.log", cwd=REPO)
             self.proc.start().wait_ready(http_ok(f"{self.url}/healthz"), timeout=120)
@@ -236,6 +240,11 @@ def test_groups_decode_and_counts_equal_the_allocation(make_worker, redis_url, a
         for r in g.responses:
             assert r.reason  # scored: the reward service always gives a reason
             assert len(r.token_ids) == len(r.logprobs) > 0
+            # The per-sample breakdown of the composite reward is kept with the trajectory;
+            # the length term measured the response's tokens (the worker sends their count).
+            n = len(r.token_ids)
+            overlong = 0.0 if n <= 2 else (-1.0 if n > 6 else (2 - n) / 4)
+            assert dict(r.reward_components) == {"math": r.reward, "length": overlong}
         # Each response's log-probs are the model's for its own prompt: no misalignment.
         r = g.responses[-1]
         ref = reference_logprobs(reference, list(g.prompt_token_ids), list(r.token_ids))
