@@ -86,6 +86,20 @@ def test_two_ranks_match_one_rank_and_the_loss_falls(
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "fixed2" / "export" / "final")
 
+    # Resharding: both runs continue for one step on ONE rank from their step-4 checkpoints (the
+    # 2-rank one is read back into a 1-rank layout by torch.distributed.checkpoint).
+    fifth = {}
+    for nproc in (2, 1):
+        name = f"fixed{nproc}"
+        write_groups(redis_url, name, fixed)
+        overrides = base_overrides(tiny_model, tmp_path / name, redis_url, name)
+        run_learner(1, [*overrides, *RECIPE, *layout, "learner.max_steps=5"], tmp_path / "more.log")
+        log = read_log(tmp_path / name / "metrics.jsonl")
+        assert [r["step"] for r in log] == [1, 2, 3, 4, 5]  # resumed at 4, one more step
+        fifth[nproc] = log[-1]
+    assert fifth[2]["loss"] == pytest.approx(fifth[1]["loss"], abs=1e-4)
+    assert fifth[2]["grad_norm"] == pytest.approx(fifth[1]["grad_norm"], abs=1e-4)
+
 
 def _descendants(pid: int) -> list[int]:
     """Child processes, recursively (torchrun starts its workers in their own sessions)."""
