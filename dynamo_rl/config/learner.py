@@ -263,9 +263,58 @@ class PushConfig(Section):
     """When a distributed push fails, export and ask engines to load from disk."""
 
 
+class DataConfig(Section):
+    """Offline data of the ``sft`` and ``dpo`` modes: a JSONL or parquet file of rows.
+
+    Keys are dotted paths into a row (``extra_info.answer``). A prompt is text (used verbatim) or
+    chat messages (rendered like the rollout worker renders them: the tokenizer's chat template,
+    else the plain ``User: ...\\nAssistant:`` template); the response follows it, then EOS."""
+
+    path: str | None = None
+    """Training rows (``.jsonl``/``.json`` lines or ``.parquet``); required by sft and dpo."""
+    eval_path: str | None = None
+    """Held-out rows evaluated before training, every ``eval_every`` steps and at the end."""
+    eval_every: Annotated[int, Field(ge=0)] = 0
+    """Evaluate every this many steps (besides before and after); 0: only before and after."""
+    prompt_key: str = "prompt"
+    """Field holding the prompt (text or chat messages)."""
+    response_key: str | None = None
+    """sft: field holding the response (text, or messages whose last one is the answer); null:
+    the first of ``response``, ``completion``, ``extra_info.answer`` (verl layout) present."""
+    messages_key: str = "messages"
+    """sft: chat rows without a prompt field: all messages but the last assistant one are the
+    prompt, that one is the response."""
+    chosen_key: str = "chosen"
+    """dpo: field of the preferred response (text, or messages as TRL lays them out)."""
+    rejected_key: str = "rejected"
+    """dpo: field of the dispreferred response."""
+    filter_key: str | None = None
+    """Keep only rows whose value at this field is in ``filter_values`` (e.g. extra_info.tier)."""
+    filter_values: list[str] | None = None
+    """Values kept by ``filter_key`` (compared as strings)."""
+    template: Literal["auto", "chat", "plain"] = "auto"
+    """Prompt rendering: auto is the tokenizer's chat template when it has one, else plain."""
+    shuffle: bool = True
+    """Visit the rows in a seeded random order, a new order each epoch."""
+    epochs: Annotated[int, Field(ge=1)] = 1
+    """Passes over the data when ``learner.max_steps`` is null."""
+
+
+class DpoConfig(Section):
+    """Direct preference optimisation (the dpo mode) against a frozen copy of the start model."""
+
+    kind: Literal["sigmoid", "ipo"] = "sigmoid"
+    """Loss: sigmoid (DPO) or ipo."""
+    beta: Annotated[float, Field(gt=0)] = 0.1
+    """β: strength of the implicit KL to the reference."""
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    """Conservative DPO's label smoothing ε (sigmoid only)."""
+
+
 class LearnerConfig(Section):
-    mode: Literal["rl"] = "rl"
-    """What to train: rl (the trajectory stream)."""
+    mode: Literal["rl", "sft", "dpo"] = "rl"
+    """What to train: rl (the trajectory stream), sft (supervised on learner.data) or dpo
+    (preference pairs in learner.data against a frozen reference)."""
     model: str | None = None
     """Hugging Face model directory (weights, config, tokenizer) to start from."""
     lr: Annotated[float, Field(gt=0)] = 1e-6
@@ -273,7 +322,7 @@ class LearnerConfig(Section):
     max_steps: Annotated[int, Field(ge=1)] | None = None
     """Stop after this many train steps (counting resumed ones); null: run until stopped."""
     train_batch_size: Annotated[int, Field(ge=1)] = 32
-    """Prompt groups per train step."""
+    """Prompt groups per train step (sft: rows; dpo: preference pairs)."""
     mini_batch_size: Annotated[int, Field(ge=1)] | None = None
     """Prompt groups per optimizer update; null: the whole batch (one update per epoch)."""
     ppo_epochs: Annotated[int, Field(ge=1)] = 1
@@ -290,11 +339,20 @@ class LearnerConfig(Section):
     stream: StreamConfig = StreamConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     push: PushConfig = PushConfig()
+    data: DataConfig = DataConfig()
+    dpo: DpoConfig = DpoConfig()
     metrics_port: Port | None = 9103
     """Prometheus /metrics port on rank 0 (0: a free port; null: off)."""
 
     @model_validator(mode="after")
     def _check_combinations(self) -> LearnerConfig:
+        if self.mode != "rl" and self.data.path is None:
+            raise ValueError(
+                f"learner.data.path: required in learner.mode {self.mode!r} (a JSONL or parquet "
+                "file), e.g. learner.data.path=train.parquet"
+            )
+        if self.data.filter_key is not None and not self.data.filter_values:
+            raise ValueError("learner.data.filter_key needs learner.data.filter_values (a list)")
         algo = self.algorithm
         adv = algo.advantage.type
         if adv == "gae" and not self.critic.enabled:
