@@ -1,4 +1,4 @@
-"""``dynamo-rl reward``: serve math verification and sandboxed code execution over HTTP.
+"""``dynamo-rl reward``: serve math, code, reward-model and judge scoring (and composites) over HTTP.
 
 Parses the config before importing FastAPI or math-verify, so ``--help`` is instant. Before the
 server starts, the sandbox is tried once: if bubblewrap is missing or cannot create namespaces,
