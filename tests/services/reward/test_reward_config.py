@@ -79,3 +79,13 @@ def test_start_up_refuses_a_missing_model_directory(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 1
     assert f"reward.models.rm.path: '{missing}' is not a directory" in out.stderr
+
+
+def test_start_up_refuses_a_directory_without_a_reward_model(tmp_path: Path) -> None:
+    out = subprocess.run(
+        dynamo_rl_argv("reward", "--port", "0", "reward.code.enabled=false",
+                       f"reward.models.rm.path={tmp_path}"),
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert f"reward.models.rm.path: cannot load a reward model from '{tmp_path}'" in out.stderr
