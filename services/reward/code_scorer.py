@@ -10,6 +10,7 @@ always decided here, outside the sandbox: a program cannot report its own succes
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -145,8 +146,16 @@ class CodeScorer(Scorer):
 
         if not code:
             return verdict(0.0, "no_answer", "no program in the response", format_ok=False)
+        done: bytes | None = None
         if isinstance(item.tests, AssertTests):
-            code = f"{code}\n\n{item.tests.code}\n"
+            # The asserts run in the program's own process, so a program could leave with status 0
+            # before them (sys.exit(0), os._exit(0), an excepthook or atexit that exits 0). The
+            # block passes only if it ran to its end: it then writes a fresh random marker.
+            done = secrets.token_hex(16).encode()
+            code = (
+                f"{code}\n\n{item.tests.code}\n\n"
+                f"__import__('os').write(1, b'\\n{done.decode()}\\n')\n"
+            )
             cases = [("", None)]
         else:
             cases = [(c.stdin, c.stdout) for c in item.tests.cases]
@@ -163,15 +172,22 @@ class CodeScorer(Scorer):
         for i, (stdin, expected) in enumerate(cases):
             run = self.runner.run(program, stdin.encode(), limits)
             if run.ok and (
-                expected is None
-                or normalize_output(run.stdout.decode(errors="replace"))
-                == normalize_output(expected)
+                (expected is None and done is not None and done in run.stdout)
+                or (
+                    expected is not None
+                    and normalize_output(run.stdout.decode(errors="replace"))
+                    == normalize_output(expected)
+                )
             ):
                 passed += 1
                 continue
             if run.ok:
                 reason: Reason = "wrong_answer"
-                why = f"expected {expected[:80]!r}, got {_tail(run.stdout, 80)!r}"  # type: ignore[index]
+                why = (
+                    "exited with status 0 before the end of the assert block"
+                    if expected is None
+                    else f"expected {expected[:80]!r}, got {_tail(run.stdout, 80)!r}"
+                )
             else:
                 reason = failure_reason(run)
                 if reason == "runtime_error" and b"AssertionError" in run.stderr[-4096:]:

@@ -22,7 +22,8 @@ is the pid namespace's init, so its death makes the kernel kill every process in
 including ones that called ``setsid`` or double-forked. stdout and stderr are read up to a cap;
 a run that writes more is stopped and its output marked truncated.
 
-Covered (each has an adversarial test in tests/services/reward/test_adversarial.py)
+Covered (each has an adversarial test in tests/services/reward/test_adversarial.py or
+test_adversarial_escapes.py)
 - fork bombs (RLIMIT_NPROC, counted per user namespace, so one sandbox cannot starve another);
 - memory bombs (RLIMIT_AS per process);
 - infinite loops and children that try to outlive the limit (setsid, double fork): pid namespace
@@ -35,9 +36,19 @@ Covered (each has an adversarial test in tests/services/reward/test_adversarial.
 - killing the parent: the service is outside the pid namespace; bwrap (pid 1 inside) ignores
   signals from inside it;
 - flooding stdout/stderr (capped, run stopped);
-- filling the disk (tmpfs size limit + RLIMIT_FSIZE; nothing else writable).
+- filling the disk (tmpfs size limit + RLIMIT_FSIZE; nothing else writable);
+- ``/proc`` tricks (``/proc/1/root``, ``/proc/self/exe``, host pids), symlinks out of the work
+  directory, another sandbox's processes (invisible, so untraceable), a program rewriting its own
+  file between test cases (every case starts from the submitted program), looking for the
+  expected output (it never enters the sandbox), leaving with status 0 before an ``assert`` block
+  (the block must reach its end and print a fresh random marker; code_scorer.py).
 
 Not covered — say so plainly
+- ``assert`` tests run in the program's own process: a program that reads its own code (the
+  marker is a constant of the module) can forge a pass; stdio tests are judged outside and are
+  the robust kind;
+- ``ptrace`` of the sandbox's pid 1 (bwrap) succeeds: same uid, no capabilities, same
+  namespaces, so it gains nothing (tested), but a seccomp filter would refuse it;
 - kernel vulnerabilities: there is no seccomp filter, so every syscall the kernel allows an
   unprivileged user in its own namespaces is reachable; a kernel bug is an escape;
 - total memory is bounded only per process (RLIMIT_AS × RLIMIT_NPROC + the tmpfs), not by a
