@@ -37,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = (
             f"learner.model: {lc.model!r} is not a Hugging Face model directory (no config.json)"
         )
+    if error is None and lc.mode != "rl":
+        from learner.offline_data import check_data_paths
+
+        error = check_data_paths(lc.data)
     if error:
         print(f"dynamo-rl learner: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -49,9 +53,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Import torch only now: --help and config errors stay fast.
     import torch.distributed as dist
 
-    from learner.rl import RLTrainer
+    from learner.trainer import Trainer
 
-    trainer = RLTrainer(cfg)
+    trainer: Trainer
+    if lc.mode == "rl":
+        from learner.rl import RLTrainer
+
+        trainer = RLTrainer(cfg)
+    else:  # sft, dpo: offline data (learner.data), see learner/offline.py
+        from learner.offline import MODES
+
+        trainer = MODES[lc.mode](cfg)
     try:
         return trainer.run()
     finally:
