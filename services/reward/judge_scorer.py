@@ -125,8 +125,10 @@ class JudgeClient:
                     await asyncio.sleep(s.retry_backoff_s * 2 ** (attempt - 1))
                 outcome = "ok"
                 try:
-                    r = await self._http.post(path, json=body)
-                except httpx.TimeoutException:
+                    # httpx's timeout is per read; wait_for caps the whole attempt (a judge
+                    # that trickles bytes must not hold a slot for ever).
+                    r = await asyncio.wait_for(self._http.post(path, json=body), s.timeout_s)
+                except (httpx.TimeoutException, TimeoutError):
                     outcome = "timeout"
                     last = Verdict(
                         "timeout",
