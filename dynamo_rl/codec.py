@@ -52,6 +52,8 @@ def validate_group(group: TrajectoryGroup) -> TrajectoryGroup:
         raise TrajectoryDecodeError("prompt_id is empty")
     if not group.responses:
         raise TrajectoryDecodeError(f"group {group.prompt_id!r} has no responses")
+    if any(t < 0 for t in group.prompt_token_ids):
+        raise TrajectoryDecodeError("prompt_token_ids: negative token id")
     for i, r in enumerate(group.responses):
         if len(r.logprobs) != len(r.token_ids):
             raise TrajectoryDecodeError(
