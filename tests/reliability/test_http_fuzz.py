@@ -99,16 +99,30 @@ def _common(case: Any, response: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def reward(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer]:
-    # Short limits: fuzzed programs and answers must not hold the machine.
-    server = start_reward_server(
-        tmp_path_factory.mktemp("reward-fuzz"),
-        ["reward.code.max_timeout_s=2", "reward.code.compile_timeout_s=5", "reward.math.timeout_s=3",
-         "reward.max_items=64", "reward.code.max_cases=8"],
-    )  # fmt: skip
+    # Short limits: fuzzed programs and answers must not hold the machine. The reward service has
+    # no control endpoint; it gets the token in its environment (as in compose) and must not
+    # reveal it anywhere.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DYNAMO_CONTROL_TOKEN", CONTROL_TOKEN)
+        server = start_reward_server(
+            tmp_path_factory.mktemp("reward-fuzz"),
+            ["reward.code.max_timeout_s=2", "reward.code.compile_timeout_s=5",
+             "reward.math.timeout_s=3", "reward.max_items=64", "reward.code.max_cases=8"],
+        )  # fmt: skip
     try:
         yield server
     finally:
         server.proc.stop()
+
+
+def test_reward_token_never_in_logs_metrics_or_sandbox(reward: RewardServer) -> None:
+    code = "import os\nprint(open('/proc/1/environ','rb').read(), dict(os.environ))"
+    r = httpx.post(f"{reward.url}/run_code", json={"code": code, "language": "python"}, timeout=60)
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"], r.text
+    assert CONTROL_TOKEN not in r.text
+    metrics = httpx.get(f"{reward.url}/metrics", timeout=10).text
+    assert "dynamo_reward_requests_total" in metrics
+    assert_not_leaked(CONTROL_TOKEN, metrics, reward.proc.log_path)
 
 
 def check_reward(case: Any, response: Any) -> None:
