@@ -114,7 +114,7 @@ class RolloutConfig(Section):
     """Start a batch only when the engines' weights are at most this many versions behind the
     learner's latest (0: on-policy); otherwise wait for the push."""
     max_pending_groups: Annotated[int, Field(ge=0)] = 256
-    """Pause while the stream holds at least this many groups the learner has not acknowledged
+    """Pause while the stream holds at least this many groups the learner has not read yet
     (0: no bound)."""
     poll_interval_s: Seconds = 0.5
     """How often a waiting worker checks again (staleness, backpressure)."""

@@ -4,7 +4,7 @@ One batch, in order:
 
 1. **Gates.** Wait until the engines' weights are at most ``max_staleness`` versions behind the
    learner's latest (``weight_version_key``), and until the stream holds fewer than
-   ``max_pending_groups`` groups the learner has not acknowledged (backpressure).
+   ``max_pending_groups`` groups the learner has not read yet (backpressure).
 2. **Allocate.** Ask the allocator for each prompt's count (``n`` on average, within
    ``n_min..n_max``). If it cannot answer, every prompt gets ``n`` — logged and counted in
    ``dynamo_rollout_allocator_fallbacks_total`` — and the next batch asks again.
@@ -209,7 +209,11 @@ class RolloutWorker:
             await self._sleep(reason)
 
     async def pending_groups(self) -> int:
-        """Groups in the stream the learner has not acknowledged (all of them before it joins)."""
+        """Groups in the stream the learner has not read yet (all of them before it joins).
+
+        Entries the learner has read but not acknowledged are not counted: it acknowledges only
+        when a checkpoint commits the step that used them, so counting them would stall the
+        worker (and with it the learner) between checkpoints."""
 
         async def read() -> int:
             try:
@@ -222,10 +226,9 @@ class RolloutWorker:
                 if name != self.group:
                     continue
                 lag = g.get("lag")
-                pending = int(g.get("pending") or 0)
                 if lag is None:  # Redis cannot tell after deletions; count the whole stream
                     return int(await self.redis.xlen(self.stream))
-                return int(lag) + pending
+                return int(lag)
             return int(await self.redis.xlen(self.stream))
 
         return await self._redis(read)
