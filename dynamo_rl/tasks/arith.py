@@ -145,3 +145,86 @@ def write_task(
         pq.write_table(pa.Table.from_pylist(rows), path)
         paths[name] = path
     return paths
+
+
+# --- preference pairs (the learner's dpo mode) ------------------------------------------------
+
+
+WRONG_KINDS = ("random", "units")
+
+
+def wrong_answer(value: int, rng: random.Random, kind: str = "random") -> int:
+    """A wrong answer to a question whose answer is ``value``, with as many digits.
+
+    ``random``: any other number of that length (the pair tells apart answers of the right size
+    from wrong ones — what a small model learns first); ``units``: only the units digit is wrong,
+    so chosen and rejected share every token but one and telling them apart is exactly the
+    arithmetic the operands' units digits decide (much harder for a small model)."""
+    if kind not in WRONG_KINDS:
+        raise ValueError(f"wrong-answer kind must be one of {', '.join(WRONG_KINDS)}, got {kind!r}")
+    sign = -1 if value < 0 else 1
+    magnitude = abs(value)
+    digits = len(str(magnitude))
+    lo, hi = (0, 9) if digits == 1 else (10 ** (digits - 1), 10**digits - 1)
+    while True:
+        if kind == "units":
+            wrong = magnitude - magnitude % 10 + (magnitude % 10 + rng.randint(1, 9)) % 10
+        else:
+            wrong = rng.randint(lo, hi)
+        if wrong != magnitude and not (sign < 0 and wrong == 0):  # keep the sign visible
+            return sign * wrong
+
+
+def preference_rows(
+    rows: list[dict], seed: int = 0, pairs_per_prompt: int = 1, kind: str = "random"
+) -> list[dict]:
+    """Preference pairs (TRL-style ``prompt``, ``chosen``, ``rejected``) from task rows: the
+    reference answer against wrong answers (distinct ones when several per prompt; see
+    :func:`wrong_answer` for ``kind``)."""
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        value = int(row["reward_model"]["ground_truth"])
+        wrongs: list[int] = []
+        while len(wrongs) < min(pairs_per_prompt, 9):
+            w = wrong_answer(value, rng, kind)
+            if w not in wrongs:
+                wrongs.append(w)
+        for w in wrongs:
+            out.append(
+                {
+                    "data_source": DATA_SOURCE,
+                    "prompt": row["prompt"],
+                    "chosen": reference_answer(value),
+                    "rejected": reference_answer(w),
+                    "extra_info": dict(row["extra_info"]),
+                }
+            )
+    return out
+
+
+def write_preferences(
+    out_dir: str | Path,
+    n_train: int = 4000,
+    n_test: int = 1000,
+    seed: int = 0,
+    tiers: list[str] | None = None,
+    pairs_per_prompt: int = 1,
+    kind: str = "random",
+) -> dict[str, Path]:
+    """Write ``train.jsonl`` and ``test.jsonl`` preference pairs (held-out prompts in test) for
+    the learner's dpo mode; ``tiers`` keeps only those tiers."""
+    import json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train, test = generate_rows(n_train, n_test, seed)
+    paths = {}
+    for i, (name, rows) in enumerate((("train", train), ("test", test))):
+        if tiers is not None:
+            rows = [r for r in rows if r["extra_info"]["tier"] in tiers]
+        pairs = preference_rows(rows, seed * 2 + i, pairs_per_prompt, kind)
+        path = out / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+        paths[name] = path
+    return paths
