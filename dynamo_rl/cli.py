@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -76,7 +77,10 @@ def parse_config(
     overrides = list(args.overrides)
     for dest, value in vars(args).items():
         if "." in dest and value is not None:
-            overrides.append(f"{dest}={value}")
+            # A flag's text is taken literally (quoted for the YAML parse of overrides), so that
+            # `--host ::` or `--served-model-name yes` stay strings; pydantic still turns "8" into 8.
+            text = json.dumps(value) if isinstance(value, str) else value
+            overrides.append(f"{dest}={text}")
     try:
         cfg = load_config(args.config, overrides)
     except ConfigError as e:

@@ -231,7 +231,7 @@ def test_reset_needs_the_token_and_the_token_is_never_logged(allocator: Allocato
 def test_public_bind_without_a_token_is_refused() -> None:
     env = {k: v for k, v in os.environ.items() if k != "DYNAMO_CONTROL_TOKEN"}
     port = free_port()
-    for host in ("0.0.0.0", "192.0.2.1", "example.org"):
+    for host in ("0.0.0.0", "::", "192.0.2.1", "example.org"):  # "::" once broke the YAML parse
         out = subprocess.run(
             dynamo_rl_argv("allocator", "--host", host, "--port", str(port), "--metrics-port", "0"),
             capture_output=True, text=True, env=env, cwd=REPO, timeout=60,
