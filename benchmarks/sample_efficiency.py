@@ -92,9 +92,11 @@ class Settings:
     layers: int = 2
     heads: int = 4
     kv_heads: int = 2
-    warm_steps: int = 1000
+    warm_steps: int = 500
     warm_batch: int = 64
-    warm_lr: float = 3e-3
+    warm_lr: float = 1e-3
+    warm_weight_decay: float = 0.1
+    warm_seed: int = 1
     # RL
     steps: int = 64
     batch_size: int = 16
@@ -124,7 +126,14 @@ class Settings:
     def warm_key(self) -> str:
         d = asdict(self)
         keep = ["task_seed", "task_train", "test_prompts", "hidden_size", "layers", "heads"]
-        keep += ["kv_heads", "warm_steps", "warm_batch", "warm_lr"]
+        keep += [
+            "kv_heads",
+            "warm_steps",
+            "warm_batch",
+            "warm_lr",
+            "warm_weight_decay",
+            "warm_seed",
+        ]
         return hashlib.sha256(json.dumps({k: d[k] for k in keep}).encode()).hexdigest()[:12]
 
 
@@ -214,8 +223,8 @@ def warm_start(s: Settings, cache: Path) -> Path:
         pi = tok.encode(p)
         ai = [*tok.encode(a), tok.eos_token_id]
         encoded.append((pi, ai))
-    opt = torch.optim.AdamW(model.parameters(), lr=s.warm_lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(s.task_seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.warm_lr, weight_decay=s.warm_weight_decay)
+    gen = torch.Generator().manual_seed(s.warm_seed)
     model.train()
     t0 = time.time()
     for step in range(s.warm_steps):
