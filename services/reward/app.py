@@ -24,9 +24,11 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dynamo_rl.config import RewardConfig
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
@@ -247,6 +249,16 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
     async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         metrics.rejections.labels("invalid").inc()
         return _invalid(list(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers a body that is not UTF-8 or nests too deep for its JSON parser with a
+        # bare 400; every other malformed body is a 422 naming its field, so this one is too.
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            metrics.rejections.labels("invalid").inc()
+            msg = "not valid JSON (encoding or nesting)"
+            return _invalid([{"type": "json_invalid", "loc": ("body",), "msg": msg}])
+        return await http_exception_handler(request, exc)
 
     @contextlib.contextmanager
     def admitted(counts: dict[str, int]) -> Any:

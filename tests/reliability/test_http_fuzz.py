@@ -182,13 +182,6 @@ def test_reward_malformed_bodies_name_the_field(reward: RewardServer) -> None:
     reward.assert_serving()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="services/reward/app.py lets FastAPI answer a non-UTF-8 or too deeply nested JSON body "
-    "with a bare 400 'There was an error parsing the body' (no field); the engine maps it to a "
-    "422 naming the body (services/rollout/embedded/server.py). Not fixed here: app.py is being "
-    "edited by the reward-kinds work; reported to the lead.",
-)
 def test_reward_undecodable_bodies_are_422_naming_the_body(reward: RewardServer) -> None:
     for raw, ctype in UNDECODABLE:
         r = _post_raw(f"{reward.url}/v1/verify", raw, ctype)
