@@ -21,6 +21,15 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 
 Logs per service are in ``logs/``. Ctrl-C (or SIGTERM) stops every child — whole process groups,
 SIGTERM then SIGKILL — and so does the end of training: nothing is left behind.
+
+**Supervision** (``up.restart``), like a compose ``restart: always`` policy: once the services are
+up, a service that exits — the embedded Redis (same port, same AOF folder), the allocator, the
+reward service, an engine (same port), a rollout worker, the learner (until it exits 0 at
+``max_steps``) — is restarted after ``backoff_s``, doubled for each earlier restart within
+``window_s`` (at most ``backoff_max_s``); the progress display says so. A service that needs more
+than ``max_restarts`` restarts within ``window_s`` stops the run with its last log lines. What
+survives a restart is the services' business: the learner resumes from its last checkpoint, the
+others keep their state in Redis. ``pids.json`` in the run folder names each service's current pid.
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +59,19 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM arrived: stop everything."""
 
 
+@dataclass
+class Supervised:
+    """A long-running service under ``up``'s restart policy."""
+
+    proc: ServiceProcess
+    restart: Callable[[], ServiceProcess]
+    """Starts the service again (same ports, same folders) and returns its new process."""
+    restarts: list[float] = field(default_factory=list)  # monotonic times, pruned to the window
+    due: float | None = None  # when the pending restart happens (None: running)
+
+
 class Launcher:
-    """Starts, watches and stops the local processes of one run."""
+    """Starts, watches, restarts and stops the local processes of one run."""
 
     def __init__(self, cfg: ExperimentConfig, out=sys.stdout) -> None:
         self.cfg = cfg
@@ -66,6 +87,8 @@ class Launcher:
             "TOKENIZERS_PARALLELISM": "false",
         }
         self.overrides: list[str] = []
+        self.supervised: dict[str, Supervised] = {}
+        self.restart_counts: dict[str, int] = {}
         self.t0 = time.monotonic()
 
     # -- output ------------------------------------------------------------------------------
@@ -81,11 +104,58 @@ class Launcher:
         self.children.append(proc)
         return proc
 
+    def supervise(
+        self, name: str, proc: ServiceProcess, restart: Callable[[], ServiceProcess]
+    ) -> None:
+        self.supervised[name] = Supervised(proc, restart)
+        self.write_pids()
+
+    def write_pids(self) -> None:
+        pids = {name: s.proc.pid for name, s in self.supervised.items() if s.proc.proc}
+        (self.run_dir / "pids.json").write_text(json.dumps(pids, indent=2))
+
+    def check_services(self, finished: Sequence[str] = ()) -> None:
+        """One supervision pass: notice exits, restart what is due, stop a crash loop.
+
+        ``finished``: services whose exit with code 0 means done (the learner), not a crash."""
+        policy = self.cfg.up.restart
+        now = time.monotonic()
+        for name, s in self.supervised.items():
+            if s.proc.alive():
+                continue
+            code = s.proc.proc.returncode if s.proc.proc else None
+            if name in finished and code == 0:
+                continue
+            if s.due is None:
+                tail = f"last log lines ({s.proc.log_path}):\n{s.proc.log_tail()}"
+                if not policy.enabled:
+                    raise RuntimeError(f"{name} exited with code {code}; {tail}")
+                s.restarts = [t for t in s.restarts if now - t < policy.window_s]
+                if len(s.restarts) >= policy.max_restarts:
+                    raise RuntimeError(
+                        f"{name} keeps crashing: exited with code {code} after {len(s.restarts)} "
+                        f"restarts within {policy.window_s:.0f}s; {tail}"
+                    )
+                delay = min(policy.backoff_s * 2 ** len(s.restarts), policy.backoff_max_s)
+                s.due = now + delay
+                self.say(f"{name} exited with code {code}: restarting in {delay:.1f}s")
+            elif now >= s.due:
+                s.proc.stop(grace=5)  # what is left of its process group (torchrun's ranks)
+                if s.proc in self.children:
+                    self.children.remove(s.proc)
+                s.proc = s.restart()
+                s.restarts.append(time.monotonic())
+                s.due = None
+                count = self.restart_counts[name] = self.restart_counts.get(name, 0) + 1
+                self.write_pids()
+                self.say(f"restarted {name} (pid {s.proc.pid}, restart {count})")
+
     def run_step(self, name: str, argv: Sequence[str]) -> None:
         """Run a one-shot child to completion; fail with its log tail if it fails."""
         proc = self.spawn(name, argv)
         assert proc.proc is not None
         while proc.proc.poll() is None:
+            self.check_services()
             time.sleep(0.2)
         self.children.remove(proc)
         if proc.proc.returncode != 0:
@@ -193,13 +263,23 @@ class Launcher:
             self.children.append(proc)
             self.env["REDIS_URL"] = url
             self.say(f"embedded Redis at {url}")
-        allocator = self.spawn("allocator", _cli("allocator", *self.config_args()))
-        reward = self.spawn("reward", _cli("reward", *self.config_args()))
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+
+            def restart_redis() -> ServiceProcess:
+                # Same port and AOF folder: the stream, statistics and pending entries come back.
+                proc, _ = start_redis(
+                    self.run_dir / "redis", port, appendonly=True, timeout=timeout
+                )
+                self.children.append(proc)
+                return proc
+
+            self.supervise("redis", proc, restart_redis)
+        allocator = self.spawn_supervised("allocator", _cli("allocator", *self.config_args()))
+        reward = self.spawn_supervised("reward", _cli("reward", *self.config_args()))
         engines = []
         for i, port in enumerate(self.engine_ports):
-            engines.append(
-                self.spawn(f"engine{i}", _cli("engine", *self.config_args(), f"engine.port={port}"))
-            )
+            argv = _cli("engine", *self.config_args(), f"engine.port={port}")
+            engines.append(self.spawn_supervised(f"engine{i}", argv))
         allocator.wait_ready(grpc_healthy(cfg.endpoints.allocator_addr), timeout)
         self.say(f"allocator ready at {cfg.endpoints.allocator_addr}")
         reward.wait_ready(http_ok(f"{cfg.endpoints.reward_url}/healthz"), timeout)
@@ -207,6 +287,19 @@ class Launcher:
         for proc, url in zip(engines, cfg.endpoints.engine_urls, strict=True):
             proc.wait_ready(http_ok(f"{url}/health"), timeout)
             self.say(f"{proc.name} ready at {url}")
+
+    def spawn_supervised(
+        self, name: str, argv: Sequence[str] | Callable[[], list[str]]
+    ) -> ServiceProcess:
+        """Spawn a service and put it under the restart policy (``argv`` may be a function: a
+        fresh command line per start)."""
+
+        def start() -> ServiceProcess:
+            return self.spawn(name, argv() if callable(argv) else argv)
+
+        proc = start()
+        self.supervise(name, proc, start)
+        return proc
 
     def evaluate(self, test_data: str | None, label: str) -> dict[str, Any] | None:
         ev = self.cfg.up.eval
@@ -225,39 +318,32 @@ class Launcher:
 
     def train(self, cfg: ExperimentConfig) -> None:
         procs = cfg.up.learner_procs
-        learner = self.spawn(
-            "learner",
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs),
-             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-             "-m", "dynamo_rl.cli", "learner", *self.config_args()],
-        )  # fmt: skip
-        workers = [
-            self.spawn(
-                f"rollout{i}",
-                _cli(
-                    "rollout",
-                    *self.config_args(),
-                    f"rollout.worker_index={i}",
-                    f"rollout.worker_id=worker{i}",
-                ),
-            )
-            for i in range(cfg.up.rollout_workers)
-        ]
+
+        def learner_argv() -> list[str]:  # a fresh rendezvous port for every (re)start
+            return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs),
+                    "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                    "-m", "dynamo_rl.cli", "learner", *self.config_args()]  # fmt: skip
+
+        self.spawn_supervised("learner", learner_argv)
+        workers = [f"rollout{i}" for i in range(cfg.up.rollout_workers)]
+        for i, name in enumerate(workers):
+            argv = _cli("rollout", *self.config_args(), f"rollout.worker_index={i}",
+                        f"rollout.worker_id=worker{i}")  # fmt: skip
+            self.spawn_supervised(name, argv)
         progress = Progress(self.run_dir / "metrics.jsonl", cfg.learner.max_steps, self.say)
-        assert learner.proc is not None
-        while learner.proc.poll() is None:
+        while True:
             progress.poll()
-            for w in workers:
-                if not w.alive():
-                    raise RuntimeError(f"{w.name} exited; last log lines:\n{w.log_tail()}")
+            learner = self.supervised["learner"].proc
+            if not learner.alive() and learner.proc and learner.proc.returncode == 0:
+                break
+            self.check_services(finished=("learner",))
             time.sleep(0.5)
         progress.poll()
-        if learner.proc.returncode != 0:
-            raise RuntimeError(f"learner failed; last log lines:\n{learner.log_tail()}")
-        for w in workers:
-            w.stop(grace=15)
-            self.children.remove(w)
-        self.children.remove(learner)
+        for name in [*workers, "learner"]:
+            proc = self.supervised.pop(name).proc
+            proc.stop(grace=15)
+            self.children.remove(proc)
+        self.write_pids()
 
     def run(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -289,7 +375,11 @@ class Launcher:
                 signal.signal(s, handler)
 
     def summary(self, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
-        result = {"run_dir": str(self.run_dir), "wall_s": round(time.monotonic() - self.t0, 1)}
+        result: dict[str, Any] = {
+            "run_dir": str(self.run_dir),
+            "wall_s": round(time.monotonic() - self.t0, 1),
+            "restarts": dict(self.restart_counts),
+        }
         if before and after:
             result |= {"accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"]}
             self.say(

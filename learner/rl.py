@@ -192,6 +192,7 @@ class RLTrainer(Trainer):
             "samples": samples,
             "groups": len(kept),
             "skipped": sum(skipped.values()),
+            "entry_ids": consumed,
             "last": timed_out,
         }
 
@@ -403,6 +404,8 @@ class RLTrainer(Trainer):
             "is_weight_mean": totals["is_weight"] / tokens,
             "groups": batch["groups"],
             "groups_skipped": batch["skipped"],
+            # Stream ids this step consumed (trained or skipped): exactly-once is checkable.
+            "entry_ids": batch.get("entry_ids", []),
             "responses": n,
             "tokens": int(totals["tokens"]),
             "reward_mean": float(rewards.mean()),

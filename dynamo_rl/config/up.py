@@ -63,6 +63,21 @@ class EvalConfig(Section):
     """Sampling temperature of the evaluation (the policy's own, as RL trains it)."""
 
 
+class RestartConfig(Section):
+    """How ``up`` restarts a crashed service (like a compose ``restart: always`` policy)."""
+
+    enabled: bool = True
+    """Restart services that exit while the run goes on (false: the first exit stops the run)."""
+    backoff_s: Annotated[float, Field(ge=0)] = 1.0
+    """Delay before the first restart of a service; doubled for each further restart in the window."""
+    backoff_max_s: Annotated[float, Field(ge=0)] = 30.0
+    """Longest delay between restarts."""
+    max_restarts: Annotated[int, Field(ge=0)] = 5
+    """A service that needs more restarts than this within ``window_s`` stops the run."""
+    window_s: Annotated[float, Field(gt=0)] = 300.0
+    """The crash-loop window."""
+
+
 class UpConfig(Section):
     engines: Count = 1
     """Embedded inference engine replicas."""
@@ -81,3 +96,4 @@ class UpConfig(Section):
     eval: EvalConfig = EvalConfig()
     health_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     """How long each service may take to answer its health check."""
+    restart: RestartConfig = RestartConfig()
