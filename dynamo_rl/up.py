@@ -234,6 +234,7 @@ class Launcher:
             "allocator.metrics_port=0",
             f"reward.port={reward_port}",
             "rollout.metrics_port=0",
+            "learner.metrics_port=0",  # two runs on one machine must not collide on 9103
             f"rollout.dataset={dataset}",
             f"rollout.num_workers={cfg.up.rollout_workers}",
             f"engine.model={model}",
