@@ -143,9 +143,13 @@ class Launcher:
                 s.proc.stop(grace=5)  # what is left of its process group (torchrun's ranks)
                 if s.proc in self.children:
                     self.children.remove(s.proc)
-                s.proc = s.restart()
                 s.restarts.append(time.monotonic())
                 s.due = None
+                try:
+                    s.proc = s.restart()
+                except (RuntimeError, TimeoutError) as e:  # counts as one more crash
+                    self.say(f"restart of {name} failed: {str(e).splitlines()[0]}")
+                    continue
                 count = self.restart_counts[name] = self.restart_counts.get(name, 0) + 1
                 self.write_pids()
                 self.say(f"restarted {name} (pid {s.proc.pid}, restart {count})")
@@ -264,12 +268,12 @@ class Launcher:
             self.children.append(proc)
             self.env["REDIS_URL"] = url
             self.say(f"embedded Redis at {url}")
-            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            redis_port = int(url.rsplit(":", 1)[1].split("/")[0])
 
             def restart_redis() -> ServiceProcess:
                 # Same port and AOF folder: the stream, statistics and pending entries come back.
                 proc, _ = start_redis(
-                    self.run_dir / "redis", port, appendonly=True, timeout=timeout
+                    self.run_dir / "redis", redis_port, appendonly=True, timeout=timeout
                 )
                 self.children.append(proc)
                 return proc

@@ -42,12 +42,15 @@ class TinyModelConfig(Section):
 class WarmStartConfig(Section):
     """Supervised warm start on the task's reference answers before RL (the learner's sft mode)."""
 
-    steps: Annotated[int, Field(ge=0)] = 1000
+    steps: Annotated[int, Field(ge=0)] = 1500
     """Optimizer steps (0: no warm start; RL starts from the model as it is)."""
     lr: Annotated[float, Field(gt=0)] = 3e-3
     """Learning rate."""
     batch_size: Annotated[int, Field(ge=1)] = 64
     """Examples per step."""
+    grad_clip: Annotated[float, Field(gt=0)] | None = None
+    """Gradient-norm clipping of the warm start (None: off; the arithmetic plateau is left
+    sooner without it)."""
     tiers: list[str] = ["easy", "medium", "medium-rev", "medium-sub"]
     """Task tiers the warm start sees (the rest are left for RL to find, or not)."""
 
