@@ -218,7 +218,8 @@ class Launcher:
                 _cli("sft", "--model", str(init), "--data", str(self.run_dir / "data" / "train.parquet"),
                      "--out", str(sft), "--steps", str(ws.steps), "--lr", str(ws.lr),
                      "--batch-size", str(ws.batch_size), "--tiers", ",".join(ws.tiers),
-                     "--seed", str(self.cfg.run.seed)),
+                     "--seed", str(self.cfg.run.seed),
+                     f"learner.optim.grad_clip={ws.grad_clip or 'null'}"),
             )  # fmt: skip
         return str(sft)
 
