@@ -94,8 +94,16 @@ class Trainer:
         self.steplog: StepLog | None = None
         if self.env.is_main:
             import redis
+            from redis.backoff import ExponentialBackoff
+            from redis.retry import Retry
 
-            self.redis = redis.Redis.from_url(cfg.endpoints.redis_url)
+            # A Redis restart (minutes at most) is waited out, reconnecting, rather than fatal:
+            # every call the learner makes is safe to repeat (XREADGROUP, XACK, SET).
+            self.redis = redis.Redis.from_url(
+                cfg.endpoints.redis_url,
+                retry=Retry(ExponentialBackoff(cap=5.0, base=0.25), retries=40),
+                retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+            )
             self.metrics = LearnerMetrics()
             if self.lc.metrics_port is not None:
                 port = self.metrics.metrics.serve(self.lc.metrics_port, host="0.0.0.0")
