@@ -11,8 +11,9 @@ Face model (safetensors + config + tokenizer) to ``--out``. ``--tiers`` keeps th
 
 Defaults suited to a one-shot job, each applied only when neither the config file nor an override
 sets the key: the run folder is ``<out>.run`` (so rerunning the same command resumes there), one
-checkpoint at the end (``learner.checkpoint.every`` = the step count, no intermediate export), no
-Prometheus port, no weight push, and a micro-batch as large as the batch (one forward/backward per
+checkpoint at the end (``learner.checkpoint.every`` = the step count, no intermediate export), a
+linear warmup of min(50, steps/10) steps, no Prometheus port, no weight push, and a micro-batch as
+large as the batch (one forward/backward per
 step: on a small model per-call overhead is what costs).
 """
 
@@ -108,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         defaults.append(f"learner.checkpoint.every={lc.max_steps}")
     if _unset(lc.checkpoint, "export_every"):
         defaults.append("learner.checkpoint.export_every=0")
+    if _unset(lc.optim, "warmup_steps") and lc.max_steps is not None:
+        # A short warmup: a tiny model at lr 3e-3 otherwise takes a few violent first steps
+        # (measured: 13.5% vs 3.0% greedy held-out accuracy on arith after 1000 steps).
+        defaults.append(f"learner.optim.warmup_steps={min(50, lc.max_steps // 10)}")
     if _unset(lc, "micro_batch_size"):
         defaults.append(f"learner.micro_batch_size={lc.train_batch_size}")
     if args.tiers:
