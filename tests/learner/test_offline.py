@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dynamo_rl.procs import free_port
-from dynamo_rl.tasks.arith import generate_rows, write_preferences
+from dynamo_rl.tasks.arith import generate_rows, write_preferences, write_task
 from learner.steplog import read_log
 from learner.tiny_model import build_tiny_model
 from tests.conftest import REPO
@@ -23,6 +23,7 @@ from tests.learner.helpers import TORCHRUN, learner_env
 
 pytestmark = pytest.mark.slow
 
+WARM_STEPS, DPO_STEPS = 500, 160
 TIERS = ["easy", "medium", "medium-rev", "medium-sub"]
 
 
@@ -109,7 +110,9 @@ def test_sft_two_ranks_loss_falls_and_resume_continues_mid_epoch(
         tmp_path / "part.log")  # fmt: skip
     state = json.loads((part / "checkpoints" / "step_000010" / "trainer_state.json").read_text())
     assert state["extra"]["data_position"] == 240
-    n_rows = sum(r["extra_info"]["tier"] in TIERS for r in pq.read_table(arith["train"]).to_pylist())
+    n_rows = sum(
+        r["extra_info"]["tier"] in TIERS for r in pq.read_table(arith["train"]).to_pylist()
+    )
     assert 240 % n_rows != 0  # the resume point is mid-epoch
     run(torchrun(2, "learner", [*common(tiny_model, part), *sft, "learner.max_steps=20"]),
         tmp_path / "part.log")  # fmt: skip
@@ -148,3 +151,54 @@ def test_sft_command_writes_the_hf_model_to_out(
         capture_output=True, text=True, env=learner_env(), cwd=REPO, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and "learner.data.path: no such file" in bad.stderr
+
+
+def test_dpo_two_ranks_lifts_reward_accuracy_on_held_out_pairs(tmp_path: Path) -> None:
+    # The pipeline the docs show: a short supervised warm start on the medium tier (one
+    # process, the sft command), then DPO on 2 ranks against it on arith preference pairs whose
+    # held-out prompts the model never saw.
+    init = build_tiny_model(tmp_path / "init", hidden_size=64, num_layers=2)
+    task = write_task(tmp_path / "task", 3000, 200, seed=0)
+    warm = tmp_path / "warm"
+    run([sys.executable, "-m", "dynamo_rl.cli", "sft", "--model", str(init),
+         "--data", str(task["train"]), "--out", str(warm), "--steps", str(WARM_STEPS),
+         "--lr", "0.003", "--batch-size", "32", "--tiers", "medium", "--seed", "0",
+         "learner.optim.warmup_steps=20"], tmp_path / "warm.log")  # fmt: skip
+    prefs = write_preferences(tmp_path / "prefs", 3000, 600, seed=1, tiers=["medium"])
+    run_dir = tmp_path / "dpo"
+    dpo = [
+        "learner.mode=dpo",
+        f"learner.data.path={prefs['train']}",
+        f"learner.data.eval_path={prefs['test']}",
+        "learner.data.eval_every=40",
+        "learner.dpo.beta=0.1",
+        "learner.lr=1.5e-3",
+        "learner.train_batch_size=32",
+        "learner.micro_batch_size=16",
+        f"learner.max_steps={DPO_STEPS}",
+        f"learner.checkpoint.every={DPO_STEPS}",
+    ]
+    run(torchrun(2, "learner", [*common(warm, run_dir), *dpo]), tmp_path / "dpo.log")
+    records = train_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, DPO_STEPS + 1))
+    # Step 1 starts at the reference: every implicit reward is 0 and the loss is log 2.
+    assert records[0]["loss"] == pytest.approx(0.693147, abs=1e-5)
+    assert records[0]["reward_accuracy"] == 0.0
+    evals = eval_records(run_dir)
+    before, after = evals[0], evals[-1]
+    assert [e["step"] for e in evals] == list(range(0, DPO_STEPS + 1, 40))
+    assert before["eval_reward_accuracy"] == 0.0 and before["eval_kl"] == pytest.approx(0.0)
+    assert before["eval_pairs"] == after["eval_pairs"] > 100
+    assert after["eval_reward_accuracy"] > 0.8, (before, after)
+    assert after["eval_reward_margin"] > 0 and after["eval_loss"] < before["eval_loss"]
+    assert after["eval_reward_chosen"] > after["eval_reward_rejected"]
+    assert (run_dir / "export" / "final" / "model.safetensors").is_file()
+
+    # IPO through the same path (one rank): at the reference h = 0, so the loss is 1/(2β)^2.
+    ipo_dir = tmp_path / "ipo"
+    run([sys.executable, "-m", "dynamo_rl.cli", "learner", *common(warm, ipo_dir), *dpo[:2],
+         "learner.dpo.kind=ipo", "learner.dpo.beta=0.5", "learner.lr=3e-4",
+         "learner.train_batch_size=8", "learner.max_steps=3"], tmp_path / "ipo.log")  # fmt: skip
+    ipo = train_records(ipo_dir)
+    assert ipo[0]["loss"] == pytest.approx(1.0, abs=1e-5)
+    assert ipo[-1]["loss"] < ipo[0]["loss"]
