@@ -3,8 +3,10 @@
 A prompt is either raw text (used verbatim: the dataset chose its format) or chat messages. Chat
 messages go through the tokenizer's chat template when it has one (``template="chat"``, or
 ``"auto"``), else through the plain template — ``Role: content`` lines ending in ``Assistant:`` —
-so that a model warm-started on this text sees exactly what the rollout worker later sends. The
-tokenizer is passed in; this module imports no tokenizer library.
+so that a model warm-started on this text sees exactly what the rollout worker later sends.
+``template="raw"`` uses the messages' contents alone (one per line) — a base model's completion
+prompt, as toy tasks such as the built-in ``arith`` use. The tokenizer is passed in; this module
+imports no tokenizer library.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 Messages = Sequence[Mapping[str, str]]
-TEMPLATES = ("auto", "chat", "plain")
+TEMPLATES = ("auto", "chat", "plain", "raw")
+
+
+def render_raw(messages: Messages) -> str:
+    """The messages' contents alone, one per line: a base model's completion prompt."""
+    return "\n".join(m["content"] for m in messages)
 
 
 def render_plain(messages: Messages) -> str:
@@ -37,6 +44,9 @@ def render_prompt(
     """``(text, token ids)`` of a prompt, ready for generation."""
     if isinstance(prompt, str):
         return prompt, list(tokenizer.encode(prompt, add_special_tokens=True))
+    if template == "raw":
+        text = render_raw(prompt)
+        return text, list(tokenizer.encode(text, add_special_tokens=True))
     if uses_chat_template(tokenizer, template):
         text = tokenizer.apply_chat_template(
             list(prompt), tokenize=False, add_generation_prompt=True

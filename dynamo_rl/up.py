@@ -219,7 +219,9 @@ class Launcher:
                      "--out", str(sft), "--steps", str(ws.steps), "--lr", str(ws.lr),
                      "--batch-size", str(ws.batch_size), "--tiers", ",".join(ws.tiers),
                      "--seed", str(self.cfg.run.seed),
-                     f"learner.optim.grad_clip={ws.grad_clip or 'null'}"),
+                     f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
+                     # The warm start renders prompts exactly as the rollout worker will.
+                     f"learner.data.template={self.cfg.rollout.prompt_template}"),
             )  # fmt: skip
         return str(sft)
 

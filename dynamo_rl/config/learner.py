@@ -292,8 +292,9 @@ class DataConfig(Section):
     """Keep only rows whose value at this field is in ``filter_values`` (e.g. extra_info.tier)."""
     filter_values: list[str] | None = None
     """Values kept by ``filter_key`` (compared as strings)."""
-    template: Literal["auto", "chat", "plain"] = "auto"
-    """Prompt rendering: auto is the tokenizer's chat template when it has one, else plain."""
+    template: Literal["auto", "chat", "plain", "raw"] = "auto"
+    """Prompt rendering: auto is the tokenizer's chat template when it has one, else plain; raw
+    is the messages' contents alone (base models)."""
     shuffle: bool = True
     """Visit the rows in a seeded random order, a new order each epoch."""
     epochs: Annotated[int, Field(ge=1)] = 1

@@ -48,9 +48,10 @@ class RolloutConfig(Section):
     """File format (auto: from the extension, .jsonl/.json or .parquet)."""
     tokenizer: str | None = None
     """Hugging Face tokenizer directory (None: engine.model)."""
-    prompt_template: Literal["auto", "chat", "plain"] = "auto"
+    prompt_template: Literal["auto", "chat", "plain", "raw"] = "auto"
     """How chat messages become text: the tokenizer's chat template (chat), 'Role: content' lines
-    ending in 'Assistant:' (plain), or chat when the tokenizer has a template, else plain (auto)."""
+    ending in 'Assistant:' (plain), chat when the tokenizer has a template, else plain (auto), or
+    the messages' contents alone, for base models (raw)."""
     default_kind: Literal["math", "code"] = "math"
     """Reward kind for rows that do not name one (a row's 'kind' or extra_info.kind wins)."""
     shuffle: bool = True
