@@ -117,6 +117,10 @@ class RolloutConfig(Section):
     max_pending_groups: Annotated[int, Field(ge=0)] = 256
     """Pause while the stream holds at least this many groups the learner has not read yet
     (0: no bound)."""
+    lease_ttl_s: Seconds = 60.0
+    """A worker's lease on the prompts of its batch (``lease_key``) lasts this long and is renewed
+    every third of it while the batch runs; once it lapses (the worker died) another worker — or
+    the same worker id restarted, at once — re-issues those prompts."""
     poll_interval_s: Seconds = 0.5
     """How often a waiting worker checks again (staleness, backpressure)."""
     backoff_s: Seconds = 0.5

@@ -14,9 +14,16 @@ One batch, in order:
 4. **Verify.** Every response goes to ``/v1/verify`` with an id naming its prompt and position, and
    results are matched back by id. The service being down means wait and retry: nothing is pushed
    unscored.
-5. **Report** ``(prompt_id, attempts, successes)`` to the allocator (kept and re-sent with the next
-   batch if the allocator is down), then **push** one ``TrajectoryGroup`` per prompt with one Lua
-   script, so a batch lands whole or not at all, and at most once (see :meth:`RolloutWorker.push`).
+5. **Push** one ``TrajectoryGroup`` per prompt with one Lua script, so a batch lands whole or not
+   at all, and at most once (see :meth:`RolloutWorker.push`), then **report**
+   ``(prompt_id, attempts, successes)`` to the allocator (kept and re-sent with the next batch if
+   the allocator is down): statistics count only responses that reached the stream.
+
+**Leases.** While a batch runs, the worker holds ``lease_key(ns, worker_id)``: the batch's prompt
+ids and an expiry ``lease_ttl_s`` ahead, renewed every third of that. The push script deletes the
+lease in the same transaction as the ``XADD``s. A worker killed mid-batch leaves its lease behind:
+before each batch, a worker claims (atomically, so once) every lapsed lease — and its own worker
+id's lease at once, since that can only be a dead earlier run — and re-issues those prompts first.
 
 Each prompt's responses are gathered by that prompt's own task, so a group can only ever hold its
 own prompt's responses: counts and metadata cannot misalign (the reference code's repeat/metadata
@@ -49,6 +56,7 @@ from dynamo_rl.config import ExperimentConfig, RolloutConfig
 from dynamo_rl.keys import (
     engines_key,
     learner_group,
+    lease_key,
     pushed_batch_key,
     trajectory_stream,
     weight_version_key,
@@ -66,8 +74,11 @@ T = TypeVar("T")
 
 PUSH_MARKER_TTL_S = 86400
 
-# KEYS: stream, marker. ARGV: marker TTL, fields per entry x 2, then every entry's field pairs.
+LEASE_KEEP_S = 86400  # a lapsed lease stays claimable this long
+
+# KEYS: stream, marker, lease. ARGV: marker TTL, fields per entry x 2, then every entry's fields.
 PUSH_SCRIPT = """
+redis.call('DEL', KEYS[3])
 local done = redis.call('GET', KEYS[2])
 if done then return cjson.decode(done) end
 local width = tonumber(ARGV[2])
@@ -79,6 +90,20 @@ for i = 3, #ARGV, width do
 end
 redis.call('SET', KEYS[2], cjson.encode(ids), 'EX', tonumber(ARGV[1]))
 return ids
+"""
+
+
+# KEYS: the lease. ARGV: now (unix seconds), "1" to take it whatever its expiry (our own id).
+# Returns the lease's JSON if it was taken (and deletes it), else nil: each lease is taken once.
+CLAIM_SCRIPT = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return nil end
+local ok, lease = pcall(cjson.decode, raw)
+if ok and ARGV[2] ~= '1' and tonumber(lease['expires_unix'] or 0) > tonumber(ARGV[1]) then
+  return nil
+end
+redis.call('DEL', KEYS[1])
+return raw
 """
 
 
@@ -151,6 +176,8 @@ class RolloutWorker:
         self.batches_done = 0
         # Tells this run's batches from an earlier run of a worker with the same id.
         self.session = secrets.token_hex(4)
+        self.lease = lease_key(namespace, worker_id)
+        self.reissued = 0  # prompts taken over from lapsed leases
 
     # -- waiting --------------------------------------------------------------------------------
 
@@ -330,6 +357,58 @@ class RolloutWorker:
             return
         self._unreported.clear()
 
+    # -- leases -------------------------------------------------------------------------------
+
+    async def hold_lease(self, prompt_ids: Sequence[str], batch_id: str) -> None:
+        ttl = self.cfg.lease_ttl_s
+        value = json.dumps(
+            {
+                "prompt_ids": list(prompt_ids),
+                "batch_id": batch_id,
+                "expires_unix": time.time() + ttl,
+            }
+        )
+        await self._redis(lambda: self.redis.set(self.lease, value, ex=int(ttl + LEASE_KEEP_S)))
+
+    async def renew_lease(self, prompt_ids: Sequence[str], batch_id: str) -> None:
+        """Runs beside a batch: keeps its lease from lapsing (cancelled when the batch ends)."""
+        while True:
+            await asyncio.sleep(self.cfg.lease_ttl_s / 3)
+            await self.hold_lease(prompt_ids, batch_id)
+
+    async def claim_lapsed(self) -> list[PromptRecord]:
+        """Take every lapsed lease (and our own id's, left by a dead earlier run): their prompts."""
+        pattern = lease_key(self.namespace, "*")
+        found = await self._redis(lambda: self._scan(pattern))
+        known = {r.prompt_id: r for r in self.sampler.records}
+        out: list[PromptRecord] = []
+        for key in found:
+            own = "1" if key == self.lease else "0"
+            raw = await self._redis(
+                lambda key=key, own=own: self.redis.eval(CLAIM_SCRIPT, 1, key, time.time(), own)
+            )
+            if raw is None:
+                continue
+            try:
+                ids = list(json.loads(raw)["prompt_ids"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("dropped an unreadable lease %s", key)
+                continue
+            missing = [p for p in ids if p not in known]
+            if missing:
+                log.warning("lease %s: %d prompts not in this worker's shard, dropped",
+                            key, len(missing))  # fmt: skip
+            out += [known[p] for p in ids if p in known]
+            log.info("re-issuing %d prompts of the lapsed lease %s", len(ids) - len(missing), key)
+        self.reissued += len(out)
+        return out
+
+    async def _scan(self, pattern: str) -> list[str]:
+        return [
+            k.decode() if isinstance(k, bytes) else str(k)
+            async for k in self.redis.scan_iter(match=pattern, count=100)
+        ]
+
     # -- one batch ------------------------------------------------------------------------------
 
     def render(self, record: PromptRecord) -> tuple[str, list[int]]:
@@ -366,7 +445,26 @@ class RolloutWorker:
         await self.discover_engines()
         engine_version = await self.wait_for_fresh_weights()
         await self.wait_for_room()
-        records = self.sampler.next_batch(self.cfg.batch_size)
+        records = (await self.claim_lapsed())[: self.cfg.batch_size]
+        taken = {r.prompt_id for r in records}
+        records += [
+            r for r in self.sampler.next_batch(self.cfg.batch_size) if r.prompt_id not in taken
+        ][: self.cfg.batch_size - len(records)]
+        await self.hold_lease([r.prompt_id for r in records], batch_id)
+        renewer = asyncio.create_task(self.renew_lease([r.prompt_id for r in records], batch_id))
+        try:
+            return await self._run_leased_batch(batch_index, batch_id, records, engine_version, t0)
+        finally:
+            renewer.cancel()
+
+    async def _run_leased_batch(
+        self,
+        batch_index: int,
+        batch_id: str,
+        records: list[PromptRecord],
+        engine_version: int,
+        t0: float,
+    ) -> BatchResult:
         rendered = [self.render(r) for r in records]
 
         t_alloc = time.monotonic()
@@ -452,10 +550,10 @@ class RolloutWorker:
             )
             outcomes.append((r.prompt_id, len(group), sum(resp.correct for resp in responses)))
 
-        await self.report(outcomes)
         t_push = time.monotonic()
         entry_ids = await self.push(groups, batch_id)
         t_end = time.monotonic()
+        await self.report(outcomes)  # after the push: statistics count what reached the stream
 
         m = self.metrics
         m.batches.inc()
@@ -492,6 +590,7 @@ class RolloutWorker:
         same ids instead of adding the batch a second time.
         """
         if not groups:
+            await self._redis(lambda: self.redis.delete(self.lease))
             return []
         entries = [encode_entry(g) for g in groups]
         width = 2 * len(entries[0])
@@ -499,7 +598,7 @@ class RolloutWorker:
         for fields in entries:
             for key, value in fields.items():
                 args += [key, value]
-        keys = [self.stream, pushed_batch_key(self.namespace, batch_id)]
+        keys = [self.stream, pushed_batch_key(self.namespace, batch_id), self.lease]
 
         async def push_once() -> list[Any]:
             return await self.redis.eval(PUSH_SCRIPT, len(keys), *keys, *args)
