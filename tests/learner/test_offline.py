@@ -23,7 +23,7 @@ from tests.learner.helpers import TORCHRUN, learner_env
 
 pytestmark = pytest.mark.slow
 
-WARM_STEPS, DPO_STEPS = 500, 160
+WARM_STEPS, DPO_STEPS = 500, 80
 TIERS = ["easy", "medium", "medium-rev", "medium-sub"]
 
 
