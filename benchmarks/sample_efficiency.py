@@ -27,7 +27,7 @@ Statistics are updated online after every scored group, before the next step's a
 interrupted benchmark resumes where it stopped. The outputs (``--out``) are a JSON file with all
 curves, per-step logs and the summary, and a PNG of held-out accuracy against rollouts consumed.
 
-    .venv/bin/python benchmarks/sample_efficiency.py --quick          # smoke run, ~2 minutes
+    .venv/bin/python benchmarks/sample_efficiency.py --quick          # smoke run, ~10 min on 2 loaded cores
     .venv/bin/python benchmarks/sample_efficiency.py                  # full benchmark
 """
 
@@ -567,7 +567,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--methods", default="grpo,alloc,mod,dynamo,dynamo-wl-std,dynamo-decay")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--quick", action="store_true", help="tiny smoke settings (minutes)")
-    p.add_argument("--out", default=str(RESULTS / "sample_efficiency"), help="output path stem")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output path stem (default benchmarks/results/sample_efficiency; with --quick, "
+        "CACHE/quick/sample_efficiency so a smoke run never overwrites the committed figures)",
+    )
     p.add_argument("--cache", default=os.environ.get("SE_CACHE", "/tmp/dynamo_se_cache"))
     p.add_argument("--metric", default="sampled", choices=("sampled", "greedy"))
     p.add_argument(
@@ -647,7 +652,10 @@ def main(argv: list[str] | None = None) -> int:
         metric: summarise(runs, methods, metric, args.target_frac)
         for metric in ("sampled", "greedy")
     }
-    out = Path(args.out)
+    default_out = (
+        cache / "quick" / "sample_efficiency" if args.quick else RESULTS / "sample_efficiency"
+    )
+    out = Path(args.out) if args.out else default_out
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "what": "held-out accuracy against rollouts consumed, in-process (see module docstring)",
