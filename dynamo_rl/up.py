@@ -220,6 +220,7 @@ class Launcher:
                      "--batch-size", str(ws.batch_size), "--tiers", ",".join(ws.tiers),
                      "--seed", str(self.cfg.run.seed),
                      f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
+                     f"learner.optim.weight_decay={ws.weight_decay}",
                      # The warm start renders prompts exactly as the rollout worker will.
                      f"learner.data.template={self.cfg.rollout.prompt_template}"),
             )  # fmt: skip

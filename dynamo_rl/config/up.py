@@ -42,15 +42,16 @@ class TinyModelConfig(Section):
 class WarmStartConfig(Section):
     """Supervised warm start on the task's reference answers before RL (the learner's sft mode)."""
 
-    steps: Annotated[int, Field(ge=0)] = 1500
+    steps: Annotated[int, Field(ge=0)] = 500
     """Optimizer steps (0: no warm start; RL starts from the model as it is)."""
-    lr: Annotated[float, Field(gt=0)] = 3e-3
-    """Learning rate."""
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    """Learning rate (after the sft mode's short warmup)."""
+    weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    """AdamW weight decay of the warm start."""
     batch_size: Annotated[int, Field(ge=1)] = 64
     """Examples per step."""
-    grad_clip: Annotated[float, Field(gt=0)] | None = None
-    """Gradient-norm clipping of the warm start (None: off; the arithmetic plateau is left
-    sooner without it)."""
+    grad_clip: Annotated[float, Field(gt=0)] | None = 1.0
+    """Gradient-norm clipping of the warm start (None: off)."""
     tiers: list[str] = ["easy", "medium", "medium-rev", "medium-sub"]
     """Task tiers the warm start sees (the rest are left for RL to find, or not)."""
 
