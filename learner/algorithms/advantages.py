@@ -13,7 +13,7 @@ positions and never depend on what the masked positions of the inputs hold.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -291,52 +291,37 @@ def _broadcast(per_response: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), per_response[:, None], 0.0)
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
-def _grpo_estimator(
-    *,
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: GroupIds,
-    token_rewards: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO (outcome rewards, group mean/std); advantages are also the returns."""
-    adv = _broadcast(grpo_advantages(rewards, group_ids), mask)
-    return adv, adv
+def _register_outcome_estimator(
+    name: str, per_response: Callable[[torch.Tensor, GroupIds], torch.Tensor], doc: str
+) -> None:
+    """Register an outcome-reward estimator: one advantage per response, on every valid token;
+    the advantages are also the returns."""
+
+    def estimator(
+        *,
+        rewards: torch.Tensor,
+        mask: torch.Tensor,
+        group_ids: GroupIds,
+        token_rewards: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        adv = _broadcast(per_response(rewards, group_ids), mask)
+        return adv, adv
+
+    estimator.__name__ = f"_{name}_estimator"
+    estimator.__doc__ = doc
+    ADVANTAGE_ESTIMATORS.register(name)(estimator)
 
 
-@ADVANTAGE_ESTIMATORS.register("drgrpo")
-def _drgrpo_estimator(
-    *,
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: GroupIds,
-    token_rewards: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dr.GRPO (outcome rewards, group mean only)."""
-    adv = _broadcast(drgrpo_advantages(rewards, group_ids), mask)
-    return adv, adv
-
-
-@ADVANTAGE_ESTIMATORS.register("rloo")
-def _rloo_estimator(
-    *,
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: GroupIds,
-    token_rewards: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLOO (outcome rewards, leave-one-out baseline)."""
-    adv = _broadcast(rloo_advantages(rewards, group_ids), mask)
-    return adv, adv
+_register_outcome_estimator("grpo", grpo_advantages, "GRPO (outcome rewards, group mean/std).")
+_register_outcome_estimator(
+    "drgrpo", drgrpo_advantages, "Dr.GRPO (outcome rewards, group mean only)."
+)
+_register_outcome_estimator(
+    "rloo", rloo_advantages, "RLOO (outcome rewards, leave-one-out baseline)."
+)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
