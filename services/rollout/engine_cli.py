@@ -7,23 +7,13 @@ config mistakes answer at once.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamo_rl.cli import EXIT_CONFIG, parse_config, service_parser
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from dynamo_rl.cli import EXIT_CONFIG, is_loopback, parse_config, service_parser
 
 
 def _parser() -> argparse.ArgumentParser:
