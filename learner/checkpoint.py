@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -60,6 +61,33 @@ class CheckpointManager:
     def latest(self) -> tuple[int, Path] | None:
         found = self.committed()
         return found[-1] if found else None
+
+    def load_latest(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[int, Path, dict[str, Any]] | None:
+        """Collective: load the newest committed checkpoint that loads; returns (step, path,
+        trainer state), or None when there is none.
+
+        A committed checkpoint damaged afterwards (truncated shard, bad JSON, missing metadata) is
+        refused with an error in the log and the one before it is used; the steps after it are
+        then trained again on new data (the entries they consumed were acknowledged when it
+        committed). If every committed checkpoint is damaged the learner stops with a clear error
+        rather than silently starting from scratch.
+        """
+        found = self.committed()
+        for step, path in reversed(found):
+            try:
+                return step, path, self.load(path, model, optimizer)
+            except (Exception, CheckpointException) as e:  # dcp's error is a BaseException
+                log.error("checkpoint %s is damaged, refused (%s: %s); trying the previous one",
+                          path, type(e).__name__, str(e).splitlines()[0][:300])  # fmt: skip
+        if found:
+            raise RuntimeError(
+                f"every committed checkpoint under {self.root} is damaged "
+                f"({', '.join(p.name for _s, p in found)}); move them away to start afresh, "
+                "or set learner.checkpoint.resume=false"
+            )
+        return None
 
     def save(
         self,

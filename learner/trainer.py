@@ -180,12 +180,13 @@ class Trainer:
     # --- pieces ------------------------------------------------------------------------------
 
     def resume(self) -> bool:
-        latest = self.ckpt.latest() if self.lc.checkpoint.resume else None
-        if latest is None:
+        loaded = (
+            self.ckpt.load_latest(self.model, self.optimizer) if self.lc.checkpoint.resume else None
+        )
+        if loaded is None:
             self.load_extra_state({})
             return False
-        step, path = latest
-        state = self.ckpt.load(path, self.model, self.optimizer)
+        step, path, state = loaded
         self.step = int(state["step"])
         self.weight_version = int(state.get("weight_version", 0))
         self.scheduler.load_state_dict(state["scheduler"])

@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
 
 from dynamo_rl.procs import free_port
 from learner.checkpoint import MARKER, CheckpointManager
@@ -57,11 +56,11 @@ def two_checkpoints(tmp_path: Path) -> tuple[CheckpointManager, dict[int, dict[s
 
 
 def _resume(mgr: CheckpointManager) -> tuple[dict, nn.Module]:
-    """What ``Trainer.resume`` does with the manager: the newest committed checkpoint, loaded."""
+    """What ``Trainer.resume`` does with the manager: the newest committed checkpoint that loads."""
     model, opt = _model()
-    latest = mgr.latest()
-    assert latest is not None
-    return mgr.load(latest[1], model, opt), model
+    loaded = mgr.load_latest(model, opt)
+    assert loaded is not None
+    return loaded[2], model
 
 
 def _same(model: nn.Module, weights: dict[str, torch.Tensor]) -> bool:
@@ -98,29 +97,22 @@ CORRUPTIONS = {"truncated-shard": _corrupt_shard, "bad-state-json": _corrupt_sta
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
-def test_a_damaged_checkpoint_fails_loudly_not_silently(two_checkpoints, corrupt) -> None:
-    # Today's behaviour, which must at least hold: loading a damaged checkpoint raises (it never
-    # resumes from garbage weights or a made-up step).
-    mgr, _weights = two_checkpoints
-    corrupt(mgr.dir_for(2))
-    assert (mgr.dir_for(2) / MARKER).exists()
-    # dcp's CheckpointException derives from BaseException, not Exception.
-    with pytest.raises((Exception, CheckpointException)):
-        _resume(mgr)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="learner/checkpoint.py: CheckpointManager.latest() returns the newest COMMITTED folder "
-    "without checking it and Trainer.resume loads it directly, so a committed checkpoint damaged "
-    "afterwards makes the learner crash at start (dcp/json error) instead of refusing it with a "
-    "clear error and resuming from the previous one. Reported to the lead (learner/ is theirs).",
-)
-@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_a_damaged_checkpoint_is_refused_and_the_previous_one_used(
-    two_checkpoints, corrupt
+    two_checkpoints, corrupt, caplog
 ) -> None:
     mgr, weights = two_checkpoints
     corrupt(mgr.dir_for(2))
+    assert (mgr.dir_for(2) / MARKER).exists()
     state, model = _resume(mgr)
     assert state["step"] == 1 and _same(model, weights[1])
+    assert "step_000002 is damaged, refused" in caplog.text
+
+
+def test_when_every_checkpoint_is_damaged_the_learner_stops_with_a_clear_error(
+    two_checkpoints,
+) -> None:
+    mgr, _weights = two_checkpoints
+    for step in (1, 2):
+        _corrupt_state(mgr.dir_for(step))
+    with pytest.raises(RuntimeError, match=r"every committed checkpoint .* is damaged"):
+        _resume(mgr)
