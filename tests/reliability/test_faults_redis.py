@@ -41,6 +41,15 @@ def _pending_ids(client: redis.Redis, stream: str, group: str) -> set[str]:
     return {r["message_id"].decode() for r in rows}
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants."""
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            out += _tree(int(child))
+    return out
+
+
 @pytest.mark.slow
 def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -74,7 +83,10 @@ def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) ->
         # The learner is frozen (SIGSTOP) across the restart so that its pending entries can be
         # compared exactly; it finds its connection gone when it continues.
         learner_group_pid = json.loads((run_dir / "pids.json").read_text())["learner"]
-        os.killpg(learner_group_pid, signal.SIGSTOP)
+        # torchrun starts its ranks in sessions of their own: stop the whole tree, not the group.
+        learner_tree = _tree(learner_group_pid)
+        for pid in learner_tree:
+            os.kill(pid, signal.SIGSTOP)
         client = redis.Redis.from_url(url)
         before = {
             "stream": client.xlen(stream),
@@ -94,7 +106,8 @@ def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) ->
             "pending": _pending_ids(client, stream, group),
         }
         client.close()
-        os.killpg(learner_group_pid, signal.SIGCONT)
+        for pid in learner_tree:
+            os.kill(pid, signal.SIGCONT)
         # Nothing written before the stop is lost (workers may have added more since).
         assert after["stream"] >= before["stream"] and after["stats"] >= before["stats"]
         assert after["pending"] == before["pending"]

@@ -100,18 +100,25 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def _freeze_holding_a_lease(pid: int, redis_url: str, timeout: float = 60.0) -> dict:
-    """SIGSTOP the worker at a moment it holds a lease; returns the lease (worker still stopped)."""
+def _freeze_holding_a_lease(run: Run, redis_url: str, timeout: float = 60.0) -> dict:
+    """SIGSTOP the worker at a moment it holds a lease; returns the lease (worker still stopped).
+
+    The worker's pid is read afresh on every try: ``pids.json`` is rewritten on every restart."""
     client = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + timeout
     try:
         while True:
-            os.kill(pid, signal.SIGSTOP)
+            assert time.monotonic() < deadline, "the worker never held a lease"
+            pid = run.pid("rollout0")
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:  # between a restart and the new pids.json
+                time.sleep(0.2)
+                continue
             raw = client.get(keys.lease_key(NS, "worker0"))
             if raw is not None:
                 return json.loads(raw)
             os.kill(pid, signal.SIGCONT)  # between batches: try again
-            assert time.monotonic() < deadline, "the worker never held a lease"
             time.sleep(0.1)
     finally:
         client.close()
@@ -145,7 +152,7 @@ def test_up_survives_learner_allocator_reward_and_worker_kills(tmp_path: Path, r
         run.wait_restart("reward")
         run.wait_steps(1)
         # 4. A rollout worker mid-batch: frozen first so its lease can be read, then killed.
-        lease = _freeze_holding_a_lease(run.pid("rollout0"), redis_url)
+        lease = _freeze_holding_a_lease(run, redis_url)
         os.kill(run.pid("rollout0"), signal.SIGKILL)
         run.wait_restart("rollout0")
         run.proc.wait(timeout=300)
