@@ -379,6 +379,9 @@ class Launcher:
             self.say(f"error: {e}")
             return 1
         finally:
+            # A second Ctrl-C / SIGTERM must not cut the shutdown short and leave orphans.
+            for sig in old:
+                signal.signal(sig, signal.SIG_IGN)
             self.stop_all()
             for s, handler in old.items():
                 signal.signal(s, handler)
