@@ -11,7 +11,9 @@ Two ways to run it:
 For each of the first ``--limit`` prompts it samples ``--n`` responses and reports
 ``avg@n`` (the mean fraction of correct samples per prompt: pass@1 estimated from n samples;
 ``accuracy`` in the output), ``pass@n`` (any sample correct) and the same by ``data_source``.
-With ``--temperature 0`` and ``--n 1`` it is greedy pass@1.
+With ``--temperature 0`` and ``--n 1`` it is greedy pass@1. Each prompt is sampled with a seed of
+its own derived from ``run.seed`` and its id (reproducible, independent across prompts);
+``--samples FILE`` writes every sample with its verdict as JSONL.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=16,
                         help="prompts in flight at once (default 16)")  # fmt: skip
     parser.add_argument("--out", metavar="FILE", help="also write the result as JSON here")
+    parser.add_argument("--samples", metavar="FILE",
+                        help="write every sample (prompt_id, index, text, correct) as JSONL here")  # fmt: skip
     return parser
 
 
@@ -54,13 +58,15 @@ async def evaluate(
     temperature: float,
     concurrency: int,
     tokenizer_dir: str,
+    samples_path: str | None = None,
 ) -> dict[str, Any]:
     import asyncio
+    from dataclasses import replace
 
     from services.rollout.datasets import PromptRenderer, load_records, reward_item
     from services.rollout.engines import EnginePool, Sampling, make_engine
     from services.rollout.reward_client import RewardClient
-    from services.rollout.worker import load_tokenizer
+    from services.rollout.worker import load_tokenizer, request_seed
 
     rc = cfg.rollout
     records = load_records(data, rc.dataset_format, rc.default_kind)
@@ -80,23 +86,34 @@ async def evaluate(
     )  # fmt: skip
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(record) -> list[float]:
+    async def one(record) -> tuple[list[float], list[str]]:
         async with gate:
             _text, ids = renderer.render(record.prompt)
-            samples = await pool.generate(ids, n, sampling)
+            # A seed of its own per prompt: with one seed for all, every prompt would share the
+            # same n noise streams, and one unlucky draw would fail the same sample everywhere.
+            seeded = replace(sampling, seed=request_seed(cfg.run.seed, "eval", record.prompt_id))
+            samples = await pool.generate(ids, n, seeded)
             items = [
                 reward_item(record, f"{record.prompt_id}/{j}", x.text)
                 for j, x in enumerate(samples)
             ]
             results = await reward.verify(items)
-            return [1.0 if r["correct"] else 0.0 for r in results]
+            return [1.0 if r["correct"] else 0.0 for r in results], [x.text for x in samples]
 
     try:
-        scores = await asyncio.gather(*(one(r) for r in records))
+        answers = await asyncio.gather(*(one(r) for r in records))
         versions = await pool.weight_versions()
     finally:
         await pool.aclose()
         await reward.aclose()
+    scores = [sc for sc, _ in answers]
+    if samples_path:
+        with open(samples_path, "w") as f:
+            for record, (sc, texts) in zip(records, answers, strict=True):
+                for j, (score, text) in enumerate(zip(sc, texts, strict=True)):
+                    row = {"prompt_id": record.prompt_id, "index": j, "text": text,
+                           "correct": bool(score)}  # fmt: skip
+                    f.write(json.dumps(row) + "\n")
     by_source: dict[str, list[list[float]]] = {}
     for record, sc in zip(records, scores, strict=True):
         by_source.setdefault(record.data_source, []).append(sc)
@@ -155,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         result = asyncio.run(
             evaluate(cfg, args.data, n=args.n, limit=args.limit, temperature=temperature,
-                     concurrency=args.concurrency, tokenizer_dir=tokenizer_dir)
+                     concurrency=args.concurrency, tokenizer_dir=tokenizer_dir,
+                     samples_path=args.samples)
         )  # fmt: skip
     except (RuntimeError, TimeoutError, ValueError, OSError) as e:
         print(f"dynamo-rl eval: {e}", file=sys.stderr)
