@@ -12,10 +12,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dynamo_rl.cli import EXIT_CONFIG, parse_config, service_parser
+
+if TYPE_CHECKING:
+    from dynamo_rl.config import ExperimentConfig
+    from learner.trainer import Trainer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,6 +49,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error:
         print(f"dynamo-rl learner: {error}", file=sys.stderr)
         return EXIT_CONFIG
+
+    def build() -> Trainer:
+        if lc.mode == "rl":
+            from learner.rl import RLTrainer
+
+            return RLTrainer(cfg)
+        from learner.offline import MODES  # sft, dpo: offline data (learner.data)
+
+        return MODES[lc.mode](cfg)
+
+    return run_ranks(cfg, build)
+
+
+def run_ranks(
+    cfg: ExperimentConfig,
+    build: Callable[[], Trainer],
+    after: Callable[[Trainer], None] | None = None,
+) -> int:
+    """Run one rank: set up logging, build the trainer, run it, then leave the group in order.
+
+    ``after`` runs on every rank once training has returned. On success every rank waits for the
+    others (a barrier) before the process group is destroyed: a rank that tears gloo down while a
+    peer still talks to it can abort ("terminate called without an active exception")."""
     _die_with_launcher()
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
@@ -53,21 +81,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Import torch only now: --help and config errors stay fast.
     import torch.distributed as dist
 
-    from learner.trainer import Trainer
-
-    trainer: Trainer
-    if lc.mode == "rl":
-        from learner.rl import RLTrainer
-
-        trainer = RLTrainer(cfg)
-    else:  # sft, dpo: offline data (learner.data), see learner/offline.py
-        from learner.offline import MODES
-
-        trainer = MODES[lc.mode](cfg)
+    finished = False
     try:
-        return trainer.run()
+        trainer = build()
+        code = trainer.run()
+        if after is not None:
+            after(trainer)
+        finished = True
+        return code
     finally:
         if dist.is_initialized():
+            if finished:
+                try:
+                    dist.barrier()
+                except Exception as e:  # a peer already gone: nothing left to wait for
+                    logging.getLogger(__name__).warning("final barrier failed: %s", e)
             dist.destroy_process_group()
 
 

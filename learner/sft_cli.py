@@ -20,8 +20,6 @@ step: on a small model per-call overhead is what costs).
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -32,6 +30,7 @@ from dynamo_rl.cli import EXIT_CONFIG, parse_config, service_parser
 
 if TYPE_CHECKING:
     from dynamo_rl.config import ExperimentConfig
+    from learner.trainer import Trainer
 
 
 def _unset(section: object, field: str) -> bool:
@@ -136,21 +135,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error:
         print(f"dynamo-rl sft: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    from learner.cli import _die_with_launcher
+    from learner.cli import run_ranks
 
-    _die_with_launcher()
-    rank = os.environ.get("RANK", "0")
-    logging.basicConfig(
-        level=cfg.run.log_level.upper(),
-        format=f"%(asctime)s rank{rank} %(name)s %(levelname)s: %(message)s",
-    )
-    import torch.distributed as dist
+    def build() -> Trainer:
+        from learner.offline import SFTTrainer
 
-    from learner.offline import SFTTrainer
+        return SFTTrainer(cfg)
 
-    trainer = SFTTrainer(cfg)
-    try:
-        code = trainer.run()
+    def export(trainer: Trainer) -> None:
         if trainer.env.is_main:
             final = Path(cfg.run.run_dir) / "export" / "final"
             if out.exists():
@@ -158,7 +150,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(final, out)
             print(out)
-        return code
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+    return run_ranks(cfg, build, export)
