@@ -106,7 +106,7 @@ class Trainer:
             )
             self.metrics = LearnerMetrics()
             if self.lc.metrics_port is not None:
-                port = self.metrics.metrics.serve(self.lc.metrics_port, host="0.0.0.0")
+                port = self.metrics.metrics.serve(self.lc.metrics_port, self.lc.metrics_host)
                 log.info("metrics on :%d/metrics", port)
             self.steplog = StepLog(self.run_dir / "metrics.jsonl")
         self.transport = self._make_transport()

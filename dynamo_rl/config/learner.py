@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from dynamo_rl.config.base import Section
-from dynamo_rl.config.common import Port
+from dynamo_rl.config.common import Host, Port
 
 Aggregation = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -344,6 +344,8 @@ class LearnerConfig(Section):
     dpo: DpoConfig = DpoConfig()
     metrics_port: Port | None = 9103
     """Prometheus /metrics port on rank 0 (0: a free port; null: off)."""
+    metrics_host: Host = "127.0.0.1"
+    """Address /metrics binds (0.0.0.0 in containers, so Prometheus can scrape it)."""
 
     @model_validator(mode="after")
     def _check_combinations(self) -> LearnerConfig:

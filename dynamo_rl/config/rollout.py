@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from dynamo_rl.config.base import Section
-from dynamo_rl.config.common import Port
+from dynamo_rl.config.common import Host, Port
 
 Seconds = Annotated[float, Field(gt=0)]
 
@@ -36,6 +36,8 @@ class SamplingConfig(Section):
 class RolloutConfig(Section):
     metrics_port: Port = 9102
     """Prometheus /metrics port (0: a free port)."""
+    metrics_host: Host = "127.0.0.1"
+    """Address /metrics binds (0.0.0.0 in containers, so Prometheus can scrape it)."""
     namespace: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
     """Allocator namespace and stream scope (None: run.name)."""
     worker_id: Annotated[str, Field(min_length=1)] | None = None

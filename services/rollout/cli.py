@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", dest="rollout.metrics_port", type=int, metavar="PORT",
         help="Prometheus /metrics port (0: a free one)",
     )  # fmt: skip
+    parser.add_argument(
+        "--metrics-host", dest="rollout.metrics_host", metavar="ADDR",
+        help="address /metrics binds (default 127.0.0.1; 0.0.0.0 in containers)",
+    )  # fmt: skip
     return parser
 
 
@@ -64,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, DatasetError, OSError) as e:
         print(f"dynamo-rl rollout: {e}", file=sys.stderr)
         return 2
-    port = metrics.metrics.serve(cfg.rollout.metrics_port)
+    port = metrics.metrics.serve(cfg.rollout.metrics_port, cfg.rollout.metrics_host)
     log.info(
         "worker %s: namespace %s, %d engine(s), metrics on :%d",
         worker.worker_id, worker.namespace, len(worker.pool.urls), port,

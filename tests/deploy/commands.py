@@ -103,6 +103,7 @@ def config_of(cmd: DynamoCommand, env: Mapping[str, str]) -> ExperimentConfig:
         "--port": f"{cmd.subcommand}.port",
         "--host": f"{cmd.subcommand}.host",
         "--metrics-port": f"{cmd.subcommand}.metrics_port",
+        "--metrics-host": f"{cmd.subcommand}.metrics_host",
     }
     if cmd.subcommand in ("allocator", "reward", "engine", "rollout"):
         for flag, key in flag_keys.items():
@@ -143,6 +144,14 @@ def listen_ports(cmd: DynamoCommand, env: Mapping[str, str]) -> dict[str, int]:
         if value:
             ports[kind] = int(value)
     return ports
+
+
+def bind_host(cmd: DynamoCommand, env: Mapping[str, str], kind: str) -> str:
+    """The address the command binds for ``kind`` ("port" or "metrics_port")."""
+    section = getattr(config_of(cmd, env), cmd.subcommand)
+    if kind == "metrics_port" and hasattr(section, "metrics_host"):
+        return section.metrics_host
+    return section.host
 
 
 def endpoint_ok(sub: str, port: int, path: str, ports: Mapping[str, int]) -> bool:

@@ -13,7 +13,13 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.deploy.commands import ENDPOINTS, check_command, endpoint_ok, listen_ports
+from tests.deploy.commands import (
+    ENDPOINTS,
+    bind_host,
+    check_command,
+    endpoint_ok,
+    listen_ports,
+)
 from tests.deploy.compose import (
     COMPOSE,
     COMPOSE_GPU,
@@ -213,6 +219,10 @@ def test_prometheus_scrapes_every_service_where_it_serves_metrics(compose: dict)
         cmd = check_command(service["command"], service["environment"])
         ports = listen_ports(cmd, service["environment"])
         assert endpoint_ok(cmd.subcommand, int(port), "/metrics", ports), target
+        # Scraped from another container: a loopback bind would answer only its own healthcheck.
+        kind = next(k for k, v in ports.items() if v == int(port))
+        bound = bind_host(cmd, service["environment"], kind)
+        assert bound not in ("127.0.0.1", "localhost", "::1"), f"{target}: binds {bound}"
         scraped_ours.add(cmd.subcommand)
     assert scraped_ours == {"allocator", "reward", "engine", "rollout", "learner"}
 

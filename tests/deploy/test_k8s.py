@@ -18,6 +18,7 @@ from dynamo_rl.config import load_config
 from tests.conftest import REPO
 from tests.deploy.commands import (
     EXPERIMENT,
+    bind_host,
     check_command,
     dynamo_command,
     endpoint_ok,
@@ -234,6 +235,9 @@ def test_prometheus_annotations_point_at_metrics(rendered, overlay: str) -> None
         assert port in {p["containerPort"] for p in c["ports"]}, where
         ports = listen_ports(cmd, container_env(c))
         assert endpoint_ok(cmd.subcommand, port, notes["prometheus.io/path"], ports), where
+        kind = next(k for k, v in ports.items() if v == port)
+        bound = bind_host(cmd, container_env(c), kind)
+        assert bound not in ("127.0.0.1", "localhost", "::1"), f"{where}: /metrics binds {bound}"
         annotated.add(cmd.subcommand)
     assert annotated == {"allocator", "reward", "engine", "rollout", "learner"}
 
