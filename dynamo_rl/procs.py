@@ -32,10 +32,20 @@ __all__ = [
 ]
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port free now, and never one this process was already given: a caller that picks several
+    ports before starting anything (``up``) must not get the same one twice."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise OSError("no free port that this process has not handed out already")
 
 
 def tail(path: Path, lines: int = 30) -> str:

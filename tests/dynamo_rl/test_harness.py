@@ -105,3 +105,12 @@ def test_metrics_names_include_unused_labelled_metrics() -> None:
     m.histogram("wait_seconds", "waits", ["why"])
     names = m.names()
     assert {"dynamo_engine_errors_total", "dynamo_engine_wait_seconds_bucket"} <= names
+
+
+def test_free_port_never_hands_out_the_same_port_twice() -> None:
+    """``up`` picks every port before starting anything: a repeat would make two services collide
+    (it did: Redis and the reward service were once given the same port)."""
+    from dynamo_rl.procs import free_port
+
+    ports = [free_port() for _ in range(500)]
+    assert len(set(ports)) == len(ports)
