@@ -52,8 +52,10 @@ class WarmStartConfig(Section):
     """Examples per step."""
     grad_clip: Annotated[float, Field(gt=0)] | None = 1.0
     """Gradient-norm clipping of the warm start (None: off)."""
-    tiers: list[str] = ["easy", "medium", "medium-rev", "medium-sub"]
-    """Task tiers the warm start sees (the rest are left for RL to find, or not)."""
+    tiers: list[str] = ["easy", "medium", "medium-rev", "medium-sub", "hard"]
+    """Task tiers the warm start sees (the rest are left for RL to find, or not). With ``hard``
+    (two two-digit numbers) the short warm start leaves many of those half-solved: what RL learns
+    most from; without it they stay at 0% and RL has nothing to go on there."""
 
 
 class EvalConfig(Section):
