@@ -83,7 +83,7 @@ class Settings:
     # task
     task_seed: int = 0
     task_train: int = 3512
-    """Train rows drawn; the warm start uses those of the easy/medium tiers."""
+    """Train rows drawn; the warm start uses those of ``warm_tiers``."""
     train_prompts: int = 256
     """RL prompt pool: the first rows of the train split (several epochs, so statistics matter)."""
     test_prompts: int = 1000
@@ -97,6 +97,8 @@ class Settings:
     warm_lr: float = 1e-3
     warm_weight_decay: float = 0.1
     warm_seed: int = 1
+    warm_tiers: str = "easy,medium,medium-rev,medium-sub"
+    """Comma-separated task tiers of the warm start (the quickstart adds ``hard``)."""
     # RL
     steps: int = 64
     batch_size: int = 16
@@ -133,6 +135,7 @@ class Settings:
             "warm_lr",
             "warm_weight_decay",
             "warm_seed",
+            "warm_tiers",
         ]
         return hashlib.sha256(json.dumps({k: d[k] for k in keep}).encode()).hexdigest()[:12]
 
@@ -142,13 +145,19 @@ class Settings:
 
 
 def task_rows(s: Settings) -> tuple[list[dict], list[dict], list[dict]]:
-    """(RL train pool, SFT pool of easy/medium tiers, held-out test rows); test is disjoint."""
+    """(RL train pool, SFT pool of the warm-start tiers, held-out test rows); test is disjoint."""
     from dynamo_rl.tasks.arith import generate_rows
 
     train, test = generate_rows(s.task_train, s.test_prompts, seed=s.task_seed)
     rl_pool = train[: s.train_prompts]
-    sft = [r for r in train if r["extra_info"]["tier"] in ("easy", "medium", "medium-rev")]
-    sft += [r for r in train if r["extra_info"]["tier"] == "medium-sub"]
+    tiers = s.warm_tiers.split(",")
+    # medium-sub rows last: the order the committed results were produced with.
+    sft = [
+        r
+        for r in train
+        if r["extra_info"]["tier"] in tiers and r["extra_info"]["tier"] != "medium-sub"
+    ]
+    sft += [r for r in train if r["extra_info"]["tier"] == "medium-sub" and "medium-sub" in tiers]
     return rl_pool, sft, test
 
 
@@ -198,7 +207,7 @@ def load(path: Path):
 
 
 def warm_start(s: Settings, cache: Path) -> Path:
-    """Build the tiny model and train it on reference answers of the easy/medium tiers (cached)."""
+    """Build the tiny model and train it on reference answers of the warm-start tiers (cached)."""
     import torch
 
     from learner.tiny_model import build_tiny_model
