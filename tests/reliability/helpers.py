@@ -1,9 +1,19 @@
-"""Shared bits of the reliability tests: the fuzzing budget and a grep for leaked secrets."""
+"""Shared bits of the reliability tests: the fuzzing budget, a grep for leaked secrets, and a
+small ``dynamo-rl up`` run to inject faults into."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, dynamo_rl_argv
 
 # Hypothesis examples per fuzzed operation: small in CI, larger by hand
 # (DYNAMO_FUZZ_EXAMPLES=500 .venv/bin/python -m pytest tests/reliability).
@@ -17,3 +27,74 @@ def assert_not_leaked(secret: str, *texts: str | Path) -> None:
     for text in texts:
         data = text.read_bytes() if isinstance(text, Path) else text.encode()
         assert secret.encode() not in data, f"control token leaked into {str(text)[:80]!r}"
+
+
+# The quickstart shrunk to seconds per step: no warm start or evaluations, a one-layer model, small
+# batches, and one batch of lead (the learner keeps pace with the workers, so faults land mid-run
+# rather than after the workers have already produced everything).
+SMALL_UP = (
+    "up.warm_start.steps=0", "up.eval.prompts=0", "up.task_train=200", "up.task_test=20",
+    "up.tiny_model.hidden_size=32", "up.tiny_model.num_layers=1", "rollout.batch_size=8",
+    "rollout.n=4", "rollout.n_min=2", "rollout.n_max=8", "learner.train_batch_size=8",
+    "rollout.max_pending_groups=8",
+)  # fmt: skip
+
+
+class UpRun:
+    """A small ``dynamo-rl up`` run as a child process, and what it writes.
+
+    With ``redis_url`` it uses that Redis (the test can inspect it afterwards); without, ``up``
+    embeds its own."""
+
+    def __init__(
+        self, run_dir: Path, name: str, steps: int, *overrides: str, redis_url: str | None = None
+    ) -> None:
+        self.run_dir = run_dir
+        self.stdout = run_dir.parent / "up.out"
+        argv = dynamo_rl_argv(
+            "up", "--config", str(REPO / "configs" / "quickstart.yaml"), "--steps", str(steps),
+            f"run.dir={run_dir}", f"run.name={name}", *SMALL_UP, *overrides,
+        )  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+        if redis_url is not None:
+            env["REDIS_URL"] = redis_url
+        with open(self.stdout, "w") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def output(self) -> str:
+        return self.stdout.read_text()
+
+    def records(self) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def pid(self, name: str) -> int:
+        return int(json.loads((self.run_dir / "pids.json").read_text())[name])
+
+    def wait(self, what: str, cond: Callable[[], bool], timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if self.proc.poll() is not None:
+                pytest.fail(f"up exited ({self.proc.returncode}) waiting for {what}:\n"
+                            f"{self.output()[-4000:]}")  # fmt: skip
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {what}:\n{self.output()[-4000:]}")
+            time.sleep(0.3)
+
+    def wait_steps(self, more: int) -> None:
+        """Until ``more`` new step records appear (training went on)."""
+        target = len(self.records()) + more
+        self.wait(f"{more} more steps", lambda: len(self.records()) >= target)
+
+    def wait_restart(self, name: str, count: int = 1) -> None:
+        self.wait(f"restart of {name}",
+                  lambda: f"restarted {name} (pid" in self.output()
+                  and self.output().count(f"restarted {name} ") >= count)  # fmt: skip
+
+    def stop(self) -> None:
+        """SIGTERM ``up`` if it still runs (it stops its children) and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)

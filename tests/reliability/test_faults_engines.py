@@ -11,63 +11,39 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, dynamo_rl_argv
+from tests.reliability.helpers import UpRun
 
 STEPS = 10
 
 
-def _steps(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
 @pytest.mark.slow
 def test_a_killed_engine_replica_is_routed_around_and_restarted(tmp_path: Path, redis_url: str):
-    run_dir, stdout = tmp_path / "run", tmp_path / "up.out"
-    argv = dynamo_rl_argv(
-        "up", "--config", str(REPO / "configs" / "quickstart.yaml"), "--steps", str(STEPS),
-        f"run.dir={run_dir}", "run.name=enginefault", "up.warm_start.steps=0", "up.eval.prompts=0",
-        "up.task_train=200", "up.task_test=20", "up.tiny_model.hidden_size=32",
-        "up.tiny_model.num_layers=1", "up.engines=2", "rollout.batch_size=8", "rollout.n=4",
-        "rollout.n_min=2", "rollout.n_max=8", "learner.train_batch_size=8",
-        "rollout.max_pending_groups=8", "up.restart.backoff_s=1.0",
+    run = UpRun(
+        tmp_path / "run",
+        "enginefault",
+        STEPS,
+        "up.engines=2",
+        "up.restart.backoff_s=1.0",
         # A push group with a dead member fails after this long (then the disk fallback).
         "learner.push.timeout_s=15",
-    )  # fmt: skip
-    env = {**os.environ, "REDIS_URL": redis_url}
-    with open(stdout, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-    def wait(what: str, cond, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            text = stdout.read_text()[-4000:]
-            if proc.poll() is not None:
-                pytest.fail(f"up exited ({proc.returncode}) waiting for {what}:\n{text}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}:\n{text}")
-            time.sleep(0.3)
-
+        redis_url=redis_url,
+    )
+    run_dir = run.run_dir
     try:
-        wait("step 2", lambda: _steps(run_dir) >= 2)
-        pid = json.loads((run_dir / "pids.json").read_text())["engine1"]
-        os.kill(pid, signal.SIGKILL)
-        steps_at_kill = _steps(run_dir)
-        wait("the engine restart", lambda: "restarted engine1 (pid" in stdout.read_text())
-        wait("three more steps", lambda: _steps(run_dir) >= steps_at_kill + 3)
-        proc.wait(timeout=300)
+        run.wait("step 2", lambda: len(run.records()) >= 2)
+        os.kill(run.pid("engine1"), signal.SIGKILL)
+        steps_at_kill = len(run.records())
+        run.wait_restart("engine1")
+        run.wait("three more steps", lambda: len(run.records()) >= steps_at_kill + 3)
+        run.proc.wait(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-    text = stdout.read_text()
-    assert proc.returncode == 0, text[-4000:]
+        run.stop()
+    text = run.output()
+    assert run.proc.returncode == 0, text[-4000:]
     assert json.loads((run_dir / "summary.json").read_text())["restarts"] == {"engine1": 1}
     import yaml
 

@@ -14,8 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -23,17 +21,10 @@ import redis
 
 from dynamo_rl import keys
 from dynamo_rl.procs import start_redis
-from tests.conftest import REPO, dynamo_rl_argv
+from tests.reliability.helpers import UpRun
 
 STEPS = 10
 NS = "redisfault"
-
-
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _pending_ids(client: redis.Redis, stream: str, group: str) -> set[str]:
@@ -58,39 +49,19 @@ def _tree(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    stdout = tmp_path / "up.out"
-    argv = dynamo_rl_argv(
-        "up", "--config", str(REPO / "configs" / "quickstart.yaml"), "--steps", str(STEPS),
-        f"run.dir={run_dir}", f"run.name={NS}", "up.warm_start.steps=0", "up.eval.prompts=0",
-        "up.task_train=200", "up.task_test=20", "up.tiny_model.hidden_size=32",
-        "up.tiny_model.num_layers=1", "rollout.batch_size=8", "rollout.n=4", "rollout.n_min=2",
-        "rollout.n_max=8", "learner.train_batch_size=8", "learner.checkpoint.every=3",
-        "rollout.max_pending_groups=8", "up.restart.backoff_s=2.0",
-    )  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # up embeds its own
-    with open(stdout, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-    def wait(what: str, cond, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            text = stdout.read_text()[-4000:]
-            if proc.poll() is not None:
-                pytest.fail(f"up exited ({proc.returncode}) waiting for {what}:\n{text}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}:\n{text}")
-            time.sleep(0.3)
-
+    # Without redis_url: up embeds its own Redis, the one this test restarts.
+    run = UpRun(
+        tmp_path / "run", NS, STEPS, "learner.checkpoint.every=3", "up.restart.backoff_s=2.0"
+    )
+    run_dir = run.run_dir
     stream, group = keys.trajectory_stream(NS), keys.learner_group(NS)
     try:
-        wait("step 2", lambda: any(r["step"] >= 2 for r in _records(run_dir)))
-        url = re.search(r"embedded Redis at (\S+)", stdout.read_text()).group(1)
+        run.wait("step 2", lambda: any(r["step"] >= 2 for r in run.records()))
+        url = re.search(r"embedded Redis at (\S+)", run.output()).group(1)
         # The learner is frozen (SIGSTOP) across the restart so that it cannot ack or read while
         # the pending entries are compared; it finds its connection gone when it continues.
-        learner_group_pid = json.loads((run_dir / "pids.json").read_text())["learner"]
         # torchrun starts its ranks in sessions of their own: stop the whole tree, not the group.
-        learner_tree = _tree(learner_group_pid)
+        learner_tree = _tree(run.pid("learner"))
         for pid in learner_tree:
             os.kill(pid, signal.SIGSTOP)
         client = redis.Redis.from_url(url)
@@ -102,10 +73,9 @@ def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) ->
         }
         client.close()
         assert before["stream"] > 0 and before["stats"] > 0 and before["pending"]
-        redis_pid = json.loads((run_dir / "pids.json").read_text())["redis"]
-        steps_before = len(_records(run_dir))
-        os.kill(redis_pid, signal.SIGTERM)
-        wait("the Redis restart", lambda: "restarted redis (pid" in stdout.read_text())
+        steps_before = len(run.records())
+        os.kill(run.pid("redis"), signal.SIGTERM)
+        run.wait_restart("redis")
         client = redis.Redis.from_url(url)
         after = {
             "stream": client.xlen(stream),
@@ -122,19 +92,17 @@ def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) ->
         # was pending must still be; any new one must be newer than the snapshot.
         assert before["pending"] <= after["pending"]
         assert all(_id(e) > before["last_id"] for e in after["pending"] - before["pending"])
-        wait("two more steps", lambda: len(_records(run_dir)) >= steps_before + 2)
-        proc.wait(timeout=300)
+        run.wait("two more steps", lambda: len(run.records()) >= steps_before + 2)
+        run.proc.wait(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-    text = stdout.read_text()
-    assert proc.returncode == 0, text[-4000:]
+        run.stop()
+    text = run.output()
+    assert run.proc.returncode == 0, text[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"] == {"redis": 1}, "a service needed a restart of its own"
 
     # Open the AOF again: exactly once, nothing pending.
-    lineage = {int(r["step"]): r for r in _records(run_dir)}
+    lineage = {int(r["step"]): r for r in run.records()}
     assert sorted(lineage) == list(range(1, STEPS + 1))
     trained = [eid for r in lineage.values() for eid in r["entry_ids"]]
     assert len(trained) == len(set(trained))

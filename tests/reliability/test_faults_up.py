@@ -24,9 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,65 +32,10 @@ import redis
 
 from dynamo_rl import keys
 from dynamo_rl.codec import decode_entry
-from tests.conftest import REPO, dynamo_rl_argv
+from tests.reliability.helpers import UpRun
 
 STEPS = 16
 NS = "faults"
-
-
-class Run:
-    """A ``dynamo-rl up`` child and what it writes."""
-
-    def __init__(self, run_dir: Path, redis_url: str) -> None:
-        self.run_dir = run_dir
-        self.stdout = run_dir.parent / "up.out"
-        argv = dynamo_rl_argv(
-            "up", "--config", str(REPO / "configs" / "quickstart.yaml"), "--steps", str(STEPS),
-            f"run.dir={run_dir}", f"run.name={NS}", "up.warm_start.steps=0", "up.eval.prompts=0",
-            "up.task_train=200", "up.task_test=20", "up.tiny_model.hidden_size=32",
-            "up.tiny_model.num_layers=1", "learner.checkpoint.keep=100", "rollout.batch_size=8",
-            "rollout.n=4", "rollout.n_min=2",
-            "rollout.n_max=8", "learner.train_batch_size=8", "learner.checkpoint.every=2",
-            "allocator.decay=1.0", "up.restart.backoff_s=1.0", "up.restart.max_restarts=3",
-            # One batch of lead: the learner keeps pace with the workers, so the faults land
-            # mid-run rather than after the workers have already produced everything.
-            "rollout.max_pending_groups=8",
-        )  # fmt: skip
-        env = {**os.environ, "REDIS_URL": redis_url}
-        with open(self.stdout, "w") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-    def output(self) -> str:
-        return self.stdout.read_text()
-
-    def records(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def pid(self, name: str) -> int:
-        return int(json.loads((self.run_dir / "pids.json").read_text())[name])
-
-    def wait(self, what: str, cond: Callable[[], bool], timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if self.proc.poll() is not None:
-                pytest.fail(f"up exited ({self.proc.returncode}) waiting for {what}:\n"
-                            f"{self.output()[-4000:]}")  # fmt: skip
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}:\n{self.output()[-4000:]}")
-            time.sleep(0.3)
-
-    def wait_steps(self, more: int) -> None:
-        """Until ``more`` new step records appear (training went on)."""
-        target = len(self.records()) + more
-        self.wait(f"{more} more steps", lambda: len(self.records()) >= target)
-
-    def wait_restart(self, name: str, count: int = 1) -> None:
-        self.wait(f"restart of {name}",
-                  lambda: f"restarted {name} (pid" in self.output()
-                  and self.output().count(f"restarted {name} ") >= count)  # fmt: skip
 
 
 def _children(pid: int) -> list[int]:
@@ -100,7 +43,7 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def _freeze_holding_a_lease(run: Run, redis_url: str, timeout: float = 60.0) -> dict:
+def _freeze_holding_a_lease(run: UpRun, redis_url: str, timeout: float = 60.0) -> dict:
     """SIGSTOP the worker at a moment it holds a lease; returns the lease (worker still stopped).
 
     The worker's pid is read afresh on every try: ``pids.json`` is rewritten on every restart."""
@@ -133,7 +76,17 @@ def _last_record_per_step(records: list[dict]) -> dict[int, dict]:
 
 @pytest.mark.slow
 def test_up_survives_learner_allocator_reward_and_worker_kills(tmp_path: Path, redis_url: str):
-    run = Run(tmp_path / "run", redis_url)
+    run = UpRun(
+        tmp_path / "run",
+        NS,
+        STEPS,
+        "learner.checkpoint.keep=100",
+        "learner.checkpoint.every=2",
+        "allocator.decay=1.0",
+        "up.restart.backoff_s=1.0",
+        "up.restart.max_restarts=3",
+        redis_url=redis_url,
+    )
     try:
         # 1. The learner, mid-run, after its first checkpoint (step 2) and before the next one.
         run.wait("step 3", lambda: any(r["step"] >= 3 for r in run.records()))
@@ -157,9 +110,7 @@ def test_up_survives_learner_allocator_reward_and_worker_kills(tmp_path: Path, r
         run.wait_restart("rollout0")
         run.proc.wait(timeout=300)
     finally:
-        if run.proc.poll() is None:
-            run.proc.send_signal(signal.SIGTERM)
-            run.proc.wait(timeout=60)
+        run.stop()
     out = run.output()
     assert run.proc.returncode == 0, out[-4000:]
     for name in ("learner", "allocator", "reward", "rollout0"):
