@@ -45,7 +45,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     With ``d = logp − ref_logp``:
     - ``k1``: ``d``;  ``abs``: ``|d|``;  ``k2``: ``½ d²``;
     - ``k3`` / ``low_var_kl``: ``exp(−d) + d − 1`` (Schulman's unbiased, non-negative estimator),
-      with ``−d`` clamped to ``[−20, 20]`` before ``exp`` and the result clamped to ``[−10, 10]``.
+      with ``−d`` clamped to ``[−20, 20]`` before ``exp`` and the result clamped to ``[0, 10]``.
     """
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL kind {kind!r}; known: {', '.join(KL_KINDS)}")
@@ -61,7 +61,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     if kind == "k2":
         return 0.5 * d.square()
     log_ratio = (-d).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # ref − logp
-    return (log_ratio.exp() - log_ratio - 1).clamp(-10.0, 10.0)
+    # expm1 keeps the small-d case accurate; the clamp at 0 removes float rounding below the
+    # estimator's true minimum (it is non-negative by construction).
+    return (torch.expm1(log_ratio) - log_ratio).clamp(0.0, 10.0)
 
 
 def aggregate_loss(
