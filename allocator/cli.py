@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 
 from dynamo_rl.cli import EXIT_CONFIG, is_loopback, parse_config, service_parser
+from dynamo_rl.redis_client import redact_url
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics_port = metrics.metrics.serve(acfg.metrics_port, acfg.host)
     print(
         f"allocator listening on {acfg.host}:{running.port} (metrics on :{metrics_port}, "
-        f"redis {_redacted(cfg.endpoints.redis_url)})",
+        f"redis {redact_url(cfg.endpoints.redis_url)})",
         flush=True,
     )
     done = threading.Event()
@@ -100,20 +101,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     done.wait()
     running.stop(grace=2.0)
     return 0
-
-
-def _redacted(url: str) -> str:
-    """The Redis URL without its password (it is printed to logs)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username or ''}:***@{parts.hostname}"
-        if parts.port:
-            netloc += f":{parts.port}"
-        parts = parts._replace(netloc=netloc)
-    return urlunsplit(parts)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

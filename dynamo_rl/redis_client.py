@@ -1,0 +1,111 @@
+"""The one way to make a Redis client: one set of timeouts, and URLs redacted wherever they are logged.
+
+Every process that talks to Redis (allocator, rollout workers, engines' registry, learner,
+dashboard, ``up``'s health probe) calls :func:`sync_client` or :func:`async_client`:
+
+- ``connect_timeout_s`` (2 s) bounds reaching the server, ``timeout_s`` (5 s) every command; a
+  blocking read (``XREADGROUP BLOCK``) passes ``block_s`` so its socket waits that much longer
+  instead of timing out under it;
+- ``retries`` > 0 makes redis-py itself reconnect and repeat a failed command, with delays from the
+  project's one :class:`~dynamo_rl.retry.Backoff` — for callers whose every command is safe to
+  repeat (the learner); others retry at a higher level with :mod:`dynamo_rl.retry`;
+- clients return raw bytes: stream payloads are protobuf, not text.
+
+:func:`redact_url` drops the password from a URL; log lines name Redis only through it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from dynamo_rl.retry import Backoff
+
+CONNECT_TIMEOUT_S = 2.0
+TIMEOUT_S = 5.0
+HEALTH_CHECK_INTERVAL_S = 30
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs and messages)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # unparseable: say nothing of it rather than leak it
+        return "<unparseable redis url>"
+    if not password:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = f"{parts.username or ''}:***@{host}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class _RedisBackoff:
+    """redis-py's back-off interface over the project's :class:`Backoff`."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self.backoff = backoff
+
+    def reset(self) -> None:
+        pass
+
+    def compute(self, failures: int) -> float:
+        return self.backoff.delay(max(failures - 1, 0))
+
+
+def _options(
+    timeout_s: float | None, block_s: float, retries: int, backoff: Backoff | None
+) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": (timeout_s if timeout_s is not None else TIMEOUT_S) + block_s,
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+    }
+    if retries > 0:
+        opts["_retry"] = (retries, backoff or Backoff(base_s=0.25, cap_s=5.0))
+    return opts
+
+
+def sync_client(
+    url: str,
+    *,
+    timeout_s: float | None = None,
+    block_s: float = 0.0,
+    retries: int = 0,
+    backoff: Backoff | None = None,
+) -> Any:
+    """A ``redis.Redis`` for ``url`` with the project's timeouts (see the module docstring)."""
+    import redis
+    from redis.retry import Retry
+
+    opts = _options(timeout_s, block_s, retries, backoff)
+    retry = opts.pop("_retry", None)
+    if retry is not None:
+        opts["retry"] = Retry(_RedisBackoff(retry[1]), retries=retry[0])
+        opts["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
+    return redis.Redis.from_url(url, **opts)
+
+
+def async_client(
+    url: str,
+    *,
+    timeout_s: float | None = None,
+    block_s: float = 0.0,
+    retries: int = 0,
+    backoff: Backoff | None = None,
+) -> Any:
+    """A ``redis.asyncio.Redis`` for ``url`` with the project's timeouts."""
+    import redis
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+
+    opts = _options(timeout_s, block_s, retries, backoff)
+    retry = opts.pop("_retry", None)
+    if retry is not None:
+        opts["retry"] = Retry(_RedisBackoff(retry[1]), retries=retry[0])
+        opts["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
+    return aioredis.Redis.from_url(url, **opts)
