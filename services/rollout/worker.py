@@ -237,8 +237,7 @@ class RolloutWorker:
         if self.cfg.allocation == "uniform" or self.allocator is None:
             return *uniform, False
         try:
-            result = await asyncio.to_thread(
-                self.allocator.allocate,
+            result = await self.allocator.aallocate(
                 self.namespace,
                 list(prompt_ids),
                 n_per_prompt=self.cfg.n,
@@ -281,7 +280,7 @@ class RolloutWorker:
             return
         batch = [(pid, a, s) for pid, (a, s) in self._unreported.items()]
         try:
-            await asyncio.to_thread(self.allocator.report_outcomes, self.namespace, batch)
+            await self.allocator.areport_outcomes(self.namespace, batch)
         except Exception as e:
             log.warning(
                 "ReportOutcomes failed (%s); %d prompts kept for the next batch",
