@@ -7,7 +7,7 @@ jittered back-off (:class:`dynamo_rl.retry.Backoff`: ``backoff_s`` doubling up t
 unbounded work onto one server. Any other error (``INVALID_ARGUMENT`` above all) is raised at
 once: retrying a bad request cannot help.
 
-Every call has an async form (``aallocate``, ``areport_outcomes``, …) for event loops: each attempt
+The calls of a rollout worker have async forms (``aallocate``, ``areport_outcomes``): each attempt
 runs in a worker thread, but the back-off between attempts is an ``asyncio.sleep``, so no thread is
 held while the client waits.
 
