@@ -1,9 +1,15 @@
 """A small, thread-safe Python client for the allocator's gRPC service (``dynamo.v1.Allocator``).
 
-It adds what every caller needs around the generated stub: a deadline on every call, retries with
-exponential backoff on ``UNAVAILABLE`` (the server or its Redis is briefly gone), and a bound on the
-calls in flight so a burst of rollout workers cannot pile unbounded work onto one server. Any other
-error (``INVALID_ARGUMENT`` above all) is raised at once: retrying a bad request cannot help.
+It adds what every caller needs around the generated stub: a deadline on every call, ``retries``
+retries on ``UNAVAILABLE`` (the server or its Redis is briefly gone) with the project's capped,
+jittered back-off (:class:`dynamo_rl.retry.Backoff`: ``backoff_s`` doubling up to
+``backoff_max_s``), and a bound on the calls in flight so a burst of rollout workers cannot pile
+unbounded work onto one server. Any other error (``INVALID_ARGUMENT`` above all) is raised at
+once: retrying a bad request cannot help.
+
+The calls of a rollout worker have async forms (``aallocate``, ``areport_outcomes``): each attempt
+runs in a worker thread, but the back-off between attempts is an ``asyncio.sleep``, so no thread is
+held while the client waits.
 
 After the retries are spent the ``grpc.RpcError`` propagates; callers fall back to uniform counts.
 Note that a retried ``report_outcomes`` may count a batch twice in the rare case where Redis applied
@@ -14,21 +20,20 @@ It imports nothing of the server (no numpy, no Redis), so any framework can use 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2_grpc as pb_grpc
+from dynamo_rl.retry import Backoff, Retrying, aretry_call, retry_call
 
 __all__ = ["AllocationResult", "AllocatorClient", "PromptStats"]
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class AllocatorClient:
         max_in_flight: int = 256,
         backoff_s: float = 0.1,
         control_token: str | None = None,
+        *,
+        backoff_max_s: float = 2.0,
+        on_retry: Callable[[str, float], None] | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -75,7 +83,8 @@ class AllocatorClient:
         self.addr = addr
         self.timeout_s = timeout_s
         self.retries = retries
-        self.backoff_s = backoff_s
+        self.backoff = Backoff(base_s=backoff_s, cap_s=backoff_max_s)
+        self._on_retry = on_retry
         self._control_token = control_token
         self._slots = threading.BoundedSemaphore(max_in_flight)
         # Large batches (tens of thousands of prompt ids) exceed gRPC's 4 MB default.
@@ -107,46 +116,44 @@ class AllocatorClient:
 
         Unset arguments take the server's configured defaults.
         """
-        if n_per_prompt is not None and budget is not None:
-            raise ValueError("give n_per_prompt or budget, not both")
-        request = pb.AllocateRequest(namespace=namespace, prompt_ids=list(prompt_ids))
-        if budget is not None:
-            request.budget = budget
-        if n_per_prompt is not None:
-            request.n_per_prompt = n_per_prompt
-        optional: dict[str, Any] = {
-            "n_min": n_min,
-            "n_max": n_max,
-            "initial_budget": initial_budget,
-            "mastery_threshold": mastery_threshold,
-            "min_priority": min_priority,
-            "priority": priority,
-            "scheme": scheme,
-        }
-        for name, value in optional.items():
-            if value is not None:
-                setattr(request, name, value)
-        reply = self._call(self._stub.Allocate, request)
-        return AllocationResult(
-            counts=list(reply.counts), priorities=list(reply.priorities), budget=reply.budget
-        )
+        request = _allocate_request(namespace, prompt_ids, n_per_prompt, **_options(locals()))
+        return _allocation(self._call("Allocate", request))
+
+    async def aallocate(
+        self,
+        namespace: str,
+        prompt_ids: Sequence[str],
+        n_per_prompt: int | None = None,
+        *,
+        budget: int | None = None,
+        n_min: int | None = None,
+        n_max: int | None = None,
+        initial_budget: int | None = None,
+        mastery_threshold: float | None = None,
+        min_priority: float | None = None,
+        priority: str | None = None,
+        scheme: str | None = None,
+    ) -> AllocationResult:
+        """:meth:`allocate` for an event loop (back-off sleeps hold no thread)."""
+        request = _allocate_request(namespace, prompt_ids, n_per_prompt, **_options(locals()))
+        return _allocation(await self._acall("Allocate", request))
 
     def report_outcomes(self, namespace: str, outcomes: Iterable[tuple[str, int, int]]) -> int:
         """Add ``(prompt_id, attempts, successes)`` per prompt; returns how many prompts changed."""
-        request = pb.ReportOutcomesRequest(
-            namespace=namespace,
-            # Dicts, not Outcome objects: protobuf builds them about twice as fast.
-            outcomes=[
-                {"prompt_id": pid, "attempts": int(a), "successes": int(s)}
-                for pid, a, s in outcomes
-            ],
-        )
-        return int(self._call(self._stub.ReportOutcomes, request).prompts_updated)
+        request = _report_request(namespace, outcomes)
+        return int(self._call("ReportOutcomes", request).prompts_updated)
+
+    async def areport_outcomes(
+        self, namespace: str, outcomes: Iterable[tuple[str, int, int]]
+    ) -> int:
+        """:meth:`report_outcomes` for an event loop (back-off sleeps hold no thread)."""
+        request = _report_request(namespace, outcomes)
+        return int((await self._acall("ReportOutcomes", request)).prompts_updated)
 
     def get_stats(self, namespace: str, prompt_ids: Sequence[str]) -> list[PromptStats]:
         """Statistics per prompt, in request order (zeros for a prompt never reported)."""
         reply = self._call(
-            self._stub.GetStats, pb.GetStatsRequest(namespace=namespace, prompt_ids=prompt_ids)
+            "GetStats", pb.GetStatsRequest(namespace=namespace, prompt_ids=prompt_ids)
         )
         return [
             PromptStats(s.prompt_id, s.samples, s.successes, s.updated_unix) for s in reply.stats
@@ -154,33 +161,46 @@ class AllocatorClient:
 
     def reset_namespace(self, namespace: str) -> int:
         """Delete a namespace's statistics; returns how many prompts had some."""
-        reply = self._call(self._stub.ResetNamespace, pb.ResetNamespaceRequest(namespace=namespace))
+        reply = self._call("ResetNamespace", pb.ResetNamespaceRequest(namespace=namespace))
         return int(reply.prompts_removed)
 
     def export_namespace(self, namespace: str) -> dict[str, Any]:
         """Every statistic of a namespace, as the parsed JSON document."""
-        reply = self._call(
-            self._stub.ExportNamespace, pb.ExportNamespaceRequest(namespace=namespace)
-        )
+        reply = self._call("ExportNamespace", pb.ExportNamespaceRequest(namespace=namespace))
         return dict(json.loads(reply.json))
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _call(self, method: Callable[..., T], request: Any) -> T:
+    def _attempt(self, method: str, request: Any) -> Any:
         metadata = []
         if self._control_token:
             metadata.append(("authorization", f"Bearer {self._control_token}"))
+        # A slot per attempt: a call waiting out its back-off holds none.
         with self._slots:
-            attempt = 0
-            while True:
-                try:
-                    return method(request, timeout=self.timeout_s, metadata=metadata or None)
-                except grpc.RpcError as e:
-                    code = e.code() if hasattr(e, "code") else None
-                    if code != grpc.StatusCode.UNAVAILABLE or attempt >= self.retries:
-                        raise
-                    time.sleep(self.backoff_s * (2**attempt))
-                    attempt += 1
+            call = getattr(self._stub, method)
+            return call(request, timeout=self.timeout_s, metadata=metadata or None)
+
+    def _retrying(self, method: str) -> Retrying:
+        return Retrying(
+            f"allocator {self.addr} {method}",
+            self.backoff,
+            max_attempts=self.retries,
+            on_retry=self._on_retry,
+        )
+
+    def _call(self, method: str, request: Any) -> Any:
+        return retry_call(
+            lambda: self._attempt(method, request),
+            retry_on=_unavailable,
+            retrying=self._retrying(method),
+        )
+
+    async def _acall(self, method: str, request: Any) -> Any:
+        return await aretry_call(
+            lambda: asyncio.to_thread(self._attempt, method, request),
+            retry_on=_unavailable,
+            retrying=self._retrying(method),
+        )
 
     def close(self) -> None:
         self._channel.close()
@@ -190,3 +210,81 @@ class AllocatorClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _unavailable(e: BaseException) -> bool:
+    """Retry only ``UNAVAILABLE``: the server or its Redis is briefly gone."""
+    return isinstance(e, grpc.RpcError) and (
+        getattr(e, "code", None) is not None and e.code() == grpc.StatusCode.UNAVAILABLE
+    )
+
+
+_ALLOCATE_OPTIONS = (
+    "budget",
+    "n_min",
+    "n_max",
+    "initial_budget",
+    "mastery_threshold",
+    "min_priority",
+    "priority",
+    "scheme",
+)
+
+
+def _options(args: dict[str, Any]) -> dict[str, Any]:
+    """The optional Allocate arguments out of a method's ``locals()``."""
+    return {name: args[name] for name in _ALLOCATE_OPTIONS}
+
+
+def _allocate_request(
+    namespace: str,
+    prompt_ids: Sequence[str],
+    n_per_prompt: int | None = None,
+    *,
+    budget: int | None = None,
+    n_min: int | None = None,
+    n_max: int | None = None,
+    initial_budget: int | None = None,
+    mastery_threshold: float | None = None,
+    min_priority: float | None = None,
+    priority: str | None = None,
+    scheme: str | None = None,
+) -> pb.AllocateRequest:
+    if n_per_prompt is not None and budget is not None:
+        raise ValueError("give n_per_prompt or budget, not both")
+    request = pb.AllocateRequest(namespace=namespace, prompt_ids=list(prompt_ids))
+    if budget is not None:
+        request.budget = budget
+    if n_per_prompt is not None:
+        request.n_per_prompt = n_per_prompt
+    optional: dict[str, Any] = {
+        "n_min": n_min,
+        "n_max": n_max,
+        "initial_budget": initial_budget,
+        "mastery_threshold": mastery_threshold,
+        "min_priority": min_priority,
+        "priority": priority,
+        "scheme": scheme,
+    }
+    for name, value in optional.items():
+        if value is not None:
+            setattr(request, name, value)
+    return request
+
+
+def _allocation(reply: pb.AllocateResponse) -> AllocationResult:
+    return AllocationResult(
+        counts=list(reply.counts), priorities=list(reply.priorities), budget=reply.budget
+    )
+
+
+def _report_request(
+    namespace: str, outcomes: Iterable[tuple[str, int, int]]
+) -> pb.ReportOutcomesRequest:
+    return pb.ReportOutcomesRequest(
+        namespace=namespace,
+        # Dicts, not Outcome objects: protobuf builds them about twice as fast.
+        outcomes=[
+            {"prompt_id": pid, "attempts": int(a), "successes": int(s)} for pid, a, s in outcomes
+        ],
+    )

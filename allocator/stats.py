@@ -34,6 +34,7 @@ import numpy.typing as npt
 import redis
 
 from dynamo_rl.keys import stats_key
+from dynamo_rl.redis_client import sync_client
 
 __all__ = ["REPORT_CHUNK", "StatsStore", "StoredStats"]
 
@@ -146,13 +147,7 @@ class StatsStore:
 
     @classmethod
     def from_url(cls, url: str, decay: float = 1.0, timeout_s: float = 2.0) -> StatsStore:
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            health_check_interval=30,
-        )
-        return cls(client, decay)
+        return cls(sync_client(url, timeout_s=timeout_s), decay)
 
     def get(self, namespace: str, prompt_ids: Sequence[str]) -> StoredStats:
         """Statistics per prompt in order; zeros for prompts never reported."""

@@ -45,11 +45,6 @@ def engines_key(namespace: str) -> str:
     return f"{PREFIX}:engines:{_check(namespace)}"
 
 
-def consumed_key(namespace: str) -> str:
-    """Set of trajectory entry ids the learner has trained on (exactly-once bookkeeping)."""
-    return f"{PREFIX}:consumed:{_check(namespace)}"
-
-
 def lease_key(namespace: str, worker_id: str) -> str:
     """A rollout worker's lease on the prompts it holds (expires if the worker dies)."""
     return f"{PREFIX}:lease:{_check(namespace)}:{worker_id}"

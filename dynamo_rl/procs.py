@@ -170,9 +170,9 @@ def grpc_healthy(addr: str, service: str = "", timeout: float = 2.0) -> Callable
 
 def redis_ok(url: str) -> Callable[[], bool]:
     def check() -> bool:
-        import redis
+        from dynamo_rl.redis_client import sync_client
 
-        client = redis.Redis.from_url(url, socket_timeout=1.0)
+        client = sync_client(url, timeout_s=1.0)
         try:
             return bool(client.ping())
         finally:

@@ -9,7 +9,7 @@ Layout, one folder per step (``step_000010/``)::
     COMMITTED               written last; a folder without it is ignored (a crash mid-save)
 
 The trainer state's ``consumed`` lists the stream ids trained on since the previous checkpoint;
-they are acknowledged only after ``COMMITTED`` exists (see ``learner.stream``).
+they are acknowledged only after ``COMMITTED`` exists (see ``dynamo_rl.contracts.stream``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.contracts.stream import TrajectoryReader
 from learner import algorithms as A
 from learner.batch import (
     MicroBatch,
@@ -45,7 +46,6 @@ from learner.batch import (
 )
 from learner.dist import all_gather_object, all_reduce_sum, broadcast_object
 from learner.model import PolicyModel, load_policy, shard
-from learner.stream import TrajectoryReader
 from learner.trainer import Trainer
 
 log = logging.getLogger(__name__)

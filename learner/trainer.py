@@ -93,16 +93,13 @@ class Trainer:
         self.metrics: LearnerMetrics | None = None
         self.steplog: StepLog | None = None
         if self.env.is_main:
-            import redis
-            from redis.backoff import ExponentialBackoff
-            from redis.retry import Retry
+            from dynamo_rl.redis_client import sync_client
 
             # A Redis restart (minutes at most) is waited out, reconnecting, rather than fatal:
-            # every call the learner makes is safe to repeat (XREADGROUP, XACK, SET).
-            self.redis = redis.Redis.from_url(
-                cfg.endpoints.redis_url,
-                retry=Retry(ExponentialBackoff(cap=5.0, base=0.25), retries=40),
-                retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+            # every call the learner makes is safe to repeat (XREADGROUP, XACK, SET). The socket
+            # waits out a blocking XREADGROUP (stream.block_ms) on top of the command timeout.
+            self.redis = sync_client(
+                cfg.endpoints.redis_url, block_s=self.lc.stream.block_ms / 1000, retries=40
             )
             self.metrics = LearnerMetrics()
             if self.lc.metrics_port is not None:

@@ -163,7 +163,10 @@ class JudgeSpec(Section):
     retries: Annotated[int, Field(ge=0, le=10)] = 2
     """Extra attempts after a timeout, a connection error, 429 or 5xx (not after other 4xx)."""
     retry_backoff_s: Annotated[float, Field(ge=0)] = 0.5
-    """Wait before retry k: ``retry_backoff_s * 2**k``."""
+    """Wait before retry k: ``retry_backoff_s * 2**k``, capped at ``retry_backoff_max_s`` and
+    shortened by up to 20% of jitter (``dynamo_rl.retry.Backoff``)."""
+    retry_backoff_max_s: Annotated[float, Field(ge=0)] = 10.0
+    """Longest wait between two attempts."""
     concurrency: Annotated[int, Field(ge=1, le=4096)] = 8
     """Requests in flight to the judge at once."""
     max_pending: Annotated[int, Field(ge=1)] = 1024
@@ -196,6 +199,11 @@ class JudgeSpec(Section):
     def _scale(self) -> JudgeSpec:
         if self.max_score <= self.min_score:
             raise ValueError("max_score must be greater than min_score")
+        if self.retry_backoff_s > self.retry_backoff_max_s:
+            raise ValueError(
+                f"retry_backoff_s ({self.retry_backoff_s}) must be <= retry_backoff_max_s "
+                f"({self.retry_backoff_max_s})"
+            )
         return self
 
 

@@ -165,7 +165,7 @@ CHARTS: tuple[Chart, ...] = (
         "health",
         "items",
         (
-            Series("stream: unacked groups", "dynamo_rollout_pending_groups"),
+            Series("stream: unread groups", "dynamo_rollout_pending_groups"),
             Series("reward: items queued", "dynamo_reward_queue_depth"),
         ),
     ),

@@ -359,29 +359,26 @@ class SampleReader:
 
     def _redis(self) -> Any:
         if self._client is None:
-            import redis
+            from dynamo_rl.redis_client import sync_client
 
-            # Raw bytes: the codec's payload is protobuf, not text.
-            self._client = redis.Redis.from_url(self.redis_url, socket_timeout=5.0)
+            self._client = sync_client(self.redis_url)
         return self._client
 
     def read(self, flt: SampleFilter) -> dict[str, Any]:
-        from dynamo_rl.codec import TrajectoryDecodeError, decode_entry
+        from dynamo_rl.contracts.stream import newest
         from dynamo_rl.keys import trajectory_stream, weight_version_key
 
         client = self._redis()
         stream = trajectory_stream(self.namespace)
-        entries = client.xrevrange(stream, count=self.scan)
+        entries = newest(client, self.namespace, self.scan)
         rows: list[dict[str, Any]] = []
         sources: set[str] = set()
         reasons: set[str] = set()
         errors: list[dict[str, str]] = []
-        for entry_id, fields in entries:
-            eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            try:
-                group = decode_entry(fields)
-            except TrajectoryDecodeError as e:
-                errors.append({"id": eid, "reason": str(e)})
+        for entry in entries:
+            eid, group = entry.entry_id, entry.group
+            if group is None:
+                errors.append({"id": eid, "reason": entry.error or ""})
                 continue
             rewards = [r.reward for r in group.responses]
             mean = sum(rewards) / len(rewards)
@@ -434,17 +431,14 @@ class SampleReader:
           by) is largest. A rising share means the allocator spends its budget where the gradient
           signal is.
         """
-        from dynamo_rl.codec import TrajectoryDecodeError, decode_entry
-        from dynamo_rl.keys import trajectory_stream
+        from dynamo_rl.contracts.stream import newest
 
         counts: dict[int, int] = {}
         responses: dict[int, list[int]] = {}  # weight version -> [half-solved, all]
         lo, hi = HALF_SOLVED
-        entries = self._redis().xrevrange(trajectory_stream(self.namespace), count=self.scan)
-        for _eid, fields in entries:
-            try:
-                group = decode_entry(fields)
-            except TrajectoryDecodeError:
+        for entry in newest(self._redis(), self.namespace, self.scan):
+            group = entry.group
+            if group is None:
                 continue
             counts[group.allocated_n] = counts.get(group.allocated_n, 0) + 1
             n = len(group.responses)

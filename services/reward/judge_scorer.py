@@ -6,7 +6,8 @@ item's ``prompt``, ``response`` and ``reference``: as chat messages to ``/v1/cha
 (vLLM, SGLang, hosted APIs) or, with ``api: completions``, as a text prompt to
 ``/v1/completions`` (engines without a chat route, such as the embedded one). At most
 ``concurrency`` requests per judge are in flight; each attempt has ``timeout_s``; timeouts,
-connection errors, 429 and 5xx are retried ``retries`` times with exponential back-off.
+connection errors, 429 and 5xx are retried ``retries`` times with the project's back-off
+(:class:`dynamo_rl.retry.Backoff`: ``retry_backoff_s`` doubling up to ``retry_backoff_max_s``).
 
 Outcomes, as ``reason``: ``ok``/``wrong_answer`` (parsed; normalised score against
 ``correct_above``), ``unparseable`` (no score in the answer, or one outside the scale; ``detail``
@@ -28,6 +29,7 @@ from pydantic import Field
 
 from dynamo_rl.config import RewardConfig
 from dynamo_rl.config.reward import JudgeSpec
+from dynamo_rl.retry import Backoff, Retrying
 from services.reward.base import ItemBase, ItemResult, Reason, Scorer
 from services.reward.metrics import RewardMetrics
 from services.reward.model_scorer import pick
@@ -119,10 +121,15 @@ class JudgeClient:
         s = self.spec
         attempts = s.retries + 1
         last = Verdict("upstream_error", detail="no attempt made")
+        retrying = Retrying(
+            f"judge {self.name!r}",
+            Backoff(base_s=s.retry_backoff_s, cap_s=s.retry_backoff_max_s),
+            max_attempts=s.retries,
+        )
         async with self._sem:
             for attempt in range(attempts):
-                if attempt:
-                    await asyncio.sleep(s.retry_backoff_s * 2 ** (attempt - 1))
+                if attempt:  # within max_attempts by the loop's bound: never exhausted
+                    await asyncio.sleep(retrying.next_delay(last.detail))
                 outcome = "ok"
                 try:
                     # httpx's timeout is per read; wait_for caps the whole attempt (a judge

@@ -87,7 +87,7 @@ class WorkerMetrics:
             "wait_seconds_total", "Seconds spent waiting, by reason", ["reason"]
         )
         self.pending_groups = m.gauge(
-            "pending_groups", "Groups in the stream the learner has not acknowledged"
+            "pending_groups", "Groups in the stream the learner has not read yet (its lag)"
         )
         self.engine_failures = m.counter(
             "engine_failures_total", "Failed engine requests (retried elsewhere)", ["url"]

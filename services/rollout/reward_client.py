@@ -1,24 +1,23 @@
 """Client of the reward service's ``POST /v1/verify`` (``docs/contracts.md``).
 
 Nothing may reach the stream unscored, so an unreachable or busy service (connection refused,
-timeout, 429, 5xx) is retried with exponential back-off — honouring ``Retry-After`` — until it
-answers, or until ``max_wait_s`` when set. Any other 4xx is a bug in the request and raised at once.
+timeout, 429, 5xx) is retried with the project's back-off (:class:`dynamo_rl.retry.Backoff`:
+``backoff_s`` doubling up to ``backoff_max_s``, jittered) — a ``Retry-After`` raises a delay to
+the hint, up to 6 × ``backoff_max_s`` — until it answers, or until ``max_wait_s`` when set. Any other 4xx is a bug in the request and raised at once.
 Results are matched to items by id, not position, and a reply missing an item is an error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
-__all__ = ["RewardClient", "RewardRequestError", "RewardUnavailable"]
+from dynamo_rl.retry import Backoff, RetryExhausted, Retrying
 
-log = logging.getLogger(__name__)
+__all__ = ["RewardClient", "RewardRequestError", "RewardUnavailable"]
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -45,15 +44,18 @@ class RewardClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.batch_items = batch_items
-        self.backoff_s = backoff_s
-        self.backoff_max_s = backoff_max_s
+        self.backoff = Backoff(base_s=backoff_s, cap_s=backoff_max_s)
         self.max_wait_s = max_wait_s
         self._on_retry = on_retry
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 
     async def _post(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        started = time.monotonic()
-        attempt = 0
+        retrying = Retrying(
+            f"reward service {self.url}",
+            self.backoff,
+            max_wait_s=self.max_wait_s or None,
+            on_retry=self._on_retry,
+        )
         while True:
             reason: str
             retry_after: float | None = None
@@ -70,27 +72,13 @@ class RewardClient:
                         f"{response.text[:500]}"
                     )
                 reason = f"HTTP {response.status_code}"
-                header = response.headers.get("retry-after")
-                if header:
-                    try:
-                        retry_after = float(header)
-                    except ValueError:
-                        retry_after = None
-            waited = time.monotonic() - started
-            if self.max_wait_s and waited > self.max_wait_s:
+                retry_after = _seconds(response.headers.get("retry-after"))
+            try:
+                delay = retrying.next_delay(reason, hint_s=retry_after)
+            except RetryExhausted as e:
                 raise RewardUnavailable(
-                    f"reward service {self.url} unavailable for {waited:.0f}s "
-                    f"(rollout.reward_max_wait_s={self.max_wait_s}): {reason}"
-                )
-            delay = min(self.backoff_s * 2**attempt, self.backoff_max_s)
-            if retry_after is not None:
-                delay = min(max(delay, retry_after), self.backoff_max_s * 6)
-            attempt += 1
-            log.warning(
-                "reward service %s: %s; retry %d in %.1fs", self.url, reason, attempt, delay
-            )
-            if self._on_retry is not None:
-                self._on_retry(reason, delay)
+                    f"{e} (rollout.reward_max_wait_s={self.max_wait_s})"
+                ) from None
             await asyncio.sleep(delay)
 
     @staticmethod
@@ -116,3 +104,13 @@ class RewardClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _seconds(header: str | None) -> float | None:
+    """A ``Retry-After`` in seconds (the HTTP-date form is not used by our services)."""
+    if not header:
+        return None
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        return None

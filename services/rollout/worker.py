@@ -19,11 +19,12 @@ One batch, in order:
    ``(prompt_id, attempts, successes)`` to the allocator (kept and re-sent with the next batch if
    the allocator is down): statistics count only responses that reached the stream.
 
-**Leases.** While a batch runs, the worker holds ``lease_key(ns, worker_id)``: the batch's prompt
-ids and an expiry ``lease_ttl_s`` ahead, renewed every third of that. The push script deletes the
-lease in the same transaction as the ``XADD``s. A worker killed mid-batch leaves its lease behind:
-before each batch, a worker claims (atomically, so once) every lapsed lease — and its own worker
-id's lease at once, since that can only be a dead earlier run — and re-issues those prompts first.
+**Leases.** While a batch runs, the worker holds a lease on the batch's prompt ids, renewed every
+third of ``lease_ttl_s``; the push releases it in the same transaction as the groups. A worker
+killed mid-batch leaves its lease behind: before each batch, a worker claims every lapsed lease —
+and its own worker id's at once, since that can only be a dead earlier run — and re-issues those
+prompts first. The stream protocol (push script, leases, lag) is
+:class:`dynamo_rl.contracts.stream.TrajectoryWriter`; this module keeps the batch logic.
 
 Each prompt's responses are gathered by that prompt's own task, so a group can only ever hold its
 own prompt's responses: counts and metadata cannot misalign (the reference code's repeat/metadata
@@ -46,21 +47,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup, encode_entry
+from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
-from dynamo_rl.keys import (
-    engines_key,
-    learner_group,
-    lease_key,
-    pushed_batch_key,
-    trajectory_stream,
-    weight_version_key,
-)
+from dynamo_rl.contracts.stream import TrajectoryWriter
+from dynamo_rl.keys import engines_key, weight_version_key
+from dynamo_rl.redis_client import async_client
+from dynamo_rl.retry import Backoff, Retrying, aretry_call
 from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, reward_item
 from services.rollout.engines import Engine, EnginePool, Sample, Sampling, make_engine
 from services.rollout.metrics import WorkerMetrics
@@ -70,41 +65,6 @@ __all__ = ["BatchResult", "RolloutWorker", "build_worker", "split_count"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-PUSH_MARKER_TTL_S = 86400
-
-LEASE_KEEP_S = 86400  # a lapsed lease stays claimable this long
-
-# KEYS: stream, marker, lease. ARGV: marker TTL, fields per entry x 2, then every entry's fields.
-PUSH_SCRIPT = """
-redis.call('DEL', KEYS[3])
-local done = redis.call('GET', KEYS[2])
-if done then return cjson.decode(done) end
-local width = tonumber(ARGV[2])
-local ids = {}
-for i = 3, #ARGV, width do
-  local fields = {}
-  for j = 0, width - 1 do fields[#fields + 1] = ARGV[i + j] end
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', unpack(fields))
-end
-redis.call('SET', KEYS[2], cjson.encode(ids), 'EX', tonumber(ARGV[1]))
-return ids
-"""
-
-
-# KEYS: the lease. ARGV: now (unix seconds), "1" to take it whatever its expiry (our own id).
-# Returns the lease's JSON if it was taken (and deletes it), else nil: each lease is taken once.
-CLAIM_SCRIPT = """
-local raw = redis.call('GET', KEYS[1])
-if not raw then return nil end
-local ok, lease = pcall(cjson.decode, raw)
-if ok and ARGV[2] ~= '1' and tonumber(lease['expires_unix'] or 0) > tonumber(ARGV[1]) then
-  return nil
-end
-redis.call('DEL', KEYS[1])
-return raw
-"""
 
 
 def split_count(count: int, chunk: int) -> list[int]:
@@ -140,7 +100,7 @@ class RolloutWorker:
         renderer: PromptRenderer,
         pool: EnginePool,
         reward: RewardClient,
-        redis: aioredis.Redis,
+        redis: Any,
         allocator: Any | None,
         metrics: WorkerMetrics | None = None,
         engine_factory: Callable[[str], Engine] | None = None,
@@ -160,8 +120,7 @@ class RolloutWorker:
         self.engine_factory = engine_factory
         self.allocator_factory = allocator_factory
         self.engines_namespace = engines_namespace or namespace
-        self.stream = trajectory_stream(namespace)
-        self.group = learner_group(namespace)
+        self.writer = TrajectoryWriter(redis, namespace, worker_id, guard=self._redis)
         self.sampling = Sampling(
             max_tokens=cfg.sampling.max_tokens,
             temperature=cfg.sampling.temperature,
@@ -176,7 +135,7 @@ class RolloutWorker:
         self.batches_done = 0
         # Tells this run's batches from an earlier run of a worker with the same id.
         self.session = secrets.token_hex(4)
-        self.lease = lease_key(namespace, worker_id)
+        self.lease = self.writer.lease
         self.reissued = 0  # prompts taken over from lapsed leases
 
     # -- waiting --------------------------------------------------------------------------------
@@ -187,16 +146,14 @@ class RolloutWorker:
 
     async def _redis(self, call: Callable[[], Awaitable[T]]) -> T:
         """A Redis call retried with back-off while Redis is unreachable (never dropped)."""
-        attempt = 0
-        while True:
-            try:
-                return await call()
-            except (RedisConnectionError, RedisTimeoutError) as e:
-                delay = min(self.cfg.backoff_s * 2**attempt, self.cfg.backoff_max_s)
-                attempt += 1
-                log.warning("redis unavailable (%s); retry %d in %.1fs", e, attempt, delay)
-                self._waited("redis", delay)
-                await asyncio.sleep(delay)
+        retrying = Retrying(
+            "redis",
+            Backoff(base_s=self.cfg.backoff_s, cap_s=self.cfg.backoff_max_s),
+            on_retry=lambda _reason, delay: self._waited("redis", delay),
+        )
+        return await aretry_call(
+            call, retry_on=(RedisConnectionError, RedisTimeoutError), retrying=retrying
+        )
 
     async def learner_version(self) -> int:
         raw = await self._redis(lambda: self.redis.get(weight_version_key(self.namespace)))
@@ -236,29 +193,8 @@ class RolloutWorker:
             await self._sleep(reason)
 
     async def pending_groups(self) -> int:
-        """Groups in the stream the learner has not read yet (all of them before it joins).
-
-        Entries the learner has read but not acknowledged are not counted: it acknowledges only
-        when a checkpoint commits the step that used them, so counting them would stall the
-        worker (and with it the learner) between checkpoints."""
-
-        async def read() -> int:
-            try:
-                groups = await self.redis.xinfo_groups(self.stream)
-            except ResponseError:  # no stream yet
-                return 0
-            for g in groups:
-                name = g.get("name")
-                name = name.decode() if isinstance(name, bytes) else name
-                if name != self.group:
-                    continue
-                lag = g.get("lag")
-                if lag is None:  # Redis cannot tell after deletions; count the whole stream
-                    return int(await self.redis.xlen(self.stream))
-                return int(lag)
-            return int(await self.redis.xlen(self.stream))
-
-        return await self._redis(read)
+        """Groups in the stream the learner has not read yet (the writer's ``lag``)."""
+        return await self.writer.lag()
 
     async def wait_for_room(self) -> None:
         if not self.cfg.max_pending_groups:
@@ -301,8 +237,7 @@ class RolloutWorker:
         if self.cfg.allocation == "uniform" or self.allocator is None:
             return *uniform, False
         try:
-            result = await asyncio.to_thread(
-                self.allocator.allocate,
+            result = await self.allocator.aallocate(
                 self.namespace,
                 list(prompt_ids),
                 n_per_prompt=self.cfg.n,
@@ -345,7 +280,7 @@ class RolloutWorker:
             return
         batch = [(pid, a, s) for pid, (a, s) in self._unreported.items()]
         try:
-            await asyncio.to_thread(self.allocator.report_outcomes, self.namespace, batch)
+            await self.allocator.areport_outcomes(self.namespace, batch)
         except Exception as e:
             log.warning(
                 "ReportOutcomes failed (%s); %d prompts kept for the next batch",
@@ -360,15 +295,7 @@ class RolloutWorker:
     # -- leases -------------------------------------------------------------------------------
 
     async def hold_lease(self, prompt_ids: Sequence[str], batch_id: str) -> None:
-        ttl = self.cfg.lease_ttl_s
-        value = json.dumps(
-            {
-                "prompt_ids": list(prompt_ids),
-                "batch_id": batch_id,
-                "expires_unix": time.time() + ttl,
-            }
-        )
-        await self._redis(lambda: self.redis.set(self.lease, value, ex=int(ttl + LEASE_KEEP_S)))
+        await self.writer.hold_lease(prompt_ids, batch_id, self.cfg.lease_ttl_s)
 
     async def renew_lease(self, prompt_ids: Sequence[str], batch_id: str) -> None:
         """Runs beside a batch: keeps its lease from lapsing (cancelled when the batch ends)."""
@@ -378,36 +305,21 @@ class RolloutWorker:
 
     async def claim_lapsed(self) -> list[PromptRecord]:
         """Take every lapsed lease (and our own id's, left by a dead earlier run): their prompts."""
-        pattern = lease_key(self.namespace, "*")
-        found = await self._redis(lambda: self._scan(pattern))
         known = {r.prompt_id: r for r in self.sampler.records}
         out: list[PromptRecord] = []
-        for key in found:
-            own = "1" if key == self.lease else "0"
-            raw = await self._redis(
-                lambda key=key, own=own: self.redis.eval(CLAIM_SCRIPT, 1, key, time.time(), own)
-            )
-            if raw is None:
-                continue
-            try:
-                ids = list(json.loads(raw)["prompt_ids"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("dropped an unreadable lease %s", key)
-                continue
-            missing = [p for p in ids if p not in known]
+        for lease in await self.writer.claim_lapsed():
+            missing = [p for p in lease.prompt_ids if p not in known]
             if missing:
                 log.warning("lease %s: %d prompts not in this worker's shard, dropped",
-                            key, len(missing))  # fmt: skip
-            out += [known[p] for p in ids if p in known]
-            log.info("re-issuing %d prompts of the lapsed lease %s", len(ids) - len(missing), key)
+                            lease.key, len(missing))  # fmt: skip
+            out += [known[p] for p in lease.prompt_ids if p in known]
+            log.info(
+                "re-issuing %d prompts of the lapsed lease %s",
+                len(lease.prompt_ids) - len(missing),
+                lease.key,
+            )
         self.reissued += len(out)
         return out
-
-    async def _scan(self, pattern: str) -> list[str]:
-        return [
-            k.decode() if isinstance(k, bytes) else str(k)
-            async for k in self.redis.scan_iter(match=pattern, count=100)
-        ]
 
     # -- one batch ------------------------------------------------------------------------------
 
@@ -583,28 +495,9 @@ class RolloutWorker:
         return BatchResult(batch_index, groups, entry_ids, fallback)
 
     async def push(self, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
-        """XADD every group of a batch atomically and at most once; returns the entry ids.
-
-        One Lua script adds the entries and records their ids under ``pushed_batch_key``: if the
-        reply is lost (Redis restarted, connection cut) the retry finds the marker and returns the
-        same ids instead of adding the batch a second time.
-        """
-        if not groups:
-            await self._redis(lambda: self.redis.delete(self.lease))
-            return []
-        entries = [encode_entry(g) for g in groups]
-        width = 2 * len(entries[0])
-        args: list[Any] = [PUSH_MARKER_TTL_S, width]
-        for fields in entries:
-            for key, value in fields.items():
-                args += [key, value]
-        keys = [self.stream, pushed_batch_key(self.namespace, batch_id), self.lease]
-
-        async def push_once() -> list[Any]:
-            return await self.redis.eval(PUSH_SCRIPT, len(keys), *keys, *args)
-
-        ids = await self._redis(push_once)
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+        """Add a batch's groups atomically and at most once, releasing the lease; their ids
+        (:meth:`TrajectoryWriter.push`: a retry after a lost reply adds nothing twice)."""
+        return await self.writer.push(groups, batch_id)
 
     async def run(self, num_batches: int | None = None) -> int:
         """Produce batches until ``num_batches`` (None: the config's; 0: forever)."""
@@ -724,7 +617,8 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         renderer=renderer,
         pool=pool,
         reward=reward,
-        redis=aioredis.Redis.from_url(cfg.endpoints.redis_url, socket_timeout=10.0),
+        # A push script carries a whole batch (megabytes): more than the default command timeout.
+        redis=async_client(cfg.endpoints.redis_url, timeout_s=10.0),
         allocator=allocator_factory(),
         allocator_factory=allocator_factory,
         metrics=metrics,

@@ -7,6 +7,7 @@ harness); the reporters of the concurrency test are separate processes, and the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -15,6 +16,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -343,6 +345,89 @@ def test_client_gives_up_after_retries_when_no_server() -> None:
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(ValueError, match="not both"):
         AllocatorClient("127.0.0.1:1").allocate("exp", ["a"], 8, budget=8)
+
+
+def test_client_delays_are_capped_and_bounded() -> None:
+    """Uncapped doubling from 10 ms would sleep 0.01·(1+2+…+128) = 2.55 s over 8 retries."""
+    delays: list[float] = []
+    t0 = time.monotonic()
+    with (
+        AllocatorClient(
+            f"127.0.0.1:{free_port()}",
+            timeout_s=1,
+            retries=8,
+            backoff_s=0.01,
+            backoff_max_s=0.04,
+            on_retry=lambda _reason, d: delays.append(d),
+        ) as c,
+        pytest.raises(grpc.RpcError) as err,
+    ):
+        c.report_outcomes("exp", [("a", 1, 1)])
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(delays) == 8  # exactly `retries` retries, then the error
+    assert all(d <= 0.04 for d in delays) and delays[-1] >= 0.04 * 0.8
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_async_client_gives_up_after_its_retries_with_capped_delays() -> None:
+    delays: list[float] = []
+    with AllocatorClient(
+        f"127.0.0.1:{free_port()}",
+        timeout_s=1,
+        retries=5,
+        backoff_s=0.02,
+        backoff_max_s=0.05,
+        on_retry=lambda _reason, d: delays.append(d),
+    ) as c:
+        with pytest.raises(grpc.RpcError) as err:
+            asyncio.run(c.aallocate("exp", ["a"], 8))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert len(delays) == 5 and all(d <= 0.05 for d in delays)
+        delays.clear()
+        with pytest.raises(grpc.RpcError):
+            asyncio.run(c.areport_outcomes("exp", [("a", 1, 1)]))
+        assert len(delays) == 5
+
+
+def test_async_client_backoff_holds_no_thread() -> None:
+    """With one executor thread, a job submitted while the client waits out its back-off runs at
+    once: the wait is an asyncio.sleep, not a sleep inside ``to_thread``."""
+    delays: list[float] = []
+
+    async def scenario(c: AllocatorClient) -> float:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        call = asyncio.create_task(c.aallocate("exp", ["a"], 8))
+        deadline = time.monotonic() + 10
+        while not delays:  # the first attempt failed; the back-off (>= 0.8 s) has begun
+            assert time.monotonic() < deadline and not call.done()
+            await asyncio.sleep(0.005)
+        t = time.monotonic()
+        await asyncio.to_thread(lambda: None)
+        latency = time.monotonic() - t
+        with pytest.raises(grpc.RpcError):
+            await call
+        return latency
+
+    with AllocatorClient(
+        f"127.0.0.1:{free_port()}",
+        timeout_s=1,
+        retries=1,
+        backoff_s=1.0,
+        backoff_max_s=1.0,
+        on_retry=lambda _reason, d: delays.append(d),
+    ) as c:
+        assert asyncio.run(scenario(c)) < 0.4
+
+
+def test_async_client_calls_a_live_server(server: RunningServer) -> None:
+    async def scenario(c: AllocatorClient) -> list[int]:
+        assert await c.areport_outcomes("exp", [("a", 4, 2), ("b", 4, 4)]) == 2
+        return (await c.aallocate("exp", ["a", "b"], 8, n_min=2, n_max=14)).counts
+
+    with AllocatorClient(f"127.0.0.1:{server.port}") as c:
+        counts = asyncio.run(scenario(c))
+        assert [s.samples for s in c.get_stats("exp", ["a", "b"])] == [4, 4]
+    assert len(counts) == 2 and sum(counts) == 16
 
 
 # -- end to end: the real command --------------------------------------------------------------

@@ -7,7 +7,7 @@ import redis
 
 from dynamo_rl import keys
 from dynamo_rl.codec import Response, TrajectoryGroup, encode_entry
-from learner.stream import TrajectoryReader
+from dynamo_rl.contracts.stream import TrajectoryReader
 from tests.learner.helpers import make_groups, write_groups
 
 NS = "streamtest"

@@ -4,7 +4,7 @@ tests/learner/test_stream.py already covers an undecodable payload, a wrong code
 token outside the vocabulary and a sequence over ``max_seq_len``. This adds every other way an
 entry can be wrong — missing fields, a truncated protobuf, a truncated packed field, a negative prompt token, values
 ``validate_group`` refuses, an entry over ``codec.MAX_ENTRY_BYTES`` — each read by
-:class:`learner.stream.TrajectoryReader` from a real Redis: it goes to the dead-letter stream with
+:class:`dynamo_rl.contracts.stream.TrajectoryReader` from a real Redis: it goes to the dead-letter stream with
 a reason naming the problem and its payload, is acknowledged at once, and the good entries around
 it are still read.
 """
@@ -17,7 +17,7 @@ import redis
 
 from dynamo_rl import keys
 from dynamo_rl.codec import CODEC_VERSION, MAX_ENTRY_BYTES, Response, TrajectoryGroup, encode_entry
-from learner.stream import TrajectoryReader
+from dynamo_rl.contracts.stream import TrajectoryReader
 
 NS = "reliability-stream"
 

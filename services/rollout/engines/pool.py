@@ -2,8 +2,10 @@
 
 Each request goes to the healthy replica with the fewest requests in flight (round-robin among
 equals), so a prompt's chunks spread across replicas. A replica that fails with
-:class:`EngineUnavailable` is benched for a back-off that doubles with each consecutive failure and
-the request moves to another replica at once. When every replica is benched the pool waits for the
+:class:`EngineUnavailable` is benched for a back-off that doubles with each consecutive failure
+(the project's :class:`dynamo_rl.retry.Backoff`: ``backoff_s`` up to ``backoff_max_s``, jittered,
+so replicas that failed together do not come back in lock-step) and the request moves to another
+replica at once. When every replica is benched the pool waits for the
 earliest to come back and tries again — forever by default, or until ``max_wait_s`` — so a worker
 rides out an engine restart instead of dying. A request error (4xx) or protocol error is not the
 replica's fault and is raised immediately.
@@ -18,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dynamo_rl.retry import Backoff
 from services.rollout.engines.base import Engine, EngineUnavailable, Sample, Sampling
 
 __all__ = ["EnginePool"]
@@ -48,8 +51,7 @@ class EnginePool:
     ) -> None:
         # An empty pool is allowed when replicas are discovered later (EnginePool.add).
         self.replicas = [_Replica(e) for e in engines]
-        self.backoff_s = backoff_s
-        self.backoff_max_s = backoff_max_s
+        self.backoff = Backoff(base_s=backoff_s, cap_s=backoff_max_s)
         self.max_wait_s = max_wait_s
         self._on_failure = on_failure
         self._on_wait = on_wait
@@ -77,7 +79,7 @@ class EnginePool:
 
     def _bench(self, replica: _Replica, error: Exception) -> None:
         replica.failures += 1
-        delay = min(self.backoff_s * 2 ** (replica.failures - 1), self.backoff_max_s)
+        delay = self.backoff.delay(replica.failures - 1)
         replica.benched_until = time.monotonic() + delay
         # Warn once per outage; a replica that stays down would otherwise flood the log.
         level = logging.WARNING if replica.failures == 1 else logging.DEBUG
@@ -95,7 +97,7 @@ class EnginePool:
         if self.replicas:
             delay = max(0.01, min(r.benched_until for r in self.replicas) - now)
         else:
-            delay = self.backoff_s
+            delay = self.backoff.base_s
         if self._on_wait is not None:
             self._on_wait(delay)
         await asyncio.sleep(delay)

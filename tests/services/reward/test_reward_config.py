@@ -64,6 +64,8 @@ def test_a_valid_spec_loads() -> None:
          "reward.composite.x.components.0: a code component needs reward.code.enabled=true"),
         ([JUDGE, "reward.judges.j.score_pattern=score"], "reward.judges.j.score_pattern"),
         ([JUDGE, "reward.judges.j.template='{question}'"], "reward.judges.j.template"),
+        ([JUDGE, "reward.judges.j.retry_backoff_s=20"],
+         "retry_backoff_s (20.0) must be <= retry_backoff_max_s (10.0)"),
     ],
 )  # fmt: skip
 def test_mistakes_name_the_key(overrides: list[str], expected: str) -> None:

@@ -259,6 +259,29 @@ def test_pool_with_no_replica_left_waits_then_gives_up_after_max_wait() -> None:
     assert len(waits) >= 2
 
 
+def test_pool_bench_delays_are_capped() -> None:
+    """Consecutive failures double a replica's bench up to backoff_max_s, never beyond."""
+    waits: list[float] = []
+    pool = EnginePool(
+        [make_engine(dead_url())],
+        backoff_s=0.01,
+        backoff_max_s=0.04,
+        max_wait_s=0.6,
+        on_wait=waits.append,
+    )
+
+    async def go() -> None:
+        try:
+            await pool.generate(PROMPT, 1, Sampling(max_tokens=2))
+        finally:
+            await pool.aclose()
+
+    with pytest.raises(EngineUnavailable):
+        run(go())
+    assert pool.replicas[0].failures >= 5  # 0.01 · 2^4 would exceed the cap uncapped
+    assert waits and max(waits) <= 0.04
+
+
 def test_pool_waits_while_the_only_replica_is_frozen_and_resumes(engine) -> None:
     proc, url = engine
     failures: list[str] = []

@@ -1,0 +1,259 @@
+"""Both ends of the trajectory stream against each other, on a real Redis.
+
+What :class:`TrajectoryWriter` pushes, :class:`TrajectoryReader` reads, acknowledges, reclaims
+and dead-letters; the writer sees the reader's progress as lag and pending; the dashboard's
+:func:`newest` decodes the same entries. Lease rules are here too (the worker-level cases are in
+tests/reliability/test_faults_leases.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from dynamo_rl import keys
+from dynamo_rl.codec import CODEC_VERSION, Response, TrajectoryGroup
+from dynamo_rl.contracts.stream import (
+    CONSUMER,
+    TrajectoryReader,
+    TrajectoryWriter,
+    lag_from_groups,
+    newest,
+)
+from dynamo_rl.dashboard.sources import SampleFilter, SampleReader
+from dynamo_rl.redis_client import async_client, sync_client
+
+NS = "contract"
+
+
+def group(pid: str, tokens: int = 2, reward: float = 1.0) -> TrajectoryGroup:
+    return TrajectoryGroup(
+        prompt_id=pid,
+        prompt_token_ids=[5, 6],
+        responses=[
+            Response(token_ids=[7] * tokens, logprobs=[-0.5] * tokens, reward=reward, text="r")
+        ],
+        namespace=NS,
+        allocated_n=1,
+    )
+
+
+def run(url: str, scenario: Callable[[Any], Awaitable[Any]]) -> Any:
+    """``scenario(async_client)`` on a fresh event loop, closing the client after."""
+
+    async def main() -> Any:
+        client = async_client(url)
+        try:
+            return await scenario(client)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+def writer(client: Any, worker_id: str = "w0", **kw: Any) -> TrajectoryWriter:
+    return TrajectoryWriter(client, NS, worker_id, **kw)
+
+
+def lag_and_pending(url: str) -> tuple[int, int]:
+    async def both(c: Any) -> tuple[int, int]:
+        w = writer(c)
+        return await w.lag(), await w.pending()
+
+    return run(url, both)
+
+
+def test_pushed_groups_are_read_acked_and_seen_as_lag_and_pending(redis_url: str) -> None:
+    assert lag_and_pending(redis_url) == (0, 0)  # no stream yet
+
+    async def push(c: Any) -> list[str]:
+        w = writer(c)
+        await w.hold_lease(["p0", "p1", "p2"], "w0:s:0", ttl_s=30)
+        return await w.push([group("p0"), group("p1"), group("p2")], "w0:s:0")
+
+    ids = run(redis_url, push)
+    client = sync_client(redis_url)
+    assert client.get(keys.lease_key(NS, "w0")) is None  # released by the push itself
+    assert lag_and_pending(redis_url) == (3, 0)  # before the learner's group exists: all of it
+
+    reader = TrajectoryReader(client, NS)
+    assert reader.setup() == 0
+    assert lag_and_pending(redis_url) == (3, 0)
+    got = reader.read(2, block_ms=100)
+    assert [e.entry_id for e in got] == ids[:2]
+    assert [e.group.prompt_id for e in got] == ["p0", "p1"]
+    assert lag_and_pending(redis_url) == (1, 2)  # read, unacknowledged: not lag
+    assert reader.lag() == 1 and reader.pending_count() == 2
+    reader.ack(e.entry_id for e in got)
+    assert lag_and_pending(redis_url) == (1, 0)
+    assert [e.entry_id for e in reader.read(5, block_ms=100)] == ids[2:]
+    assert lag_and_pending(redis_url) == (0, 1)
+    client.close()
+
+
+def test_a_retried_push_adds_nothing_twice(redis_url: str) -> None:
+    async def push_twice(c: Any) -> tuple[list[str], list[str], list[str]]:
+        w = writer(c)
+        first = await w.push([group("a"), group("b")], "w0:s:0")
+        again = await w.push([group("a"), group("b")], "w0:s:0")  # the reply was lost
+        other = await w.push([group("c")], "w0:s:1")
+        return first, again, other
+
+    first, again, other = run(redis_url, push_twice)
+    assert first == again and len(first) == 2 and len(other) == 1
+    client = sync_client(redis_url)
+    assert client.xlen(keys.trajectory_stream(NS)) == 3
+    client.close()
+
+
+def test_an_empty_batch_only_releases_the_lease(redis_url: str) -> None:
+    async def scenario(c: Any) -> list[str]:
+        w = writer(c)
+        await w.hold_lease(["p0"], "w0:s:0", ttl_s=30)
+        return await w.push([], "w0:s:0")
+
+    assert run(redis_url, scenario) == []
+    client = sync_client(redis_url)
+    assert client.get(keys.lease_key(NS, "w0")) is None
+    assert client.exists(keys.trajectory_stream(NS)) == 0
+    client.close()
+
+
+def test_a_restarted_reader_retrains_what_no_checkpoint_holds(redis_url: str) -> None:
+    ids = run(redis_url, lambda c: writer(c).push([group(f"p{i}") for i in range(5)], "w0:s:0"))
+    client = sync_client(redis_url)
+    first = TrajectoryReader(client, NS)
+    first.setup()
+    assert [e.entry_id for e in first.read(4, block_ms=100)] == ids[:4]
+    # Crash; the checkpoint resumed from holds the step that used ids[0].
+    second = TrajectoryReader(client, NS)
+    assert second.setup(committed=ids[:1]) == 3
+    assert lag_and_pending(redis_url) == (1, 3)
+    again = second.read(5, block_ms=100)
+    assert [e.entry_id for e in again] == ids[1:]
+    pending = client.xpending_range(
+        keys.trajectory_stream(NS), keys.learner_group(NS), "-", "+", 10
+    )
+    assert {p["consumer"].decode() for p in pending} == {CONSUMER}
+    client.close()
+
+
+def test_untrainable_entries_are_dead_lettered_and_the_dashboard_names_them(
+    redis_url: str,
+) -> None:
+    ids = run(
+        redis_url,
+        lambda c: writer(c).push([group("ok"), group("long", tokens=40)], "w0:s:0"),
+    )
+    client = sync_client(redis_url)
+    bad_id = client.xadd(keys.trajectory_stream(NS), {b"v": CODEC_VERSION, b"g": b"\xff"}).decode()
+    dead: list[tuple[str, str]] = []
+    reader = TrajectoryReader(
+        client, NS, max_seq_len=16, on_dead_letter=lambda i, r: dead.append((i, r))
+    )
+    reader.setup()
+    assert [e.entry_id for e in reader.read(5, block_ms=100)] == ids[:1]
+    assert [i for i, _ in dead] == [ids[1], bad_id]
+    letters = client.xrange(keys.dead_letter_stream(NS))
+    assert [f[b"id"].decode() for _id, f in letters] == [ids[1], bad_id]
+    assert "exceeds learner.max_seq_len 16" in letters[0][1][b"reason"].decode()
+    assert lag_and_pending(redis_url) == (0, 1)  # dead letters acknowledged at once
+
+    peeked = newest(client, NS, 10)
+    assert [p.entry_id for p in peeked] == [bad_id, ids[1], ids[0]]  # newest first
+    assert peeked[0].group is None and "protobuf" in (peeked[0].error or "")
+    assert peeked[2].group is not None and peeked[2].group.prompt_id == "ok"
+    assert lag_and_pending(redis_url) == (0, 1)  # peeking reads nothing as a consumer
+
+    samples = SampleReader(redis_url, NS)
+    try:
+        page = samples.read(SampleFilter())
+    finally:
+        samples.close()
+    assert [r["prompt_id"] for r in page["rows"]] == ["long", "ok"]
+    assert [e["id"] for e in page["decode_errors"]] == [bad_id]
+    assert page["stream_length"] == 3
+    client.close()
+
+
+def test_lag_counts_the_whole_stream_when_redis_cannot_tell(redis_url: str) -> None:
+    ids = run(redis_url, lambda c: writer(c).push([group(f"p{i}") for i in range(4)], "w0:s:0"))
+    client = sync_client(redis_url)
+    reader = TrajectoryReader(client, NS)
+    reader.setup()
+    reader.read(1, block_ms=100)
+    assert lag_and_pending(redis_url) == (3, 1)
+    client.xdel(keys.trajectory_stream(NS), ids[2])  # an unread entry deleted: Redis loses count
+    assert lag_from_groups(client.xinfo_groups(keys.trajectory_stream(NS)), reader.group) is None
+    assert lag_and_pending(redis_url) == (3, 1)  # the whole stream, read entries included
+    assert reader.lag() == 3
+    assert lag_from_groups([{b"name": b"other", b"lag": 0}], reader.group) is None  # no group
+    client.close()
+
+
+def test_a_lease_is_claimed_once_it_lapsed_by_one_claimant_only(redis_url: str) -> None:
+    async def scenario(c: Any) -> None:
+        a, b, d = writer(c, "wa"), writer(c, "wb"), writer(c, "wd")
+        await a.hold_lease(["p1", "p2"], "wa:s:0", ttl_s=0.5)
+        assert await b.claim_lapsed() == []  # still held
+        await a.hold_lease(["p1", "p2"], "wa:s:0", ttl_s=0.5)  # renewed
+        deadline = time.monotonic() + 5
+        taken_b: list[Any] = []
+        taken_d: list[Any] = []
+        while not (taken_b or taken_d) and time.monotonic() < deadline:
+            taken_b, taken_d = await asyncio.gather(b.claim_lapsed(), d.claim_lapsed())
+            await asyncio.sleep(0.05)
+        assert len(taken_b) + len(taken_d) == 1  # one claimant only
+        (lease,) = taken_b or taken_d
+        assert lease.prompt_ids == ["p1", "p2"] and lease.batch_id == "wa:s:0"
+        assert lease.key == keys.lease_key(NS, "wa")
+        assert await b.claim_lapsed() == []  # taken once
+
+    run(redis_url, scenario)
+
+
+def test_a_writer_takes_its_own_ids_lease_at_once(redis_url: str) -> None:
+    async def scenario(c: Any) -> None:
+        await writer(c, "w7").hold_lease(["p3"], "w7:old:2", ttl_s=60)
+        assert await writer(c, "w8").claim_lapsed() == []  # another id waits for the expiry
+        (lease,) = await writer(c, "w7").claim_lapsed()  # the same id restarted
+        assert lease.prompt_ids == ["p3"]
+
+    run(redis_url, scenario)
+
+
+def test_every_writer_command_goes_through_its_guard(redis_url: str) -> None:
+    """The guard is how the worker's retry policy covers the protocol: nothing bypasses it."""
+    calls: list[str] = []
+
+    async def guard(call: Callable[[], Awaitable[Any]]) -> Any:
+        calls.append("call")
+        return await call()
+
+    async def scenario(c: Any) -> None:
+        w = writer(c, "wg", guard=guard)
+        await w.hold_lease(["p"], "wg:s:0", ttl_s=30)
+        assert len(calls) == 1
+        await w.push([group("p")], "wg:s:0")
+        assert len(calls) == 2
+        await w.lag()
+        await w.pending()
+        assert len(calls) == 4
+        await w.hold_lease(["q"], "wg:s:1", ttl_s=30)
+        await w.claim_lapsed()  # a scan, then one script for our own lease
+        assert len(calls) == 7
+        await w.release_lease()
+        assert len(calls) == 8
+
+    run(redis_url, scenario)
+
+
+def test_a_lease_without_time_left_is_claimable(redis_url: str) -> None:
+    async def scenario(c: Any) -> None:
+        await writer(c, "wz").hold_lease(["p9"], "wz:s:0", ttl_s=0.0)
+        (lease,) = await writer(c, "wy").claim_lapsed()
+        assert lease.prompt_ids == ["p9"]
+
+    run(redis_url, scenario)
