@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from services.rollout.embedded.server import Engine, EngineRegistry, create_app, load_model
+    from services.engine.server import Engine, EngineRegistry, create_app, load_model
 
     if ecfg.threads:
         torch.set_num_threads(ecfg.threads)

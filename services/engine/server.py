@@ -33,8 +33,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dynamo_rl.config.engine import EngineConfig
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
-from services.rollout.embedded.generation import BatchGenerator, BatchStats, SamplingParams
-from services.rollout.embedded.protocol import (
+from services.engine.generation import BatchGenerator, BatchStats, SamplingParams
+from services.engine.metrics import EngineMetrics
+from services.engine.protocol import (
     CompletionRequest,
     GenerateRequest,
     InitWeightsUpdateGroupRequest,
@@ -42,14 +43,13 @@ from services.rollout.embedded.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
 )
-from services.rollout.embedded.weights import (
+from services.engine.weights import (
     WeightUpdateGroup,
     check_fits,
     copy_into,
     load_checkpoint,
     parse_dtype,
 )
-from services.rollout.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 

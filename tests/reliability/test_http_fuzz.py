@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 
 from learner.tiny_model import build_tiny_model
 from tests.reliability.helpers import CONTROL_TOKEN, FUZZ_EXAMPLES, assert_not_leaked
+from tests.services.engine.engine_util import start_engine
 from tests.services.reward.conftest import RewardServer, start_reward_server
-from tests.services.rollout.engine_util import start_engine
 
 MODES = [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE]
 # Answers a fuzzed request may get: success, a named rejection, auth, size, back-off.

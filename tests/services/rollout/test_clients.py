@@ -26,7 +26,7 @@ from services.rollout.engines import (
     make_engine,
 )
 from services.rollout.engines._http import HTTPReplica
-from tests.services.rollout.engine_util import load_reference, reference_logprobs, start_engine
+from tests.services.engine.engine_util import load_reference, reference_logprobs, start_engine
 
 PROMPT = [72, 105, 33, 32]  # arbitrary in-vocabulary ids of the byte-level tokenizer
 

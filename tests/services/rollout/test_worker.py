@@ -34,7 +34,7 @@ from services.rollout.engines import SGLangEngine
 from services.rollout.reward_client import RewardClient, RewardRequestError
 from services.rollout.worker import RolloutWorker, build_worker, split_count
 from tests.conftest import REPO, dynamo_rl_argv
-from tests.services.rollout.engine_util import load_reference, reference_logprobs, start_engine
+from tests.services.engine.engine_util import load_reference, reference_logprobs, start_engine
 
 NS = "wtest"
 N_PROMPTS = 6
