@@ -115,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from services.engine.server import Engine, EngineRegistry, create_app, load_model
+    from dynamo_rl.contracts.engine import EngineRegistry
+    from services.engine.server import Engine, create_app, load_model
 
     if ecfg.threads:
         torch.set_num_threads(ecfg.threads)

@@ -35,6 +35,9 @@ class EngineMetrics:
         self.queued_sequences = m.gauge(
             "queued_sequences", "Sequences waiting for a batch (sampled at scrape)"
         )
+        self.requests_in_flight = m.gauge(
+            "requests_in_flight", "Generation requests received and not yet answered"
+        )
         self.weight_version = m.gauge("weight_version", "Weight version currently served")
         self.weight_updates = m.counter(
             "weight_updates_total",

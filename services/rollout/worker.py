@@ -33,7 +33,6 @@ bug). A prompt allocated 0 responses gets no group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -53,8 +52,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup, encode_entry
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
+from dynamo_rl.contracts.engine import alist_engines
 from dynamo_rl.keys import (
-    engines_key,
     learner_group,
     lease_key,
     pushed_batch_key,
@@ -282,15 +281,11 @@ class RolloutWorker:
         """Add engines registered in Redis that the pool lacks; returns how many were added."""
         if not self.cfg.discover_engines or self.engine_factory is None:
             return 0
-        key = engines_key(self.engines_namespace)
-        entries = await self._redis(lambda: self.redis.hgetall(key))
+        entries = await self._redis(lambda: alist_engines(self.redis, self.engines_namespace))
         added = 0
-        for field_, raw in entries.items():
-            url = field_.decode() if isinstance(field_, bytes) else str(field_)
-            with contextlib.suppress(ValueError, AttributeError):  # the field is the URL too
-                url = str(json.loads(raw).get("url") or url)
-            if url.rstrip("/") not in self.pool.urls:
-                added += self.pool.add(self.engine_factory(url))
+        for entry in entries:
+            if entry.url not in self.pool.urls:
+                added += self.pool.add(self.engine_factory(entry.url))
         return added
 
     # -- allocator ------------------------------------------------------------------------------
