@@ -11,7 +11,8 @@ Registry — ``engines_key(ns)`` is a Redis hash: field = the engine's base URL,
 
 Weight control — one protocol object per engine kind (:func:`weight_protocol`,
 ``rollout.weight_api``). It builds :class:`Call` s (method, path, body) and checks their answers;
-:func:`send` and :func:`asend` carry them over HTTP. A push is::
+:func:`send` carries them over HTTP (the rollout clients send the version
+read through their own async client). A push is::
 
     init_group (once per set of engines)
     before_update()  ->  update(...) while the trainer broadcasts  ->  after_update(version)
@@ -403,29 +404,6 @@ def send(
     target = url.rstrip("/") + call.path
     try:
         response = httpx.request(
-            call.method, target, json=call.body, params=call.params or None,
-            headers=dict(headers or {}), timeout=timeout_s,
-        )  # fmt: skip
-    except httpx.HTTPError as e:
-        raise WeightControlError(f"{target}: {type(e).__name__}: {e}") from e
-    body = _body(response)
-    protocol.check(call, response.status_code, body, url.rstrip("/"))
-    return body
-
-
-async def asend(
-    protocol: WeightProtocol,
-    client: httpx.AsyncClient,
-    url: str,
-    call: Call,
-    *,
-    headers: Mapping[str, str] | None = None,
-    timeout_s: float = 600.0,
-) -> Any:
-    """:func:`send` with an async client."""
-    target = url.rstrip("/") + call.path
-    try:
-        response = await client.request(
             call.method, target, json=call.body, params=call.params or None,
             headers=dict(headers or {}), timeout=timeout_s,
         )  # fmt: skip

@@ -316,8 +316,11 @@ class Engine:
             release, self._release = self._release, None
             future, self._hold_future = self._hold_future, None
         if release is not None:
+            held = self._held.is_set()
             release.set()
-            if future is not None:
+            # Held: wait for the hold to end, so /is_paused is false once /resume answers. Not
+            # yet held (a pause that timed out): the hold ends at once whenever it runs.
+            if held and future is not None:
                 future.result(timeout=30)
 
     def _after_update(self, source: str, t0: float, version: int) -> None:
