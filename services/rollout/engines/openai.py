@@ -125,17 +125,17 @@ class OpenAICompletionsEngine:
         self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
     ) -> list[Sample]:
         payload = completion_payload(await self._model_name(), prompt_token_ids, n, sampling)
-        # vLLM's responses carry no weight version. Its pushes happen between pause and resume
-        # (mode wait: running requests finish first), so a response ran wholly under the version
-        # read before or the one read after it; the older is kept, which never understates a
+        # vLLM's responses carry no weight version, so with its protocol the version is derived
+        # (whatever the body says). Its pushes happen between pause and resume (mode wait:
+        # running requests finish first), so a response ran wholly under the version read
+        # before it or a later one; the one read before is kept, which never understates a
         # sample's staleness (exact whenever no update came in between).
         before = await self.weight_version() if self.weights.kind == "vllm" else None
         body = await self.http.request("POST", "/v1/completions", payload)
         samples = parse_choices(body, self.url, n)
         if before is not None:
             for sample in samples:
-                if sample.weight_version is None:
-                    sample.weight_version = before
+                sample.weight_version = before
         return samples
 
     async def weight_version(self) -> int:
