@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "allocator": ("allocator.cli", "serve Dynamic Rollout Allocation over gRPC"),
     "reward": ("services.reward.cli", "serve math verification and sandboxed code tests over HTTP"),
-    "engine": ("services.rollout.engine_cli", "serve a model with the embedded inference engine"),
+    "engine": ("services.engine.cli", "serve a model with the embedded inference engine"),
     "rollout": ("services.rollout.cli", "run a rollout worker (dataset -> engines -> stream)"),
     "learner": ("learner.cli", "train on the trajectory stream (launch with torchrun)"),
     "up": ("dynamo_rl.up", "start every service locally and train"),

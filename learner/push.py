@@ -1,16 +1,19 @@
-"""Weight push from the learner to the inference engines (rank 0's side of docs/contracts.md).
+"""Weight push from the learner to the inference engines: the torch side of the engine-control
+contract (:mod:`dynamo_rl.contracts.engine`, whose protocol object — SGLang- or vLLM-shaped,
+``rollout.weight_api`` — builds every HTTP call sent here).
 
 Two transports behind one small interface (:class:`WeightTransport`):
 
-- :class:`DistributedPush` — SGLang-shaped. Once per set of engines, rank 0 hosts a ``TCPStore``
-  on a free port and forms a standalone gloo (NCCL on CUDA) group with every engine
-  (``/init_weights_update_group``, engine i is rank 1 + i). Per push, rank 0 POSTs
-  ``/update_weights_from_distributed`` (names, dtypes, shapes, version) to every engine
-  concurrently, and meanwhile all learner ranks gather full parameters bucket by bucket
-  (``DTensor.full_tensor``, a collective) while rank 0 broadcasts each tensor, in the order of
-  ``names``, to the engines. A failed push drops the group (re-formed at the next push).
-- :class:`DiskPush` — the fallback: a Hugging Face export that engines load through
-  ``/update_weights_from_disk``.
+- :class:`DistributedPush` — once per set of engines, rank 0 hosts a ``TCPStore`` on a free port
+  and forms a standalone gloo (NCCL on CUDA) group with every engine (the protocol's
+  ``init_group`` call; engine i is rank 1 + i). Per push, rank 0 sends each engine the protocol's
+  ``before_update`` calls (vLLM: pause, start), then its ``update`` call (names, dtypes, shapes)
+  to every engine concurrently, and meanwhile all learner ranks gather full parameters bucket by
+  bucket (``DTensor.full_tensor``, a collective) while rank 0 broadcasts each tensor, in the
+  order of ``names``, to the engines; then the ``after_update`` calls (vLLM: finish with the
+  version, reset the prefix cache, resume). A failed push sends ``recover`` (vLLM: resume, so no
+  engine stays paused) and drops the group (re-formed at the next push).
+- :class:`DiskPush` — the fallback: a Hugging Face export that engines load from disk.
 
 Engines come from the Redis registry ``engines_key(ns)`` (each engine registers itself) or from
 ``endpoints.engine_urls``. After a successful push rank 0 sets ``weight_version_key(ns)``.
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import threading
 import time
@@ -29,11 +31,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from dynamo_rl.contracts.engine import (
+    Call,
+    SGLangWeights,
+    WeightControlError,
+    WeightProtocol,
+    list_engines,
+    send,
+)
 from dynamo_rl.procs import free_port
 from learner.model import policy_parameters
 
@@ -93,28 +102,25 @@ def _buckets(
 
 
 class _Posts:
-    """Concurrent POSTs, one thread per engine (each may block while the other side works)."""
+    """Each engine's calls in order, engines concurrently (one thread per engine: each call may
+    block while the other side works)."""
 
-    def __init__(self, headers: dict[str, str], timeout_s: float) -> None:
+    def __init__(self, protocol: WeightProtocol, headers: dict[str, str], timeout_s: float) -> None:
+        self.protocol = protocol
         self.headers = headers
         self.timeout_s = timeout_s
 
-    def start(self, urls: Sequence[str], path: str, body: Callable[[int], dict]) -> Callable:
+    def start(self, urls: Sequence[str], calls: Callable[[int], list[Call]]) -> Callable:
         results: list[Any] = [None] * len(urls)
 
         def post(i: int, url: str) -> None:
             try:
-                r = httpx.post(
-                    url.rstrip("/") + path, json=body(i), headers=self.headers,
-                    timeout=self.timeout_s,
-                )  # fmt: skip
-                results[i] = (
-                    None
-                    if r.status_code == 200
-                    else f"{url}{path}: HTTP {r.status_code} {r.text[:300]}"
-                )
-            except Exception as e:  # reported to the caller, which decides what fails
-                results[i] = f"{url}{path}: {type(e).__name__}: {e}"
+                for call in calls(i):
+                    send(self.protocol, url, call, headers=self.headers, timeout_s=self.timeout_s)
+            except WeightControlError as e:  # reported to the caller, which decides what fails
+                results[i] = str(e)
+            except Exception as e:
+                results[i] = f"{url}: {type(e).__name__}: {e}"
 
         threads = [
             threading.Thread(target=post, args=(i, u), daemon=True) for i, u in enumerate(urls)
@@ -126,10 +132,14 @@ class _Posts:
             for t in threads:
                 t.join(self.timeout_s + 5)
             return [r for r in results if r is not None] + [
-                f"{urls[i]}{path}: no answer" for i, t in enumerate(threads) if t.is_alive()
+                f"{urls[i]}: no answer" for i, t in enumerate(threads) if t.is_alive()
             ]
 
         return join
+
+    def run(self, urls: Sequence[str], calls: Callable[[int], list[Call]]) -> list[str]:
+        """Send and wait; the errors."""
+        return self.start(urls, calls)()
 
 
 class DistributedPush:
@@ -146,11 +156,13 @@ class DistributedPush:
         headers: dict[str, str] | None = None,
         device: torch.device | None = None,
         group_prefix: str = "dynamo-push",
+        protocol: WeightProtocol | None = None,
     ) -> None:
         self.master_address = master_address
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.timeout_s = timeout_s
-        self.posts = _Posts(headers or {}, timeout_s)
+        self.protocol = protocol or SGLangWeights()
+        self.posts = _Posts(self.protocol, headers or {}, timeout_s)
         self.device = device or torch.device("cpu")
         self.group_prefix = group_prefix
         self.group: Any = None
@@ -163,19 +175,20 @@ class DistributedPush:
         self.close()
         port = free_port()
         world = 1 + len(engines)
-        name = f"{self.group_prefix}-{uuid.uuid4().hex[:12]}"
+        name = self.protocol.group_name or f"{self.group_prefix}-{uuid.uuid4().hex[:12]}"
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         join = self.posts.start(
             engines,
-            "/init_weights_update_group",
-            lambda i: {
-                "master_address": self.master_address,
-                "master_port": port,
-                "rank_offset": 1 + i,
-                "world_size": world,
-                "group_name": name,
-                "backend": backend,
-            },
+            lambda i: [
+                self.protocol.init_group(
+                    master_address=self.master_address,
+                    master_port=port,
+                    rank_offset=1 + i,
+                    world_size=world,
+                    group_name=name,
+                    backend=backend,
+                )
+            ],
         )
         timeout = datetime.timedelta(seconds=self.timeout_s)
         try:
@@ -209,18 +222,20 @@ class DistributedPush:
                     raise RuntimeError("no engines to push to")
                 if self.group is None or tuple(engines) != self.engines:
                     self._form_group(engines)
-                meta = {
-                    "names": [n for n, _ in params],
-                    "dtypes": [_dtype_name(p.dtype) for _, p in params],
-                    "shapes": [list(p.shape) for _, p in params],
-                    "group_name": self.group_name,
-                    "weight_version": version,
-                }
-                join = self.posts.start(
-                    self.engines, "/update_weights_from_distributed", lambda i: meta
+                update = self.protocol.update(
+                    names=[n for n, _ in params],
+                    dtypes=[_dtype_name(p.dtype) for _, p in params],
+                    shapes=[list(p.shape) for _, p in params],
+                    group_name=self.group_name,
+                    weight_version=version,
                 )
+                errors = self.posts.run(self.engines, lambda i: self.protocol.before_update())
+                if errors:
+                    raise RuntimeError("; ".join(errors))
+                join = self.posts.start(self.engines, lambda i: [update])
             except Exception as e:
                 error = str(e)
+                self._recover(engines)
         # Every rank must join every gather, whatever rank 0's engines do.
         failed = torch.tensor([1 if error else 0])
         if dist.get_world_size() > 1:
@@ -253,6 +268,11 @@ class DistributedPush:
             if errors and not error:
                 error = "; ".join(errors)
                 self.close()
+            if not error:
+                errors = self.posts.run(self.engines, lambda i: self.protocol.after_update(version))
+                error = "; ".join(errors)
+            if error:
+                self._recover(engines)
         t_answer = time.perf_counter() - t_answer
         ok = torch.tensor([0 if error else 1])
         if dist.get_world_size() > 1:
@@ -261,6 +281,13 @@ class DistributedPush:
             bool(ok.item()), len(engines), nbytes, time.perf_counter() - t0, error,
             gather_seconds=t_gather, send_seconds=t_send, answer_seconds=t_answer,
         )  # fmt: skip
+
+    def _recover(self, engines: Sequence[str]) -> None:
+        """Best effort after a failed push: no engine may stay paused."""
+        if engines and self.protocol.recover():
+            errors = self.posts.run(engines, lambda i: self.protocol.recover())
+            if errors:
+                log.warning("recovering engines after a failed push: %s", "; ".join(errors))
 
     def close(self) -> None:
         if self.group is not None:
@@ -280,9 +307,11 @@ class DiskPush:
         *,
         timeout_s: float,
         headers: dict[str, str] | None = None,
+        protocol: WeightProtocol | None = None,
     ) -> None:
         self.export = export  # collective: writes the export on rank 0, returns its path there
-        self.posts = _Posts(headers or {}, timeout_s)
+        self.protocol = protocol or SGLangWeights()
+        self.posts = _Posts(self.protocol, headers or {}, timeout_s)
 
     def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult:
         t0 = time.perf_counter()
@@ -292,12 +321,12 @@ class DiskPush:
             if not engines:
                 error = "no engines to push to"
             else:
-                join = self.posts.start(
-                    engines,
-                    "/update_weights_from_disk",
-                    lambda i: {"model_path": str(path), "weight_version": version},
-                )
-                error = "; ".join(join())
+                try:
+                    call = self.protocol.update_from_disk(str(path), version)
+                except WeightControlError as e:
+                    error = str(e)
+                else:
+                    error = "; ".join(self.posts.run(engines, lambda i: [call]))
         ok = torch.tensor([0 if error else 1])
         if dist.get_world_size() > 1:
             dist.broadcast(ok, 0)
@@ -307,15 +336,6 @@ class DiskPush:
         pass
 
 
-def discover_engines(redis_client: Any, engines_key: str) -> list[str]:
+def discover_engines(redis_client: Any, namespace: str) -> list[str]:
     """Engine base URLs registered in Redis (sorted, so ranks in the group are stable)."""
-    urls = []
-    for key, value in redis_client.hgetall(engines_key).items():
-        url = key.decode() if isinstance(key, bytes) else key
-        try:
-            info = json.loads(value)
-            url = info.get("url", url) or url
-        except (ValueError, TypeError):
-            pass
-        urls.append(url)
-    return sorted(set(urls))
+    return [e.url for e in list_engines(redis_client, namespace)]

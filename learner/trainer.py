@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from dynamo_rl import keys
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.contracts.engine import weight_protocol
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
 from learner.metrics import LearnerMetrics
@@ -221,11 +222,18 @@ class Trainer:
         token = self.cfg.endpoints.control_token
         headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
         p = self.lc.push
-        disk = DiskPush(self._export_for_push, timeout_s=p.timeout_s, headers=headers)
+        rc = self.cfg.rollout
+        protocol = weight_protocol(rc.weight_api, pause_mode=rc.vllm_pause_mode)
+        disk = DiskPush(
+            self._export_for_push, timeout_s=p.timeout_s, headers=headers, protocol=protocol
+        )
         if p.transport == "disk":
             return disk
-        self._disk_fallback = disk if p.fallback_to_disk else None
+        # vLLM's weight-transfer API cannot load from disk: no fallback there.
+        fallback = p.fallback_to_disk and rc.weight_api != "vllm"
+        self._disk_fallback = disk if fallback else None
         return DistributedPush(
+            protocol=protocol,
             master_address=p.master_address,
             bucket_mb=p.bucket_mb,
             timeout_s=p.timeout_s,
@@ -250,7 +258,7 @@ class Trainer:
             return []
         if self.lc.push.engines_from == "config":
             return list(self.cfg.endpoints.engine_urls)
-        return discover_engines(self.redis, keys.engines_key(self.namespace))
+        return discover_engines(self.redis, self.namespace)
 
     def push(self) -> PushResult | None:
         """Collective: push the weights as version ``step``; bumps the version in Redis."""

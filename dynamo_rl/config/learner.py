@@ -260,7 +260,8 @@ class PushConfig(Section):
     timeout_s: Annotated[float, Field(gt=0)] = 300.0
     """Timeout of a group formation or one push."""
     fallback_to_disk: bool = True
-    """When a distributed push fails, export and ask engines to load from disk."""
+    """When a distributed push fails, export and ask engines to load from disk (not with
+    rollout.weight_api=vllm: vLLM's weight-transfer API has no load-from-disk route)."""
 
 
 class DataConfig(Section):

@@ -86,8 +86,16 @@ class RolloutConfig(Section):
     """Generation protocol: OpenAI /v1/completions (embedded engine, vLLM, SGLang) or SGLang's
     native /generate."""
     weight_api: Literal["sglang", "vllm"] = "sglang"
-    """Weight-update and version endpoints: SGLang's (embedded engine, SGLang) or vLLM's native
-    weight-transfer API."""
+    """Engine-control protocol (dynamo_rl.contracts.engine) of every engine in the run: SGLang's
+    weight-update routes (embedded engine, SGLang) or vLLM's weight-transfer API (also served by
+    the embedded engine). The rollout worker reads versions with it and the learner pushes with
+    it; vLLM needs VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config, and has no
+    load-from-disk route (learner.push.transport=distributed)."""
+    vllm_pause_mode: Literal["keep", "wait", "abort"] = "wait"
+    """weight_api=vllm: how the learner pauses an engine for a push (POST /pause?mode=...).
+    wait lets running requests finish, so no response spans an update; keep freezes them and
+    resumes them on the new weights; abort cuts them (finish_reason "abort", which the rollout
+    client retries)."""
     model_name: str | None = None
     """The 'model' field of OpenAI requests (None: the first id of GET /v1/models)."""
     discover_engines: bool = False

@@ -1,2 +1,7 @@
-"""One module per wire contract between the processes: both ends of a contract import it, so
-neither can drift from the other (``stream``: rollout workers → Redis stream → learner)."""
+"""Wire contracts between the processes: one module per contract, imported by both ends, so
+neither end can drift from the other.
+
+- ``stream``: rollout workers → Redis stream → learner (writer, leases, reader, lag, decoding);
+- ``engine``: the engine registry and the weight-update protocols (SGLang- and vLLM-shaped);
+- ``reward``: the reward service's HTTP API (``/v1/verify``, ``/run_code``, ``/healthz``).
+"""

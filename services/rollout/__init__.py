@@ -1,1 +1,1 @@
-"""Rollout: the embedded inference engine, engine clients and rollout workers."""
+"""Rollout: engine clients and rollout workers (the embedded engine is ``services.engine``)."""

@@ -34,9 +34,7 @@ bug). A prompt allocated 0 responses gets no group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import json
 import logging
 import os
 import secrets
@@ -52,8 +50,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
+from dynamo_rl.contracts.engine import alist_engines
 from dynamo_rl.contracts.stream import TrajectoryWriter
-from dynamo_rl.keys import engines_key, weight_version_key
+from dynamo_rl.keys import weight_version_key
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
 from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, reward_item
@@ -218,15 +217,11 @@ class RolloutWorker:
         """Add engines registered in Redis that the pool lacks; returns how many were added."""
         if not self.cfg.discover_engines or self.engine_factory is None:
             return 0
-        key = engines_key(self.engines_namespace)
-        entries = await self._redis(lambda: self.redis.hgetall(key))
+        entries = await self._redis(lambda: alist_engines(self.redis, self.engines_namespace))
         added = 0
-        for field_, raw in entries.items():
-            url = field_.decode() if isinstance(field_, bytes) else str(field_)
-            with contextlib.suppress(ValueError, AttributeError):  # the field is the URL too
-                url = str(json.loads(raw).get("url") or url)
-            if url.rstrip("/") not in self.pool.urls:
-                added += self.pool.add(self.engine_factory(url))
+        for entry in entries:
+            if entry.url not in self.pool.urls:
+                added += self.pool.add(self.engine_factory(entry.url))
         return added
 
     # -- allocator ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from dynamo_rl.metrics import ServiceMetrics
 METRIC_CLASSES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "allocator": ("allocator.metrics", None),
     "reward": ("services.reward.metrics", None),
-    "engine": ("services.rollout.metrics", ("EngineMetrics",)),
+    "engine": ("services.engine.metrics", ("EngineMetrics",)),
     "rollout": ("services.rollout.metrics", ("WorkerMetrics",)),
     "learner": ("learner.metrics", ("LearnerMetrics",)),
 }

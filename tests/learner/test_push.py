@@ -1,6 +1,7 @@
-"""Weight push to a real embedded engine process: after the learner's pushes, the engine serves
-the learner's weights (its log-probs for a sequence equal the learner's forward on the same
-weights), reports the pushed version, and the version is in Redis."""
+"""Weight push to a real embedded engine process, through either engine-control protocol
+(rollout.weight_api): after the learner's pushes, the engine serves the learner's weights (its
+log-probs for a sequence equal the learner's forward on the same weights), reports the pushed
+version, and the version is in Redis."""
 
 from __future__ import annotations
 
@@ -36,12 +37,15 @@ def _learner_logprobs(model_dir: Path, prompt: list[int], tokens: list[int]) -> 
         return token_logprobs(logits, torch.tensor([tokens]))[0]
 
 
-@pytest.mark.parametrize("transport", ["distributed", "disk"])
+@pytest.mark.parametrize(
+    ("transport", "weight_api"),
+    [("distributed", "sglang"), ("disk", "sglang"), ("distributed", "vllm")],
+)
 def test_push_reaches_the_embedded_engine(
-    transport: str, redis_url: str, tmp_path: Path, service
+    transport: str, weight_api: str, redis_url: str, tmp_path: Path, service
 ) -> None:
     model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2)
-    name = f"push-{transport}"
+    name = f"push-{transport}-{weight_api}"
     port = free_port()
     service(
         "engine",
@@ -68,6 +72,7 @@ def test_push_reaches_the_embedded_engine(
         "learner.max_steps=2",
         "learner.push.every=1",
         f"learner.push.transport={transport}",
+        f"rollout.weight_api={weight_api}",
         "learner.push.fallback_to_disk=false",
         "learner.lr=1e-2",
     ]
@@ -78,6 +83,9 @@ def test_push_reaches_the_embedded_engine(
     assert [r["weight_version"] for r in records] == [1, 2]
     assert client.get(keys.weight_version_key(name)) == b"2"
     assert httpx.get(f"{engine}/get_weight_version").json()["weight_version"] == 2
+    if weight_api == "vllm":  # pushed through vLLM's routes: its version read agrees
+        assert httpx.get(f"{engine}/weight_info").json() == {"weight_version": "2"}
+        assert httpx.get(f"{engine}/is_paused").json() == {"is_paused": False}
     registered = json.loads(client.hget(keys.engines_key(name), engine))
     assert registered["weight_version"] == 2
     client.close()

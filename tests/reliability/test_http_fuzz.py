@@ -7,9 +7,9 @@ names the field it is about (a non-empty ``loc`` and, for the reward service, a 
 engine the OpenAI-style ``error.param``). The budget per operation and mode is
 ``FUZZ_EXAMPLES`` (``DYNAMO_FUZZ_EXAMPLES`` raises it for a longer run).
 
-The engine runs with a control token, so fuzzed weight updates without it are 401s;
-``/update_weights_from_disk`` is also fuzzed with the token (``/init_weights_update_group`` is
-not: it would connect to whatever address the fuzzer draws, possibly off this machine).
+The engine runs with a control token, so fuzzed weight control (either protocol) without it is
+a 401; ``/update_weights_from_disk`` is also fuzzed with the token (``/init_weights_update_group``
+is not: it would connect to whatever address the fuzzer draws, possibly off this machine).
 """
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ from hypothesis import HealthCheck, given, settings
 
 from learner.tiny_model import build_tiny_model
 from tests.reliability.helpers import CONTROL_TOKEN, FUZZ_EXAMPLES, assert_not_leaked
+from tests.services.engine.engine_util import start_engine
 from tests.services.reward.conftest import RewardServer, start_reward_server
-from tests.services.rollout.engine_util import start_engine
 
 MODES = [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE]
 # Answers a fuzzed request may get: success, a named rejection, auth, size, back-off.
 ALLOWED = {200, 400, 401, 404, 405, 413, 415, 422, 429, 503}
+
+
+# POSTs that take neither a body nor parameters: like GETs, they have no negative cases.
+NO_INPUT = {"/resume", "/start_weight_update", "/reset_prefix_cache"}
 
 
 def _with_modes(ops: list[tuple[str, str]]) -> list[Any]:
@@ -40,7 +44,8 @@ def _with_modes(ops: list[tuple[str, str]]) -> list[Any]:
         pytest.param(path, method, mode, id=f"{method} {path} {mode.value}")
         for path, method in ops
         for mode in MODES
-        if method == "POST" or mode is schemathesis.GenerationMode.POSITIVE
+        if (method == "POST" and path not in NO_INPUT)
+        or mode is schemathesis.GenerationMode.POSITIVE
     ]
 
 
@@ -219,13 +224,28 @@ def check_engine(case: Any, response: Any) -> None:
     body = _common(case, response)
     if response.status_code == 422 and case.path in ("/v1/completions", "/generate"):
         assert body.get("error", {}).get("param"), f"422 without error.param: {response.text}"
-    if case.path.startswith(("/init_weights", "/update_weights")):
+    if case.path.startswith(CONTROL_PREFIXES):
         # No token sent: refused (a body that does not parse is refused before the token check).
         assert response.status_code in (401, 422), (case.media_type, case.body, response.text)
 
 
+# Weight control of both protocols (SGLang- and vLLM-shaped): all need the token.
+CONTROL_PREFIXES = (
+    "/init_weight", "/update_weights", "/pause", "/resume", "/start_weight_update",
+    "/finish_weight_update", "/reset_prefix_cache",
+)  # fmt: skip
+
 ENGINE_OPS = [
     ("/v1/completions", "POST"),
+    ("/pause", "POST"),
+    ("/resume", "POST"),
+    ("/init_weight_transfer_engine", "POST"),
+    ("/start_weight_update", "POST"),
+    ("/update_weights", "POST"),
+    ("/finish_weight_update", "POST"),
+    ("/reset_prefix_cache", "POST"),
+    ("/weight_info", "GET"),
+    ("/is_paused", "GET"),
     ("/generate", "POST"),
     ("/init_weights_update_group", "POST"),
     ("/update_weights_from_distributed", "POST"),

@@ -1,8 +1,9 @@
-"""Inference engine clients: the :class:`Engine` and :class:`WeightUpdater` protocols, the
-OpenAI-compatible and SGLang-native clients, the weight-update adapters, and the replica pool.
+"""Inference engine clients: the :class:`Engine` protocol, the OpenAI-compatible and
+SGLang-native clients, and the replica pool.
 
 :func:`make_engine` builds one replica's client from the rollout config's ``engine_api`` and
-``weight_api``.
+``weight_api`` (the engine-control protocol of :mod:`dynamo_rl.contracts.engine`, which reads
+versions).
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ from services.rollout.engines.base import (
     EngineUnavailable,
     Sample,
     Sampling,
-    WeightUpdater,
 )
 from services.rollout.engines.openai import OpenAICompletionsEngine
 from services.rollout.engines.pool import EnginePool
 from services.rollout.engines.sglang import SGLangEngine
-from services.rollout.engines.weights import SGLangWeightUpdater, VLLMWeightUpdater
 
 __all__ = [
     "Engine",
@@ -31,11 +30,8 @@ __all__ = [
     "EngineUnavailable",
     "OpenAICompletionsEngine",
     "SGLangEngine",
-    "SGLangWeightUpdater",
     "Sample",
     "Sampling",
-    "VLLMWeightUpdater",
-    "WeightUpdater",
     "make_engine",
 ]
 

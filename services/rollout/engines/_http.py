@@ -7,7 +7,12 @@ from typing import Any
 
 import httpx
 
-from services.rollout.engines.base import EngineRequestError, EngineUnavailable
+from dynamo_rl.contracts.engine import WeightControlError, WeightProtocol
+from services.rollout.engines.base import (
+    EngineProtocolError,
+    EngineRequestError,
+    EngineUnavailable,
+)
 
 # Statuses that mean "this replica cannot serve now" rather than "your request is wrong".
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -82,3 +87,13 @@ class HTTPReplica:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+async def read_weight_version(http: HTTPReplica, protocol: WeightProtocol) -> int:
+    """The replica's weight version, read and parsed by its engine-control protocol."""
+    call = protocol.version_call
+    body = await http.request(call.method, call.path, call.body, timeout_s=10.0)
+    try:
+        return protocol.parse_version(body, http.url)
+    except WeightControlError as e:
+        raise EngineProtocolError(str(e)) from None

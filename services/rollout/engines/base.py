@@ -2,7 +2,8 @@
 
 - :class:`Engine` generates ``n`` samples for one tokenised prompt, each with its token ids and the
   log-probability the engine sampled it with, and tells its weight version.
-- :class:`WeightUpdater` moves new weights into a running engine (SGLang-shaped or vLLM-shaped).
+
+Weight control (versions, pushes) is the engine-control contract, :mod:`dynamo_rl.contracts.engine`.
 
 Errors say what the caller should do: :class:`EngineUnavailable` means "try another replica or wait"
 (connection refused, timeout, 5xx, 429); :class:`EngineRequestError` means the request itself is
@@ -24,7 +25,6 @@ __all__ = [
     "EngineUnavailable",
     "Sample",
     "Sampling",
-    "WeightUpdater",
 ]
 
 
@@ -99,39 +99,3 @@ class Engine(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-@runtime_checkable
-class WeightUpdater(Protocol):
-    """Moves weights into a running engine; the learner's push drives it."""
-
-    async def init_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-    ) -> None:
-        """Join the trainer's broadcast group (blocks until every member has joined)."""
-        ...
-
-    async def update_from_distributed(
-        self,
-        *,
-        names: Sequence[str],
-        dtypes: Sequence[str],
-        shapes: Sequence[Sequence[int]],
-        group_name: str,
-        weight_version: int,
-    ) -> None:
-        """Receive the named tensors broadcast from rank 0, in order, and load them."""
-        ...
-
-    async def update_from_disk(self, model_path: str, weight_version: int) -> None:
-        """Load weights from a Hugging Face directory the engine can read."""
-        ...
-
-    async def weight_version(self) -> int: ...

@@ -13,24 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from services.rollout.engines._http import HTTPReplica
+from dynamo_rl.contracts.engine import ABORTED, WeightProtocol, weight_protocol
+from services.rollout.engines._http import HTTPReplica, read_weight_version
 from services.rollout.engines.base import (
     EngineProtocolError,
+    EngineUnavailable,
     Sample,
     Sampling,
-    WeightUpdater,
 )
-from services.rollout.engines.weights import SGLangWeightUpdater, VLLMWeightUpdater
 
-__all__ = ["OpenAICompletionsEngine", "completion_payload", "make_weight_updater"]
-
-
-def make_weight_updater(http: HTTPReplica, weight_api: str) -> WeightUpdater:
-    if weight_api == "sglang":
-        return SGLangWeightUpdater(http, update_timeout_s=http.timeout_s)
-    if weight_api == "vllm":
-        return VLLMWeightUpdater(http, update_timeout_s=http.timeout_s)
-    raise ValueError(f"weight_api must be 'sglang' or 'vllm', got {weight_api!r}")
+__all__ = ["OpenAICompletionsEngine", "completion_payload"]
 
 
 def completion_payload(
@@ -75,6 +67,9 @@ def parse_choices(body: Any, url: str, n: int) -> list[Sample]:
     body_version = _version(body.get("weight_version"))
     samples = []
     for c in choices:
+        if c.get("finish_reason") == ABORTED:
+            # A pause with mode=abort for a weight update cut it: HTTP 200, truncated output.
+            raise EngineUnavailable(f"{url}: a request was aborted (weight update); retry it")
         token_ids = c.get("token_ids")
         logprobs = (c.get("logprobs") or {}).get("token_logprobs")
         if token_ids is None:
@@ -101,7 +96,7 @@ def parse_choices(body: Any, url: str, n: int) -> list[Sample]:
 
 
 class OpenAICompletionsEngine:
-    """One replica behind ``/v1/completions``; weights through ``weight_api``'s endpoints."""
+    """One replica behind ``/v1/completions``; versions read through ``weight_api``'s protocol."""
 
     def __init__(
         self,
@@ -115,7 +110,7 @@ class OpenAICompletionsEngine:
         self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
         self.url = self.http.url
         self.model = model
-        self.weights = make_weight_updater(self.http, weight_api)
+        self.weights: WeightProtocol = weight_protocol(weight_api)
 
     async def _model_name(self) -> str:
         if self.model is None:
@@ -130,11 +125,21 @@ class OpenAICompletionsEngine:
         self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
     ) -> list[Sample]:
         payload = completion_payload(await self._model_name(), prompt_token_ids, n, sampling)
+        # vLLM's responses carry no weight version, so with its protocol the version is derived
+        # (whatever the body says). Its pushes happen between pause and resume (mode wait:
+        # running requests finish first), so a response ran wholly under the version read
+        # before it or a later one; the one read before is kept, which never understates a
+        # sample's staleness (exact whenever no update came in between).
+        before = await self.weight_version() if self.weights.kind == "vllm" else None
         body = await self.http.request("POST", "/v1/completions", payload)
-        return parse_choices(body, self.url, n)
+        samples = parse_choices(body, self.url, n)
+        if before is not None:
+            for sample in samples:
+                sample.weight_version = before
+        return samples
 
     async def weight_version(self) -> int:
-        return await self.weights.weight_version()
+        return await read_weight_version(self.http, self.weights)
 
     async def health(self) -> bool:
         return await self.http.ok("/health")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from services.rollout.engines._http import HTTPReplica
+from dynamo_rl.contracts.engine import SGLangWeights
+from services.rollout.engines._http import HTTPReplica, read_weight_version
 from services.rollout.engines.base import EngineProtocolError, Sample, Sampling
-from services.rollout.engines.weights import SGLangWeightUpdater
 
 __all__ = ["SGLangEngine", "generate_payload", "parse_generate"]
 
@@ -91,7 +91,7 @@ class SGLangEngine:
     ) -> None:
         self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
         self.url = self.http.url
-        self.weights = SGLangWeightUpdater(self.http, update_timeout_s=timeout_s)
+        self.weights = SGLangWeights()
 
     async def generate(
         self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
@@ -102,7 +102,7 @@ class SGLangEngine:
         return parse_generate(body, self.url, n)
 
     async def weight_version(self) -> int:
-        return await self.weights.weight_version()
+        return await read_weight_version(self.http, self.weights)
 
     async def health(self) -> bool:
         return await self.http.ok("/health")

@@ -23,8 +23,8 @@ import yaml
 from dynamo_rl.procs import ServiceProcess, free_port, http_ok
 from learner.tiny_model import build_char_tokenizer
 from tests.conftest import REPO
+from tests.services.engine.engine_util import start_engine
 from tests.services.reward.conftest import RewardServer, start_reward_server
-from tests.services.rollout.engine_util import start_engine
 
 PROMPTS = ["1+1=", "What is the capital of France?", "Say hi.", "x", "2*3=", "Count to three"]
 RESPONSES = ["2", "Paris, of course.", "hi", "y" * 30, "six", "one two three"]

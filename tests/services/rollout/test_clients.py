@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from dynamo_rl.contracts.engine import send
 from learner.tiny_model import build_tiny_model
 from services.rollout.engines import (
     Engine,
@@ -22,11 +23,9 @@ from services.rollout.engines import (
     Sample,
     Sampling,
     SGLangEngine,
-    VLLMWeightUpdater,
     make_engine,
 )
-from services.rollout.engines._http import HTTPReplica
-from tests.services.rollout.engine_util import load_reference, reference_logprobs, start_engine
+from tests.services.engine.engine_util import load_reference, reference_logprobs, start_engine
 
 PROMPT = [72, 105, 33, 32]  # arbitrary in-vocabulary ids of the byte-level tokenizer
 
@@ -163,6 +162,12 @@ def test_unknown_field_is_refused_with_its_name(engine) -> None:
     assert r.status_code == 422 and "max_token" in r.text
 
 
+async def _load_from_disk(client: SGLangEngine, path: str, version: int) -> None:
+    """The learner's disk push, through the engine-control contract."""
+    call = client.weights.update_from_disk(path, version)
+    await asyncio.to_thread(send, client.weights, client.url, call, timeout_s=120)
+
+
 def test_weight_update_from_disk_changes_outputs_and_version(engine, models) -> None:
     _proc, url = engine
     client = SGLangEngine(url)
@@ -172,10 +177,10 @@ def test_weight_update_from_disk_changes_outputs_and_version(engine, models) -> 
     async def go() -> tuple[list[Sample], list[Sample], int, int]:
         try:
             before = await client.generate(PROMPT, 1, greedy)
-            await client.weights.update_from_disk(str(models[1]), weight_version=7)
+            await _load_from_disk(client, str(models[1]), 7)
             after = await client.generate(PROMPT, 1, greedy)
             version = await client.weight_version()
-            await client.weights.update_from_disk(str(models[0]), weight_version=8)
+            await _load_from_disk(client, str(models[0]), 8)
             return before, after, version, await client.weight_version()
         finally:
             await client.aclose()
@@ -309,28 +314,3 @@ def test_pool_waits_while_the_only_replica_is_frozen_and_resumes(engine) -> None
     samples = run(go())
     assert len(samples) == 2
     assert len(failures) >= 1
-
-
-def test_vllm_weight_transfer_payloads_follow_its_documented_shape() -> None:
-    # vLLM itself cannot run here; this only pins the request bodies its docs describe.
-    updater = VLLMWeightUpdater(HTTPReplica("http://127.0.0.1:1"))
-    init = updater.init_payload("10.0.0.1", 29500, 1, 3)
-    assert init == {
-        "init_info": {
-            "master_address": "10.0.0.1",
-            "master_port": 29500,
-            "rank_offset": 1,
-            "world_size": 3,
-        }
-    }
-    update = updater.update_payload(["w", "b"], ["bfloat16", "float32"], [(4, 2), (4,)])
-    assert update == {
-        "update_info": {
-            "names": ["w", "b"],
-            "dtype_names": ["bfloat16", "float32"],
-            "shapes": [[4, 2], [4]],
-            "packed": False,
-        }
-    }
-    with pytest.raises(ValueError, match="one entry per tensor"):
-        updater.update_payload(["w"], [], [(1,)])

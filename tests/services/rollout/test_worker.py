@@ -27,6 +27,7 @@ from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
 from dynamo_rl.codec import Response, TrajectoryGroup, decode_entry
 from dynamo_rl.config import ExperimentConfig, load_config
+from dynamo_rl.contracts.engine import send
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
 from learner.tiny_model import build_tiny_model
@@ -34,7 +35,7 @@ from services.rollout.engines import SGLangEngine
 from services.rollout.reward_client import RewardClient, RewardRequestError
 from services.rollout.worker import RolloutWorker, build_worker, split_count
 from tests.conftest import REPO, dynamo_rl_argv
-from tests.services.rollout.engine_util import load_reference, reference_logprobs, start_engine
+from tests.services.engine.engine_util import load_reference, reference_logprobs, start_engine
 
 NS = "wtest"
 N_PROMPTS = 6
@@ -283,7 +284,8 @@ def test_staleness_bound_waits_for_the_weight_push(make_worker, redis_url, engin
         assert metric(worker, "dynamo_rollout_staleness_versions") == 1
         sg = SGLangEngine(engine)
         try:  # the push: same weights, new version
-            await sg.weights.update_from_disk(str(model), weight_version=version)
+            call = sg.weights.update_from_disk(str(model), version)
+            await asyncio.to_thread(send, sg.weights, sg.url, call, timeout_s=120)
         finally:
             await sg.aclose()
         await asyncio.wait_for(task, 60)

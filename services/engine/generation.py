@@ -58,7 +58,7 @@ class SequenceResult:
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort"
     matched_stop: int | str | None
     stop_text_end: int | None  # where the text is cut when a stop string matched
     top_logprobs: list[list[tuple[int, float]]] | None
@@ -129,6 +129,7 @@ class BatchGenerator:
         self.batch_wait_s = batch_wait_s
         self.on_batch = on_batch
         self.weight_version = 0
+        self.abort = threading.Event()  # set: running sequences end now with "abort"
         self._cache_kw = _cache_kwarg(model)
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
         self._queue: collections.deque[_Job | _Task] = collections.deque()
@@ -337,6 +338,8 @@ class BatchGenerator:
                     vals, idx = torch.topk(torch.log_softmax(logits[r], -1), k)
                     s.top.append(list(zip(idx.tolist(), vals.tolist(), strict=True)))
                 done = self._finished(s, tok)
+                if done is None and self.abort.is_set():
+                    done = ("abort", None, None)
                 if done is None:
                     keep.append(r)
                 else:

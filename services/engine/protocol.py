@@ -167,3 +167,42 @@ class UpdateWeightsFromDiskRequest(_Strict):
     weight_version: int | None = None
     load_format: str | None = None
     flush_cache: bool = True
+
+
+class VLLMInitInfo(_Strict):
+    master_address: str
+    master_port: Annotated[int, Field(ge=1, le=65535)]
+    rank_offset: Annotated[int, Field(ge=1)]
+    world_size: Annotated[int, Field(ge=2)]
+    packed: bool = False  # one flat buffer per push instead of a tensor per name (not supported)
+
+    @field_validator("packed")
+    @classmethod
+    def _unpacked(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("this engine receives one tensor per name (packed=false)")
+        return v
+
+
+class VLLMInitRequest(_Strict):
+    """``POST /init_weight_transfer_engine`` (vLLM's weight-transfer API)."""
+
+    init_info: VLLMInitInfo
+
+
+class VLLMUpdateInfo(_Strict):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[Annotated[int, Field(ge=0)]]]
+
+
+class VLLMUpdateRequest(_Strict):
+    """``POST /update_weights``: the tensors the trainer broadcasts next, in order."""
+
+    update_info: VLLMUpdateInfo
+
+
+class VLLMFinishRequest(_Strict):
+    """``POST /finish_weight_update``: vLLM's versions are strings."""
+
+    weight_version: str

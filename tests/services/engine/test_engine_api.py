@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from learner.tiny_model import build_tiny_model
-from tests.services.rollout.engine_util import (
+from tests.services.engine.engine_util import (
     complete,
     load_reference,
     reference_greedy,

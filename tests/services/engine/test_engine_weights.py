@@ -19,7 +19,7 @@ import torch.distributed as dist
 from dynamo_rl.keys import engines_key
 from dynamo_rl.procs import free_port
 from learner.tiny_model import build_tiny_model
-from tests.services.rollout.engine_util import (
+from tests.services.engine.engine_util import (
     complete,
     load_reference,
     reference_greedy,

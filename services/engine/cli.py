@@ -19,8 +19,9 @@ from dynamo_rl.cli import EXIT_CONFIG, is_loopback, parse_config, service_parser
 def _parser() -> argparse.ArgumentParser:
     p = service_parser(
         "engine",
-        "Serve a Hugging Face causal LM: OpenAI /v1/completions, SGLang /generate and "
-        "SGLang-shaped weight updates (control endpoints need DYNAMO_CONTROL_TOKEN when set).",
+        "Serve a Hugging Face causal LM: OpenAI /v1/completions, SGLang /generate, and "
+        "SGLang- and vLLM-shaped weight control (control endpoints need DYNAMO_CONTROL_TOKEN "
+        "when set).",
     )
     p.add_argument(
         "--model", dest="engine.model", metavar="DIR", help="model directory (engine.model)"
@@ -115,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from services.rollout.embedded.server import Engine, EngineRegistry, create_app, load_model
+    from dynamo_rl.contracts.engine import EngineRegistry
+    from services.engine.server import Engine, create_app, load_model
 
     if ecfg.threads:
         torch.set_num_threads(ecfg.threads)

@@ -1,5 +1,12 @@
 """The engine's HTTP face: OpenAI ``/v1/completions``, SGLang ``/generate``, weight updates.
 
+Weight control speaks both protocols of :mod:`dynamo_rl.contracts.engine`: SGLang's (an update
+is applied between batches) and vLLM's weight-transfer routes (``/pause`` holds the scheduler at a
+batch boundary — ``abort`` first cuts the running batch, whose sequences finish with
+``finish_reason`` ``"abort"``; ``keep`` and ``wait`` let it finish, as this engine cannot freeze a
+batch mid-decode — then ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``
+and ``/resume``).
+
 :class:`Engine` loads the model and owns the :class:`~.generation.BatchGenerator`;
 :func:`create_app` wraps it in FastAPI. Generation routes are ``async`` and only wait on the
 scheduler's future; control routes are plain functions (run in the thread pool) because they block
@@ -14,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import re
 import threading
@@ -25,31 +31,40 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import torch
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dynamo_rl.config.engine import EngineConfig
+from dynamo_rl.contracts.engine import (
+    PAUSE_MODES,
+    VLLM_GROUP_NAME,
+    VLLM_INITIAL_VERSION,
+    EngineRegistry,
+)
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
-from services.rollout.embedded.generation import BatchGenerator, BatchStats, SamplingParams
-from services.rollout.embedded.protocol import (
+from services.engine.generation import BatchGenerator, BatchStats, SamplingParams
+from services.engine.metrics import EngineMetrics
+from services.engine.protocol import (
     CompletionRequest,
     GenerateRequest,
     InitWeightsUpdateGroupRequest,
     PromptInput,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
+    VLLMFinishRequest,
+    VLLMInitRequest,
+    VLLMUpdateRequest,
 )
-from services.rollout.embedded.weights import (
+from services.engine.weights import (
     WeightUpdateGroup,
     check_fits,
     copy_into,
     load_checkpoint,
     parse_dtype,
 )
-from services.rollout.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +163,20 @@ class Engine:
         self.groups: dict[str, WeightUpdateGroup] = {}
         self._update_lock = threading.Lock()  # one weight update at a time
         self.metrics.weight_version.set(0)
+        self.updated = False  # vLLM's /weight_info says "default" until the first update
+        # vLLM-shaped control: the scheduler is held (paused) inside an exclusive task.
+        self._pause_lock = threading.Lock()
+        self._held = threading.Event()
+        self._release: threading.Event | None = None
+        self._hold_future: Any = None
+        self.updating = False  # between /start_weight_update and /finish_weight_update
 
     @property
     def weight_version(self) -> int:
         return self.generator.weight_version
 
     def close(self) -> None:
+        self.resume()
         self.generator.close()
         for group in self.groups.values():
             group.close()
@@ -247,11 +270,58 @@ class Engine:
     # ---- weight updates ----
 
     def _apply(self, tensors: dict[str, torch.Tensor], version: int | None) -> int:
-        """Runs in the scheduler thread, between batches."""
+        """Runs in the scheduler thread, between batches (or while it is held by a pause)."""
         copy_into(self.params, tensors)
         new = self.generator.weight_version + 1 if version is None else int(version)
         self.generator.weight_version = new
+        self.updated = True
         return new
+
+    def _exclusive(self, fn: Any) -> Any:
+        # While paused the scheduler thread is blocked in the hold task, so the model is not in
+        # use and fn runs here; queueing it behind the hold would deadlock.
+        if self.paused:
+            return fn()
+        return self.generator.run_exclusive(fn).result()
+
+    # ---- pause / resume (vLLM-shaped control) ----
+
+    @property
+    def paused(self) -> bool:
+        return self._held.is_set()
+
+    def pause(self, mode: str) -> None:
+        """Hold the scheduler at the next batch boundary; ``abort`` cuts the running batch."""
+        with self._pause_lock:
+            if self._release is not None:
+                return
+            release = threading.Event()
+            self._release = release
+            if mode == "abort":
+                self.generator.abort.set()
+
+            def hold() -> None:
+                self.generator.abort.clear()
+                self._held.set()
+                release.wait()
+                self._held.clear()
+
+            self._hold_future = self.generator.run_exclusive(hold)
+        if not self._held.wait(self.cfg.weight_update_timeout_s):
+            self.resume()
+            raise RuntimeError("the running batch did not finish within the update timeout")
+
+    def resume(self) -> None:
+        with self._pause_lock:
+            release, self._release = self._release, None
+            future, self._hold_future = self._hold_future, None
+        if release is not None:
+            held = self._held.is_set()
+            release.set()
+            # Held: wait for the hold to end, so /is_paused is false once /resume answers. Not
+            # yet held (a pause that timed out): the hold ends at once whenever it runs.
+            if held and future is not None:
+                future.result(timeout=30)
 
     def _after_update(self, source: str, t0: float, version: int) -> None:
         self.metrics.weight_updates.labels(source, "ok").inc()
@@ -285,9 +355,7 @@ class Engine:
                 self.metrics.weight_updates.labels("distributed", "error").inc()
                 raise ValueError(f"weights not applied: {mismatch.message()}")
             tensors = dict(zip(req.names, received, strict=True))
-            version = self.generator.run_exclusive(
-                lambda: self._apply(tensors, req.weight_version)
-            ).result()
+            version = self._exclusive(lambda: self._apply(tensors, req.weight_version))
         self._after_update("distributed", t0, version)
         return version
 
@@ -300,50 +368,45 @@ class Engine:
             if mismatch:
                 self.metrics.weight_updates.labels("disk", "error").inc()
                 raise ValueError(f"weights not applied: {mismatch.message()}")
-            version = self.generator.run_exclusive(
-                lambda: self._apply(tensors, req.weight_version)
-            ).result()
+            version = self._exclusive(lambda: self._apply(tensors, req.weight_version))
         self._after_update("disk", t0, version)
         return version
 
+    # ---- vLLM-shaped weight transfer ----
 
-class EngineRegistry:
-    """This engine's entry in ``engines_key(ns)``; Redis trouble is logged, never fatal."""
+    def vllm_init(self, req: VLLMInitRequest) -> None:
+        info = req.init_info
+        self.init_group(
+            InitWeightsUpdateGroupRequest(
+                master_address=info.master_address,
+                master_port=info.master_port,
+                rank_offset=info.rank_offset,
+                world_size=info.world_size,
+                group_name=VLLM_GROUP_NAME,
+                backend="nccl" if self.cfg.device == "cuda" else "gloo",
+            )
+        )
 
-    def __init__(self, redis_url: str, namespace: str, url: str) -> None:
-        from dynamo_rl.keys import engines_key
+    def vllm_update(self, req: VLLMUpdateRequest) -> int:
+        info = req.update_info
+        # Versions come with /finish_weight_update; keep the current one until then.
+        return self.update_from_distributed(
+            UpdateWeightsFromDistributedRequest(
+                names=info.names,
+                dtypes=info.dtype_names,
+                shapes=info.shapes,
+                group_name=VLLM_GROUP_NAME,
+                weight_version=self.weight_version,
+            )
+        )
 
-        self.redis_url = redis_url
-        self.key = engines_key(namespace)
-        self.url = url
-
-    def _client(self) -> Any:
-        import redis
-
-        return redis.Redis.from_url(self.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-
-    def register(self, version: int) -> bool:
-        entry = {"url": self.url, "weight_version": version, "registered_unix": time.time()}
-        try:
-            client = self._client()
-            try:
-                client.hset(self.key, self.url, json.dumps(entry))
-            finally:
-                client.close()
-        except Exception as e:  # Redis is optional for the engine
-            log.warning("could not register in Redis at %s: %s", self.redis_url, e)
-            return False
-        return True
-
-    def unregister(self) -> None:
-        try:
-            client = self._client()
-            try:
-                client.hdel(self.key, self.url)
-            finally:
-                client.close()
-        except Exception as e:
-            log.warning("could not unregister from Redis: %s", e)
+    def vllm_finish(self, version: int) -> None:
+        self.generator.weight_version = version
+        self.updated = True
+        self.updating = False
+        self.metrics.weight_version.set(version)
+        if self.registry is not None:
+            self.registry.register(version)
 
 
 def create_app(engine: Engine) -> FastAPI:
@@ -441,11 +504,14 @@ def create_app(engine: Engine) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> dict[str, Any]:
         t0 = time.perf_counter()
+        m.requests_in_flight.inc()
         try:
             body = await _completions(req)
         except InvalidRequest:
             m.requests.labels("/v1/completions", "422").inc()
             raise
+        finally:
+            m.requests_in_flight.dec()
         m.requests.labels("/v1/completions", "200").inc()
         m.request_seconds.labels("/v1/completions").observe(time.perf_counter() - t0)
         return body
@@ -525,11 +591,14 @@ def create_app(engine: Engine) -> FastAPI:
     @app.post("/generate")
     async def generate(req: GenerateRequest) -> Any:
         t0 = time.perf_counter()
+        m.requests_in_flight.inc()
         try:
             body = await _generate(req)
         except InvalidRequest:
             m.requests.labels("/generate", "422").inc()
             raise
+        finally:
+            m.requests_in_flight.dec()
         m.requests.labels("/generate", "200").inc()
         m.request_seconds.labels("/generate").observe(time.perf_counter() - t0)
         return body
@@ -657,5 +726,93 @@ def create_app(engine: Engine) -> FastAPI:
             log.warning("update_weights_from_disk failed: %s", e)
             return _fail(400, str(e))
         return {"success": True, "message": "loaded", "weight_version": version}
+
+    # ---- vLLM's weight-transfer routes ----
+
+    def _conflict(message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "conflict"}}, status_code=409)
+
+    @app.post("/pause", dependencies=control)
+    def pause(mode: Annotated[str, Query()] = "abort") -> Any:
+        if mode not in PAUSE_MODES:
+            raise InvalidRequest("mode", f"must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        try:
+            engine.pause(mode)
+        except RuntimeError as e:
+            return _fail(503, str(e))
+        return {"status": "paused", "mode": mode}
+
+    @app.post("/resume", dependencies=control)
+    def resume() -> Any:
+        engine.resume()
+        return {"status": "resumed"}
+
+    @app.get("/is_paused")
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": engine.paused}
+
+    @app.post("/init_weight_transfer_engine", dependencies=control)
+    def init_weight_transfer_engine(req: VLLMInitRequest) -> Any:
+        try:
+            engine.vllm_init(req)
+        except (ValueError, RuntimeError) as e:
+            log.warning("init_weight_transfer_engine failed: %s", e)
+            return _fail(400, f"init_weight_transfer_engine failed: {e}")
+        return {"status": "ok"}
+
+    @app.post("/start_weight_update", dependencies=control)
+    def start_weight_update() -> Any:
+        # An update while requests decode kills vLLM; this engine insists on the pause too.
+        if not engine.paused:
+            return _conflict("pause the engine (POST /pause) before /start_weight_update")
+        if VLLM_GROUP_NAME not in engine.groups:
+            return _conflict("call /init_weight_transfer_engine first")
+        engine.updating = True
+        return {"status": "ok"}
+
+    @app.post("/update_weights", dependencies=control)
+    def update_weights(req: VLLMUpdateRequest) -> Any:
+        info = req.update_info
+        n = len(info.names)
+        if len(info.dtype_names) != n or len(info.shapes) != n:
+            raise InvalidRequest(
+                "update_info.names", f"names, dtype_names and shapes differ in length ({n}, "
+                f"{len(info.dtype_names)}, {len(info.shapes)})"
+            )  # fmt: skip
+        for i, d in enumerate(info.dtype_names):
+            try:
+                parse_dtype(d)
+            except ValueError as e:
+                raise InvalidRequest(f"update_info.dtype_names.{i}", str(e)) from None
+        if not engine.updating:
+            return _conflict("call /start_weight_update first")
+        try:
+            engine.vllm_update(req)
+        except (ValueError, RuntimeError) as e:
+            log.warning("update_weights failed: %s", e)
+            return _fail(400, str(e))
+        return {"status": "ok"}
+
+    @app.post("/finish_weight_update", dependencies=control)
+    def finish_weight_update(req: VLLMFinishRequest) -> Any:
+        if not engine.updating:
+            return _conflict("call /start_weight_update first")
+        try:
+            version = int(req.weight_version)
+        except ValueError:
+            raise InvalidRequest(
+                "weight_version", f"{req.weight_version!r} is not an integer version"
+            ) from None
+        engine.vllm_finish(version)
+        return {"status": "ok", "weight_version": req.weight_version}
+
+    @app.post("/reset_prefix_cache", dependencies=control)
+    def reset_prefix_cache() -> dict[str, str]:
+        return {"status": "ok"}  # a KV cache lives for one batch here; there is no prefix cache
+
+    @app.get("/weight_info")
+    async def weight_info() -> dict[str, str]:
+        shown = str(engine.weight_version) if engine.updated else VLLM_INITIAL_VERSION
+        return {"weight_version": shown}
 
     return app

@@ -32,7 +32,7 @@ def fake_model(tmp_path: Path) -> Path:
 def test_help_is_fast_and_torch_free() -> None:
     code = (
         "import sys\n"
-        "from services.rollout import engine_cli\n"
+        "from services.engine import cli as engine_cli\n"
         "try:\n"
         "    engine_cli.main(['--help'])\n"
         "except SystemExit as e:\n"
@@ -75,7 +75,7 @@ def test_registers_and_unregisters_in_redis(redis_url: str, tmp_path: Path) -> N
 
     from dynamo_rl.keys import engines_key
     from learner.tiny_model import build_tiny_model
-    from tests.services.rollout.engine_util import start_engine
+    from tests.services.engine.engine_util import start_engine
 
     model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
                              num_kv_heads=1)  # fmt: skip
