@@ -14,55 +14,14 @@ import secrets
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from dynamo_rl.config import RewardConfig
-from services.reward.base import ItemBase, ItemResult, Reason, Scorer
-from services.reward.code_runner import CodeRunner, Language, extract_code
+from dynamo_rl.contracts.reward import AssertTests, CodeItem, ItemResult, Reason, StdioTests
+from services.reward.base import Scorer
+from services.reward.code_runner import CodeRunner, extract_code
 from services.reward.metrics import RewardMetrics
 from services.reward.sandbox import RunResult
-
-
-class StdioCase(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    stdin: str = ""
-    stdout: str = Field(description="expected output")
-
-
-class StdioTests(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["stdio"]
-    cases: list[StdioCase] = Field(min_length=1)
-
-
-class AssertTests(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["assert"]
-    code: str = Field(min_length=1, description="Python run after the program; must exit 0")
-
-
-class CodeItem(ItemBase):
-    """A program (possibly inside a fenced block) and the tests it must pass."""
-
-    kind: Literal["code"]
-    response: str = Field(description="the model's response; the last fenced block is the program")
-    language: Language = "python"
-    tests: Annotated[StdioTests | AssertTests, Field(discriminator="type")]
-    scoring: Literal["fraction", "all_or_nothing"] = "fraction"
-    timeout_s: float | None = Field(
-        None, gt=0, description="wall-clock limit per run (capped by the server)"
-    )
-    memory_mb: int | None = Field(
-        None, ge=16, description="address space per process (capped by the server)"
-    )
-
-    @model_validator(mode="after")
-    def _assert_needs_python(self) -> CodeItem:
-        if self.tests.type == "assert" and self.language != "python":
-            raise ValueError("tests.type 'assert' is only supported with language 'python'")
-        return self
 
 
 def normalize_output(text: str) -> str:

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from dynamo_rl.contracts.reward import KINDS, VerifyItem
 from dynamo_rl.prompts import render_prompt, uses_chat_template
 
 __all__ = [
@@ -42,8 +45,8 @@ __all__ = [
     "reward_item",
 ]
 
-
-KINDS = ("math", "code", "model", "judge")
+_ITEM: TypeAdapter[VerifyItem] = TypeAdapter(VerifyItem)
+TEST_TYPES = ("stdio", "assert")
 
 
 class DatasetError(ValueError):
@@ -135,7 +138,7 @@ def record_from_row(
         prompt_id = f"{data_source}-{_get(row, 'extra_info.index')}"
     else:
         prompt_id = f"{data_source}-{row_number}"
-    return PromptRecord(
+    record = PromptRecord(
         prompt_id=prompt_id,
         prompt=prompt,
         ground_truth=str(truth),
@@ -143,6 +146,17 @@ def record_from_row(
         kind=kind,
         reward_extra=extra,
     )
+    if kind == "code":
+        # Malformed tests are the row's fault: say so at load time, not mid-run as a refused item.
+        try:
+            reward_item(record, prompt_id, "")
+        except ValidationError as e:
+            err = e.errors()[0]
+            # The location starts with the union tags pydantic inserts ("code", "stdio"): drop them.
+            loc = [p for i, p in enumerate(err["loc"][1:]) if not (i == 1 and p in TEST_TYPES)]
+            field = ".".join(str(p) for p in loc)
+            raise DatasetError(f"{where}: code item field {field!r}: {err['msg']}") from None
+    return record
 
 
 def _rows(path: Path, fmt: str) -> Iterator[Any]:
@@ -220,10 +234,12 @@ def prompt_text(prompt: str | list[dict[str, str]]) -> str:
 
 def reward_item(
     record: PromptRecord, item_id: str, response: str, response_length: int | None = None
-) -> dict[str, Any]:
+) -> VerifyItem:
     """The reward service item that scores ``response`` to ``record`` (``POST /v1/verify``).
 
-    ``response_length`` (tokens) is what a composite spec's ``length`` component measures."""
+    ``response_length`` (tokens) is what a composite spec's ``length`` component measures. Raises
+    pydantic's ``ValidationError`` (a ``ValueError``) when the row's fields do not make an item
+    of the contract, e.g. malformed code tests."""
     item: dict[str, Any] = {
         "id": item_id,
         "kind": record.kind,
@@ -238,7 +254,7 @@ def reward_item(
     if response_length is not None:
         item["response_length"] = response_length
     item.update(record.reward_extra)
-    return item
+    return _ITEM.validate_python(item)
 
 
 class PromptSampler:

@@ -159,15 +159,13 @@ def test_reward_items_carry_data_source_prompt_and_length() -> None:
     """What composite reward specs route and measure by; judge/model rows need no answer."""
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
     math = record_from_row({"prompt": chat, "answer": "4", "data_source": "gsm"}, 0)
-    assert reward_item(math, "a", "4", response_length=3) == {
+    assert reward_item(math, "a", "4", response_length=3).model_dump(exclude_unset=True) == {
         "id": "a", "kind": "math", "response": "4", "data_source": "gsm", "prompt": "2+2?",
         "ground_truth": "4", "response_length": 3,
     }  # fmt: skip
     judged = record_from_row({"prompt": "Write a haiku", "kind": "judge", "data_source": "p"}, 1)
-    item = reward_item(judged, "b", "...")
+    item = reward_item(judged, "b", "...").model_dump(exclude_unset=True)
     assert item["kind"] == "judge" and "reference" not in item and "response_length" not in item
     ref = record_from_row({"prompt": "q", "kind": "judge", "answer": "r"}, 2)
-    assert reward_item(ref, "c", "x")["reference"] == "r"
-    assert (
-        reward_item(record_from_row({"prompt": "q", "kind": "model"}, 3), "d", "x")["prompt"] == "q"
-    )
+    assert reward_item(ref, "c", "x").reference == "r"
+    assert reward_item(record_from_row({"prompt": "q", "kind": "model"}, 3), "d", "x").prompt == "q"

@@ -1,0 +1,1 @@
+"""Wire contracts between the processes: one module per contract, imported by both ends."""
