@@ -28,6 +28,7 @@ __all__ = [
     "AssertTests",
     "CodeItem",
     "CommandRunResult",
+    "Extraction",
     "Health",
     "ItemBase",
     "ItemId",
@@ -48,6 +49,9 @@ __all__ = [
 
 Language = Literal["python", "c", "cpp"]
 """Languages the sandbox compiles and runs."""
+
+Extraction = Literal["last_boxed", "math_verify", "answer_line", "gsm8k", "gsm8k_flexible"]
+"""How a math item's answer is found in the response (docs/reward.md)."""
 
 Reason = Literal[
     "ok",
@@ -100,10 +104,12 @@ class MathItem(ItemBase):
     kind: Literal["math"]
     response: str = Field(description="the model's full response")
     ground_truth: str = Field(min_length=1, description="reference answer (LaTeX or plain)")
-    extraction: Literal["last_boxed", "math_verify"] = Field(
-        "last_boxed",
+    extraction: Extraction | None = Field(
+        None,
         description="last_boxed: last \\boxed{} then an 'Answer:' line; math_verify: "
-        "math-verify's LaTeX extraction, boxed first, several boxes combined",
+        "math-verify's LaTeX extraction, boxed first, several boxes combined; answer_line: the "
+        "last 'Answer:' line only; gsm8k: the last '#### N'; gsm8k_flexible: the last number. "
+        "Absent: the route of the item's data_source (reward.routes), else last_boxed",
     )
 
 

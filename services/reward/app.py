@@ -1,6 +1,8 @@
 """The reward service's FastAPI app: routes, admission control, limits and error shapes.
 
-- ``POST /v1/verify`` dispatches each item to the scorer registered for its ``kind``
+- ``POST /v1/verify`` fills in the options of each item's data-source route
+  (:class:`services.reward.routes.Routes`: ``reward.routes``, verl's names by default), then
+  dispatches it to the scorer registered for its ``kind``
   (:data:`services.reward.registry.SCORERS`), or, when its ``data_source`` has a composite spec,
   to :class:`services.reward.composite.CompositeRouter`, and answers in item order.
 - ``POST /run_code`` is the SandboxFusion subset (:mod:`services.reward.run_code`).
@@ -43,6 +45,7 @@ from services.reward.composite import KIND as COMPOSITE
 from services.reward.composite import CompositeRouter
 from services.reward.metrics import RewardMetrics
 from services.reward.registry import SCORERS
+from services.reward.routes import Routes
 from services.reward.run_code import run_code_blocking
 
 log = logging.getLogger("services.reward")
@@ -210,6 +213,7 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
         if cls.enabled(cfg):
             scorers[kind] = cls(cfg, metrics)
     composite = CompositeRouter(cfg, scorers, metrics)
+    data_routes = Routes(cfg.routes)
     admission = {kind: Admission(s.capacity) for kind, s in scorers.items()}
     if cfg.composite:
         admission[COMPOSITE] = Admission(composite.capacity)
@@ -316,7 +320,8 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
     )
     async def verify(request: VerifyRequest) -> Any:
         """Score a batch of items; results keep the items' order."""
-        items = request.items
+        # Routes first: a composite spec's math/code components score with the route's options.
+        items = [data_routes.apply(item) for item in request.items]
         errors: list[dict[str, Any]] = []
         if len(items) > cfg.max_items:
             errors.append(

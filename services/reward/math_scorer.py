@@ -45,7 +45,11 @@ class MathScorer(Scorer):
         async with self._sem:
             start = time.monotonic()
             out = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.pool.score, item.response, item.ground_truth, item.extraction
+                self._executor,
+                self.pool.score,
+                item.response,
+                item.ground_truth,
+                item.extraction or "last_boxed",
             )
             self.metrics.item_seconds.labels(self.kind).observe(time.monotonic() - start)
         new = self.pool.restarts - self._restarts_seen

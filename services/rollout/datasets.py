@@ -10,6 +10,10 @@ Row layouts (both file formats accept both):
   (and ``language``); ``model`` and ``judge`` rows (scored by a reward model or an LLM judge) need no
   ground truth (a judge is shown it as the reference when there is one).
 
+Code tests are the reward service's layout (``{"type": "stdio", "cases": [...]}`` or ``assert``) or
+verl's stdin/stdout layout ``{"inputs": [...], "outputs": [...]}`` (APPS, CodeContests, TACO),
+either as ``tests`` or as JSON in the ground truth; call-based (``fn_name``) tests are refused.
+
 Every reward item carries the row's ``data_source`` and the prompt's plain text, so the reward
 service can route it to a composite reward spec (``reward.composite.<data_source>``).
 
@@ -89,6 +93,27 @@ def _messages(value: Any, where: str) -> str | list[dict[str, str]]:
     raise DatasetError(f"{where}: 'prompt' must be text or a non-empty list of chat messages")
 
 
+def _stdio_layout(tests: Any, where: str) -> Any:
+    """verl's code layout (APPS, CodeContests, TACO: ``{"inputs": [...], "outputs": [...]}``) as
+    stdio tests; the service's own layout passes through."""
+    if not (isinstance(tests, Mapping) and "inputs" in tests and "outputs" in tests):
+        return tests
+    if tests.get("fn_name"):
+        raise DatasetError(
+            f"{where}: call-based tests (fn_name {tests['fn_name']!r}) are not supported; "
+            "only stdin/stdout cases"
+        )
+    inputs, outputs = tests["inputs"], tests["outputs"]
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+        raise DatasetError(f"{where}: tests 'inputs' and 'outputs' must be lists of equal length")
+
+    def text(v: Any) -> str:
+        return "\n".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    cases = [{"stdin": text(i), "stdout": text(o)} for i, o in zip(inputs, outputs, strict=True)]
+    return {"type": "stdio", "cases": cases}
+
+
 def record_from_row(
     row: Mapping[str, Any], row_number: int, default_kind: str = "math"
 ) -> PromptRecord:
@@ -123,7 +148,7 @@ def record_from_row(
                 tests = None
         if tests is None:
             raise DatasetError(f"{where}: code rows need 'tests' (or JSON tests in ground_truth)")
-        extra["tests"] = tests
+        extra["tests"] = _stdio_layout(tests, where)
         extra["language"] = str(row.get("language") or _get(row, "extra_info.language") or "python")
         truth = truth if isinstance(truth, str) else ""
     elif truth is None and kind in ("model", "judge"):
