@@ -3,13 +3,17 @@
 One real reward service process (``dynamo-rl reward``, with a composite spec for one data
 source) and, against it, the rollout side's real :class:`RewardClient` with items built the way
 the worker builds them (:func:`services.rollout.datasets.reward_item`), and SandboxFusion's own
-Python client on ``/run_code``.
+Python client on ``/run_code``; and the client against replies the service never gives, from a
+small canned HTTP server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -197,3 +201,59 @@ def test_sandbox_fusion_languages_beyond_the_subset_are_refused(server: RewardSe
     with pytest.raises(Exception, match="422") as info:
         sf_run(server, code="fn main(){}", language="rust")
     assert "language" in str(info.value)
+
+
+# --- the client against replies the real service never gives ----------------------------------
+
+
+@pytest.fixture
+def canned() -> Iterator[tuple[str, list[Any], list[dict[str, Any]]]]:
+    """An HTTP server answering /v1/verify with the next canned body; records request bodies."""
+    replies: list[Any] = []
+    requests: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            requests.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            data = json.dumps(replies.pop(0)).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", replies, requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_client_sends_only_what_the_item_sets_and_refuses_replies_off_contract(
+    canned: tuple[str, list[Any], list[dict[str, Any]]],
+) -> None:
+    url, replies, requests = canned
+    item = MathItem(id="a", kind="math", response="\\boxed{1}", ground_truth="1")
+    ok = {"id": "a", "score": 1.0, "correct": True, "format_ok": True, "reason": "ok"}
+    replies.append({"results": [ok]})
+    (result,) = verify(url, [item])
+    assert result == ItemResult(**ok)
+    # Unset fields stay unset, so the server's defaults and data-source routes apply.
+    assert requests[-1] == {
+        "items": [{"id": "a", "kind": "math", "response": "\\boxed{1}", "ground_truth": "1"}]
+    }
+    replies.append({"results": [{**ok, "reason": "vibes"}]})
+    with pytest.raises(RewardRequestError, match="does not fit the contract"):
+        verify(url, [item])
+    replies.append({"results": [{"id": "a", "score": 1.0}]})
+    with pytest.raises(RewardRequestError, match="does not fit the contract"):
+        verify(url, [item])
+    replies.append({"results": [{**ok, "id": "b"}]})
+    with pytest.raises(RewardRequestError, match="lacks 1 of 1 items"):
+        verify(url, [item])
