@@ -19,14 +19,17 @@ part of the models; they answer 422 with the same error shape as the models' own
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "KINDS",
     "AssertTests",
+    "CallCase",
+    "CallTests",
     "CodeItem",
+    "CodeTests",
     "CommandRunResult",
     "Extraction",
     "Health",
@@ -131,13 +134,38 @@ class AssertTests(BaseModel):
     code: str = Field(min_length=1, description="Python run after the program; must exit 0")
 
 
+class CallCase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    args: list[Any] = Field(description="positional arguments (JSON values)")
+    expected: Any = Field(
+        description="the return value (compared as JSON); a one-element list also matches its "
+        "element, as in APPS"
+    )
+
+
+class CallTests(BaseModel):
+    """Call-based cases (APPS/TACO ``fn_name``): the program's function is called once per case."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["call"]
+    fn_name: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="a top-level function, else a method of a class named Solution",
+    )
+    cases: list[CallCase] = Field(min_length=1)
+
+
+CodeTests = Annotated[StdioTests | AssertTests | CallTests, Field(discriminator="type")]
+"""A code item's tests; ``type`` picks the layout."""
+
+
 class CodeItem(ItemBase):
     """A program (possibly inside a fenced block) and the tests it must pass."""
 
     kind: Literal["code"]
     response: str = Field(description="the model's response; the last fenced block is the program")
     language: Language = "python"
-    tests: Annotated[StdioTests | AssertTests, Field(discriminator="type")]
+    tests: CodeTests
     scoring: Literal["fraction", "all_or_nothing"] = "fraction"
     timeout_s: float | None = Field(
         None, gt=0, description="wall-clock limit per run (capped by the server)"
@@ -148,8 +176,10 @@ class CodeItem(ItemBase):
 
     @model_validator(mode="after")
     def _assert_needs_python(self) -> CodeItem:
-        if self.tests.type == "assert" and self.language != "python":
-            raise ValueError("tests.type 'assert' is only supported with language 'python'")
+        if self.tests.type in ("assert", "call") and self.language != "python":
+            raise ValueError(
+                f"tests.type {self.tests.type!r} is only supported with language 'python'"
+            )
         return self
 
 

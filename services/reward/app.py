@@ -52,7 +52,7 @@ log = logging.getLogger("services.reward")
 
 ROUTES = ("/v1/verify", "/run_code", "/healthz", "/metrics")
 # Discriminator values pydantic puts in error locations of tests unions; they are not fields.
-_TEST_TAGS = ("stdio", "assert")
+_TEST_TAGS = ("stdio", "assert", "call")
 
 
 class QueueFull(Exception):

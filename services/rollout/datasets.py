@@ -11,8 +11,8 @@ Row layouts (both file formats accept both):
   ground truth (a judge is shown it as the reference when there is one).
 
 Code tests are the reward service's layout (``{"type": "stdio", "cases": [...]}`` or ``assert``) or
-verl's stdin/stdout layout ``{"inputs": [...], "outputs": [...]}`` (APPS, CodeContests, TACO),
-either as ``tests`` or as JSON in the ground truth; call-based (``fn_name``) tests are refused.
+verl's layout ``{"inputs": [...], "outputs": [...]}`` (APPS, CodeContests, TACO; stdin/stdout
+cases, or call cases with ``fn_name``), either as ``tests`` or as JSON in the ground truth.
 
 Every reward item carries the row's ``data_source`` and the prompt's plain text, so the reward
 service can route it to a composite reward spec (``reward.composite.<data_source>``).
@@ -94,18 +94,20 @@ def _messages(value: Any, where: str) -> str | list[dict[str, str]]:
 
 
 def _stdio_layout(tests: Any, where: str) -> Any:
-    """verl's code layout (APPS, CodeContests, TACO: ``{"inputs": [...], "outputs": [...]}``) as
-    stdio tests; the service's own layout passes through."""
+    """verl's code layout (APPS, CodeContests, TACO: ``{"inputs": [...], "outputs": [...]}``, with
+    ``fn_name`` when call-based) as stdio or call tests; the service's own layout passes
+    through."""
     if not (isinstance(tests, Mapping) and "inputs" in tests and "outputs" in tests):
         return tests
-    if tests.get("fn_name"):
-        raise DatasetError(
-            f"{where}: call-based tests (fn_name {tests['fn_name']!r}) are not supported; "
-            "only stdin/stdout cases"
-        )
     inputs, outputs = tests["inputs"], tests["outputs"]
     if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
         raise DatasetError(f"{where}: tests 'inputs' and 'outputs' must be lists of equal length")
+    if tests.get("fn_name"):
+        # Call-based: each input is the argument list, each output the return value.
+        if not all(isinstance(i, list) for i in inputs):
+            raise DatasetError(f"{where}: call-based tests need a list of arguments per input")
+        cases = [{"args": i, "expected": o} for i, o in zip(inputs, outputs, strict=True)]
+        return {"type": "call", "fn_name": tests["fn_name"], "cases": cases}
 
     def text(v: Any) -> str:
         return "\n".join(map(str, v)) if isinstance(v, list) else str(v)

@@ -92,10 +92,39 @@ def test_code_sources_run_verl_test_cases_in_the_sandbox(reward: RewardServer, s
     assert (res["score"], res["reason"]) == (0.5, "wrong_answer"), res
 
 
-def test_call_based_code_tests_are_refused_at_load() -> None:
-    tests = '{"fn_name": "add", "inputs": [[1]], "outputs": [2]}'
-    row = {"prompt": "q", "ability": "code", "reward_model": {"ground_truth": tests}}
-    with pytest.raises(DatasetError, match="fn_name"):
+def test_call_based_verl_code_rows_are_scored_by_calling_the_function(
+    reward: RewardServer,
+) -> None:
+    """APPS/TACO call-based rows (fn_name): one call per case, a function or a Solution method,
+    outputs compared as JSON (APPS wraps a return value in a one-element list)."""
+    cases = {"fn_name": "add", "inputs": [[1, 2], [[1], [2, 3]], [5, 5]],
+             "outputs": [[3], [[1, 2, 3]], [11]]}  # fmt: skip
+    row = {"prompt": "Write add.", "ability": "code", "data_source": "apps",
+           "reward_model": {"ground_truth": json.dumps(cases)}}  # fmt: skip
+    record = record_from_row(row, 0)
+    assert record.reward_extra["tests"]["type"] == "call"
+    responses = {
+        "function": "```python\ndef add(a, b):\n    return a + b\n```",
+        "method": "class Solution:\n    def add(self, a, b):\n        return a + b\n",
+        "fake": "import os\nprint('3')\nos._exit(0)\ndef add(a, b):\n    return a + b\n",
+        "missing": "def plus(a, b):\n    return a + b\n",
+    }
+    items = [reward_item(record, k, v).model_dump(mode="json", exclude_unset=True)
+             for k, v in responses.items()]  # fmt: skip
+    by_id = {r["id"]: r for r in reward.verify(*items)}
+    # Case 3 expects 11 from 5 + 5: two of three pass.
+    assert by_id["function"]["score"] == pytest.approx(2 / 3), by_id["function"]
+    assert "case 2: wrong_answer" in by_id["function"]["detail"]
+    assert by_id["method"]["score"] == pytest.approx(2 / 3), by_id["method"]
+    # A program that prints an answer and leaves before the call returns passes nothing.
+    assert (by_id["fake"]["score"], by_id["fake"]["reason"]) == (0.0, "wrong_answer")
+    assert by_id["missing"]["reason"] == "runtime_error"
+
+
+def test_call_tests_are_python_only() -> None:
+    row = {"prompt": "q", "ability": "code", "language": "cpp",
+           "tests": {"fn_name": "f", "inputs": [[1]], "outputs": [1]}}  # fmt: skip
+    with pytest.raises(DatasetError, match="only supported with language 'python'"):
         record_from_row(row, 0)
 
 
