@@ -4,6 +4,10 @@ reward models, LLM judges and composite rewards per data source.
 Every limit has a default that is safe on a shared machine; per-item limits sent by clients
 (``timeout_s``, ``memory_mb``) are capped by the ``max_*`` values here, never raised above them.
 
+Routes (``routes.<data_source>``) say how items of a data source are scored when the items do not
+say so themselves; verl's data-source names have routes by default (:data:`DEFAULT_ROUTES`), so a
+verl parquet is scored as verl scores it without any configuration.
+
 Composite specs (``composite.<data_source>``) are checked here, when the config is loaded, so a
 mistake stops the service at start-up with the key named: an unknown component kind, a weight
 that is not a number, a gate or ``correct_from`` naming no component, a ``model``/``judge``
@@ -21,6 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
+from dynamo_rl.contracts.reward import Extraction
 
 
 class RewardMathConfig(Section):
@@ -312,6 +317,46 @@ class RewardSpec(Section):
         return next((c.label for c in self.components if c.kind in VERIFIERS), None)
 
 
+class Route(Section):
+    """How the items of one data source are scored, where an item does not say so itself. A route
+    applies only to items of its ``kind``; an item's own ``extraction``/``scoring`` wins."""
+
+    kind: Literal["math", "code"]
+    """The item kind the route is for."""
+    extraction: Extraction | None = None
+    """math: how the answer is found (``last_boxed``, ``answer_line``, ``math_verify``,
+    ``gsm8k``, ``gsm8k_flexible``; docs/reward.md); unset: ``last_boxed``."""
+    scoring: Literal["fraction", "all_or_nothing"] | None = None
+    """code: passed cases / cases, or 1/0; unset: ``fraction``."""
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> Route:
+        if self.kind != "math" and self.extraction is not None:
+            raise ValueError("extraction is for kind 'math' routes only")
+        if self.kind != "code" and self.scoring is not None:
+            raise ValueError("scoring is for kind 'code' routes only")
+        return self
+
+
+_MATH_BOXED = {"kind": "math", "extraction": "last_boxed"}
+_ANSWER_LINE = {"kind": "math", "extraction": "answer_line"}
+_CODE_CASES = {"kind": "code", "scoring": "fraction"}
+DEFAULT_ROUTES: dict[str, dict[str, str]] = {
+    "openai/gsm8k": {"kind": "math", "extraction": "gsm8k"},
+    "lighteval/MATH": _MATH_BOXED,
+    "DigitalLearningGmbH/MATH-lighteval": _MATH_BOXED,
+    "HuggingFaceH4/MATH-500": _MATH_BOXED,
+    "math_dapo": _ANSWER_LINE,
+    "aime*": _ANSWER_LINE,
+    "numina_*": {"kind": "math", "extraction": "math_verify"},
+    "codecontests": _CODE_CASES,
+    "apps": _CODE_CASES,
+    "codeforces": _CODE_CASES,
+    "taco": _CODE_CASES,
+}
+"""verl's data-source names and how verl scores them (docs/reward.md has the table)."""
+
+
 class RewardConfig(Section):
     host: Host = "127.0.0.1"
     port: Port = 8080
@@ -332,6 +377,32 @@ class RewardConfig(Section):
     ``data_source`` has a spec is scored by it; others by their ``kind`` alone."""
     composite_max_pending: Annotated[int, Field(ge=1)] = 4096
     """Composite items admitted at once (running + waiting); beyond this 429."""
+    routes: dict[str, Route | None] = Field(
+        default_factory=lambda: {k: Route.model_validate(v) for k, v in DEFAULT_ROUTES.items()}
+    )
+    """Routes by ``data_source``: exact names, or patterns with ``*``/``?`` (an exact name
+    first, then the longest matching pattern). Entries given here are merged over the defaults
+    (verl's names): an entry of the same kind changes only the keys it sets, ``null`` removes a
+    default route."""
+
+    @field_validator("routes", mode="before")
+    @classmethod
+    def _over_defaults(cls, v: object) -> object:
+        if not isinstance(v, dict):
+            return v
+        merged: dict[str, object] = dict(DEFAULT_ROUTES)
+        for key, entry in v.items():
+            default = DEFAULT_ROUTES.get(key)
+            if isinstance(entry, Route):
+                entry = entry.model_dump(exclude_unset=True)
+            if (
+                isinstance(entry, dict)
+                and default is not None
+                and entry.get("kind", default["kind"]) == default["kind"]
+            ):
+                entry = {**default, **entry}
+            merged[key] = entry
+        return merged
 
     @model_validator(mode="after")
     def _check_composite(self) -> RewardConfig:

@@ -1,6 +1,8 @@
 """The reward service's FastAPI app: routes, admission control, limits and error shapes.
 
-- ``POST /v1/verify`` dispatches each item to the scorer registered for its ``kind``
+- ``POST /v1/verify`` fills in the options of each item's data-source route
+  (:class:`services.reward.routes.Routes`: ``reward.routes``, verl's names by default), then
+  dispatches it to the scorer registered for its ``kind``
   (:data:`services.reward.registry.SCORERS`), or, when its ``data_source`` has a composite spec,
   to :class:`services.reward.composite.CompositeRouter`, and answers in item order.
 - ``POST /run_code`` is the SandboxFusion subset (:mod:`services.reward.run_code`).
@@ -16,35 +18,41 @@ scores 0 with reason ``internal_error`` rather than failing its neighbours.
 
 import asyncio
 import contextlib
-import functools
 import logging
-import operator
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dynamo_rl.config import RewardConfig
+from dynamo_rl.contracts.reward import (
+    Health,
+    ItemResult,
+    RunCodeRequest,
+    RunCodeResponse,
+    VerifyRequest,
+    VerifyResponse,
+)
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
-from services.reward.base import ItemResult, Scorer
+from services.reward.base import Scorer
 from services.reward.code_scorer import CodeScorer
 from services.reward.composite import KIND as COMPOSITE
 from services.reward.composite import CompositeRouter
 from services.reward.metrics import RewardMetrics
 from services.reward.registry import SCORERS
-from services.reward.run_code import RunCodeRequest, RunCodeResponse, run_code_blocking
+from services.reward.routes import Routes
+from services.reward.run_code import run_code_blocking
 
 log = logging.getLogger("services.reward")
 
 ROUTES = ("/v1/verify", "/run_code", "/healthz", "/metrics")
 # Discriminator values pydantic puts in error locations of tests unions; they are not fields.
-_TEST_TAGS = ("stdio", "assert")
+_TEST_TAGS = ("stdio", "assert", "call")
 
 
 class QueueFull(Exception):
@@ -62,10 +70,6 @@ class Admission:
 
     def fits(self, n: int) -> bool:
         return self.pending + n <= self.capacity
-
-
-class VerifyResponse(BaseModel):
-    results: list[ItemResult]
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -209,19 +213,12 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
         if cls.enabled(cfg):
             scorers[kind] = cls(cfg, metrics)
     composite = CompositeRouter(cfg, scorers, metrics)
+    data_routes = Routes(cfg.routes)
     admission = {kind: Admission(s.capacity) for kind, s in scorers.items()}
     if cfg.composite:
         admission[COMPOSITE] = Admission(composite.capacity)
     for kind in admission:
         metrics.queue_depth.labels(kind).set(0)
-
-    item_union = functools.reduce(operator.or_, [cls.item_model for cls in SCORERS.values()])
-    Item = Annotated[item_union, Field(discriminator="kind")]  # type: ignore[valid-type]
-    VerifyRequest = create_model(
-        "VerifyRequest",
-        __config__=ConfigDict(extra="forbid"),
-        items=(list[Item], Field(description=f"at most {cfg.max_items} items")),  # type: ignore[valid-type]
-    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -321,9 +318,10 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
         response_model_exclude_none=True,
         responses={413: {"description": "body too large"}, 429: {"description": "queue full"}},
     )
-    async def verify(request: VerifyRequest) -> Any:  # type: ignore[valid-type]
+    async def verify(request: VerifyRequest) -> Any:
         """Score a batch of items; results keep the items' order."""
-        items = request.items  # type: ignore[attr-defined]
+        # Routes first: a composite spec's math/code components score with the route's options.
+        items = [data_routes.apply(item) for item in request.items]
         errors: list[dict[str, Any]] = []
         if len(items) > cfg.max_items:
             errors.append(
@@ -408,20 +406,20 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
         except QueueFull as e:
             return too_busy(e)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
+    @app.get("/healthz", response_model=Health)
+    async def healthz() -> Health:
         """Liveness and what this server scores."""
         code = scorers.get("code")
-        sandbox = "disabled"
+        sandbox: Any = "disabled"
         if isinstance(code, CodeScorer):
             sandbox = "unsafe-no-sandbox" if cfg.code.unsafe_no_sandbox else "bwrap"
-        return {
-            "status": "ok",
-            "kinds": list(scorers),
-            "sandbox": sandbox,
-            "pending": {kind: a.pending for kind, a in admission.items()},
-            "composite": sorted(cfg.composite),
-        }
+        return Health(
+            status="ok",
+            kinds=list(scorers),
+            sandbox=sandbox,
+            pending={kind: a.pending for kind, a in admission.items()},
+            composite=sorted(cfg.composite),
+        )
 
     @app.get("/metrics")
     async def metrics_route() -> Response:

@@ -10,14 +10,10 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from typing import Literal
 
 from dynamo_rl.config.reward import RewardCodeConfig
 from services.reward.metrics import RewardMetrics
 from services.reward.sandbox import RunLimits, RunResult, Sandbox
-
-Language = Literal["python", "c", "cpp"]
-LANGUAGES: tuple[str, ...] = ("python", "c", "cpp")
 
 
 @dataclasses.dataclass(frozen=True)

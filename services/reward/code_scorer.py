@@ -1,8 +1,10 @@
 """The ``code`` kind: a program from the response, run against test cases in the sandbox.
 
-Tests are either stdio cases (run once per case with its stdin; stdout compared after trimming
-trailing whitespace on each line and trailing blank lines) or an ``assert`` block appended to a
-Python program (one case: exit status 0 passes). The score is the fraction of passed cases, or
+Tests are stdio cases (run once per case with its stdin; stdout compared after trimming
+trailing whitespace on each line and trailing blank lines), an ``assert`` block appended to a
+Python program (one case: exit status 0 passes), or call cases (APPS/TACO ``fn_name``: a harness
+appended to a Python program calls the function once per run with the case's arguments and
+prints the return value as JSON, compared with the expected one here). The score is the fraction of passed cases, or
 1/0 with ``scoring: all_or_nothing`` (which also stops at the first failure). The verdict is
 always decided here, outside the sandbox: a program cannot report its own success.
 """
@@ -10,59 +12,28 @@ always decided here, outside the sandbox: a program cannot report its own succes
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from dynamo_rl.config import RewardConfig
-from services.reward.base import ItemBase, ItemResult, Reason, Scorer
-from services.reward.code_runner import CodeRunner, Language, extract_code
+from dynamo_rl.contracts.reward import (
+    AssertTests,
+    CallTests,
+    CodeItem,
+    ItemResult,
+    Reason,
+    StdioTests,
+)
+from services.reward.base import Scorer
+from services.reward.code_runner import CodeRunner, extract_code
 from services.reward.metrics import RewardMetrics
 from services.reward.sandbox import RunResult
-
-
-class StdioCase(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    stdin: str = ""
-    stdout: str = Field(description="expected output")
-
-
-class StdioTests(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["stdio"]
-    cases: list[StdioCase] = Field(min_length=1)
-
-
-class AssertTests(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["assert"]
-    code: str = Field(min_length=1, description="Python run after the program; must exit 0")
-
-
-class CodeItem(ItemBase):
-    """A program (possibly inside a fenced block) and the tests it must pass."""
-
-    kind: Literal["code"]
-    response: str = Field(description="the model's response; the last fenced block is the program")
-    language: Language = "python"
-    tests: Annotated[StdioTests | AssertTests, Field(discriminator="type")]
-    scoring: Literal["fraction", "all_or_nothing"] = "fraction"
-    timeout_s: float | None = Field(
-        None, gt=0, description="wall-clock limit per run (capped by the server)"
-    )
-    memory_mb: int | None = Field(
-        None, ge=16, description="address space per process (capped by the server)"
-    )
-
-    @model_validator(mode="after")
-    def _assert_needs_python(self) -> CodeItem:
-        if self.tests.type == "assert" and self.language != "python":
-            raise ValueError("tests.type 'assert' is only supported with language 'python'")
-        return self
 
 
 def normalize_output(text: str) -> str:
@@ -87,6 +58,50 @@ def failure_reason(result: RunResult) -> Reason:
 
 def _tail(data: bytes, n: int = 300) -> str:
     return data[-n:].decode(errors="replace").strip()
+
+
+def _check_stdio(expected: str, out: bytes) -> tuple[bool, str]:
+    got = out.decode(errors="replace")
+    if normalize_output(got) == normalize_output(expected):
+        return True, ""
+    return False, f"expected {expected[:80]!r}, got {_tail(out, 80)!r}"
+
+
+# Appended to the program for call-based tests: the case's arguments come as JSON on stdin, the
+# return value goes out as JSON after a fresh marker (written with os.write: the program may have
+# replaced sys.stdout). The verdict is still decided outside the sandbox, by _check_call.
+_CALL_HARNESS = """
+def __dynamo_call():
+    import json, os, sys
+    args = json.loads(sys.stdin.read())
+    fn = globals().get({fn!r})
+    if fn is None and "Solution" in globals():
+        fn = getattr(globals()["Solution"](), {fn!r})
+    if fn is None:
+        raise NameError("no function {fn}")
+    out = json.dumps(fn(*args), default=repr)
+    os.write(1, ("\\n{marker}" + out + "\\n").encode())
+
+
+__dynamo_call()
+"""
+
+
+def _check_call(marker: str, expected: Any, out: bytes) -> tuple[bool, str]:
+    """Passed when the marked return value equals ``expected`` (or, as APPS lays it out, the one
+    element of an ``expected`` list)."""
+    lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith(marker)]
+    if not lines:
+        return False, "returned nothing (exited before the call finished)"
+    try:
+        got = json.loads(lines[-1][len(marker) :])
+    except ValueError:
+        return False, "return value is not JSON"
+    if got == expected or (
+        isinstance(expected, list) and len(expected) == 1 and got == expected[0]
+    ):
+        return True, ""
+    return False, f"expected {json.dumps(expected)[:80]}, got {json.dumps(got)[:80]}"
 
 
 class CodeScorer(Scorer):
@@ -114,7 +129,10 @@ class CodeScorer(Scorer):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def check(self, item: CodeItem) -> list[tuple[tuple[str | int, ...], str]]:
-        if isinstance(item.tests, StdioTests) and len(item.tests.cases) > self.cfg.code.max_cases:
+        if (
+            isinstance(item.tests, StdioTests | CallTests)
+            and len(item.tests.cases) > self.cfg.code.max_cases
+        ):
             return [(("tests", "cases"), f"at most {self.cfg.code.max_cases} cases per item")]
         return []
 
@@ -146,7 +164,8 @@ class CodeScorer(Scorer):
 
         if not code:
             return verdict(0.0, "no_answer", "no program in the response", format_ok=False)
-        done: bytes | None = None
+        # Each case: its stdin and a check of the program's stdout -> (passed, why not).
+        cases: list[tuple[str, Callable[[bytes], tuple[bool, str]]]]
         if isinstance(item.tests, AssertTests):
             # The asserts run in the program's own process, so a program could leave with status 0
             # before them (sys.exit(0), os._exit(0), an excepthook or atexit that exits 0). The
@@ -156,9 +175,17 @@ class CodeScorer(Scorer):
                 f"{code}\n\n{item.tests.code}\n\n"
                 f"__import__('os').write(1, b'\\n{done.decode()}\\n')\n"
             )
-            cases = [("", None)]
+            early = "exited with status 0 before the end of the assert block"
+            cases = [("", lambda out: (done in out, early))]
+        elif isinstance(item.tests, CallTests):
+            marker = secrets.token_hex(16)
+            code = f"{code}\n\n{_CALL_HARNESS.format(fn=item.tests.fn_name, marker=marker)}"
+            cases = [
+                (json.dumps(c.args), functools.partial(_check_call, marker, c.expected))
+                for c in item.tests.cases
+            ]
         else:
-            cases = [(c.stdin, c.stdout) for c in item.tests.cases]
+            cases = [(c.stdin, functools.partial(_check_stdio, c.stdout)) for c in item.tests.cases]
         program, compiled = self.runner.prepare(item.language, code)
         if program is None:
             assert compiled is not None
@@ -169,25 +196,14 @@ class CodeScorer(Scorer):
         limits = self.runner.limits(item.timeout_s, item.memory_mb)
         passed = 0
         first_failure: tuple[int, Reason, str] | None = None
-        for i, (stdin, expected) in enumerate(cases):
+        for i, (stdin, check) in enumerate(cases):
             run = self.runner.run(program, stdin.encode(), limits)
-            if run.ok and (
-                (expected is None and done is not None and done in run.stdout)
-                or (
-                    expected is not None
-                    and normalize_output(run.stdout.decode(errors="replace"))
-                    == normalize_output(expected)
-                )
-            ):
+            ok, why = check(run.stdout) if run.ok else (False, "")
+            if ok:
                 passed += 1
                 continue
             if run.ok:
                 reason: Reason = "wrong_answer"
-                why = (
-                    "exited with status 0 before the end of the assert block"
-                    if expected is None
-                    else f"expected {expected[:80]!r}, got {_tail(run.stdout, 80)!r}"
-                )
             else:
                 reason = failure_reason(run)
                 if reason == "runtime_error" and b"AssertionError" in run.stderr[-4096:]:

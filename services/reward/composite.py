@@ -36,7 +36,8 @@ from dynamo_rl.config.reward import (
     ModelComponent,
     RewardSpec,
 )
-from services.reward.base import ItemBase, ItemResult, Reason, Scorer
+from dynamo_rl.contracts.reward import ItemBase, ItemResult, Reason
+from services.reward.base import Scorer
 from services.reward.metrics import RewardMetrics
 
 log = logging.getLogger("services.reward")

@@ -22,31 +22,19 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import httpx
-from pydantic import Field
 
 from dynamo_rl.config import RewardConfig
 from dynamo_rl.config.reward import JudgeSpec
+from dynamo_rl.contracts.reward import ItemResult, JudgeItem, Reason
 from dynamo_rl.retry import Backoff, Retrying
-from services.reward.base import ItemBase, ItemResult, Reason, Scorer
+from services.reward.base import Scorer
 from services.reward.metrics import RewardMetrics
 from services.reward.model_scorer import pick
 
 QUOTE_CHARS = 200
-
-
-class JudgeItem(ItemBase):
-    """A response to be rated by an LLM judge."""
-
-    kind: Literal["judge"]
-    prompt: str = Field(description="the prompt's text")
-    response: str = Field(description="the model's full response")
-    reference: str = Field("", description="a reference answer the template may show the judge")
-    judge: str | None = Field(
-        None, description="name in reward.judges; may be left out when the server has one"
-    )
 
 
 @dataclass

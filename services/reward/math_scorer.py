@@ -10,27 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
-
-from pydantic import Field
 
 from dynamo_rl.config import RewardConfig
-from services.reward.base import ItemBase, ItemResult, Scorer
+from dynamo_rl.contracts.reward import ItemResult, MathItem
+from services.reward.base import Scorer
 from services.reward.math_pool import MathPool
 from services.reward.metrics import RewardMetrics
-
-
-class MathItem(ItemBase):
-    """A free-text response whose final answer is compared with ``ground_truth``."""
-
-    kind: Literal["math"]
-    response: str = Field(description="the model's full response")
-    ground_truth: str = Field(min_length=1, description="reference answer (LaTeX or plain)")
-    extraction: Literal["last_boxed", "math_verify"] = Field(
-        "last_boxed",
-        description="last_boxed: last \\boxed{} then an 'Answer:' line; math_verify: "
-        "math-verify's LaTeX extraction, boxed first, several boxes combined",
-    )
 
 
 class MathScorer(Scorer):
@@ -60,7 +45,11 @@ class MathScorer(Scorer):
         async with self._sem:
             start = time.monotonic()
             out = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.pool.score, item.response, item.ground_truth, item.extraction
+                self._executor,
+                self.pool.score,
+                item.response,
+                item.ground_truth,
+                item.extraction or "last_boxed",
             )
             self.metrics.item_seconds.labels(self.kind).observe(time.monotonic() - start)
         new = self.pool.restarts - self._restarts_seen

@@ -21,13 +21,12 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from dynamo_rl.config import RewardConfig
 from dynamo_rl.config.reward import RewardModelSpec
-from services.reward.base import ItemBase, ItemResult, Scorer
+from dynamo_rl.contracts.reward import ItemResult, ModelItem
+from services.reward.base import Scorer
 from services.reward.metrics import RewardMetrics
 
 log = logging.getLogger("services.reward")
@@ -37,17 +36,6 @@ WORKER_MODULE = "services.reward_model.worker"
 
 class ModelError(Exception):
     """The worker could not score a batch (its message says why)."""
-
-
-class ModelItem(ItemBase):
-    """A (prompt, response) pair scored by a reward model."""
-
-    kind: Literal["model"]
-    prompt: str = Field(description="the prompt's text")
-    response: str = Field(description="the model's full response")
-    model: str | None = Field(
-        None, description="name in reward.models; may be left out when the server has one"
-    )
 
 
 @dataclass

@@ -10,6 +10,10 @@ Row layouts (both file formats accept both):
   (and ``language``); ``model`` and ``judge`` rows (scored by a reward model or an LLM judge) need no
   ground truth (a judge is shown it as the reference when there is one).
 
+Code tests are the reward service's layout (``{"type": "stdio", "cases": [...]}`` or ``assert``) or
+verl's layout ``{"inputs": [...], "outputs": [...]}`` (APPS, CodeContests, TACO; stdin/stdout
+cases, or call cases with ``fn_name``), either as ``tests`` or as JSON in the ground truth.
+
 Every reward item carries the row's ``data_source`` and the prompt's plain text, so the reward
 service can route it to a composite reward spec (``reward.composite.<data_source>``).
 
@@ -30,6 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from dynamo_rl.contracts.reward import KINDS, VerifyItem
 from dynamo_rl.prompts import render_prompt, uses_chat_template
 
 __all__ = [
@@ -42,8 +49,8 @@ __all__ = [
     "reward_item",
 ]
 
-
-KINDS = ("math", "code", "model", "judge")
+_ITEM: TypeAdapter[VerifyItem] = TypeAdapter(VerifyItem)
+TEST_TYPES = ("stdio", "assert")
 
 
 class DatasetError(ValueError):
@@ -86,6 +93,29 @@ def _messages(value: Any, where: str) -> str | list[dict[str, str]]:
     raise DatasetError(f"{where}: 'prompt' must be text or a non-empty list of chat messages")
 
 
+def _stdio_layout(tests: Any, where: str) -> Any:
+    """verl's code layout (APPS, CodeContests, TACO: ``{"inputs": [...], "outputs": [...]}``, with
+    ``fn_name`` when call-based) as stdio or call tests; the service's own layout passes
+    through."""
+    if not (isinstance(tests, Mapping) and "inputs" in tests and "outputs" in tests):
+        return tests
+    inputs, outputs = tests["inputs"], tests["outputs"]
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+        raise DatasetError(f"{where}: tests 'inputs' and 'outputs' must be lists of equal length")
+    if tests.get("fn_name"):
+        # Call-based: each input is the argument list, each output the return value.
+        if not all(isinstance(i, list) for i in inputs):
+            raise DatasetError(f"{where}: call-based tests need a list of arguments per input")
+        cases = [{"args": i, "expected": o} for i, o in zip(inputs, outputs, strict=True)]
+        return {"type": "call", "fn_name": tests["fn_name"], "cases": cases}
+
+    def text(v: Any) -> str:
+        return "\n".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    cases = [{"stdin": text(i), "stdout": text(o)} for i, o in zip(inputs, outputs, strict=True)]
+    return {"type": "stdio", "cases": cases}
+
+
 def record_from_row(
     row: Mapping[str, Any], row_number: int, default_kind: str = "math"
 ) -> PromptRecord:
@@ -120,7 +150,7 @@ def record_from_row(
                 tests = None
         if tests is None:
             raise DatasetError(f"{where}: code rows need 'tests' (or JSON tests in ground_truth)")
-        extra["tests"] = tests
+        extra["tests"] = _stdio_layout(tests, where)
         extra["language"] = str(row.get("language") or _get(row, "extra_info.language") or "python")
         truth = truth if isinstance(truth, str) else ""
     elif truth is None and kind in ("model", "judge"):
@@ -135,7 +165,7 @@ def record_from_row(
         prompt_id = f"{data_source}-{_get(row, 'extra_info.index')}"
     else:
         prompt_id = f"{data_source}-{row_number}"
-    return PromptRecord(
+    record = PromptRecord(
         prompt_id=prompt_id,
         prompt=prompt,
         ground_truth=str(truth),
@@ -143,6 +173,17 @@ def record_from_row(
         kind=kind,
         reward_extra=extra,
     )
+    if kind == "code":
+        # Malformed tests are the row's fault: say so at load time, not mid-run as a refused item.
+        try:
+            reward_item(record, prompt_id, "")
+        except ValidationError as e:
+            err = e.errors()[0]
+            # The location starts with the union tags pydantic inserts ("code", "stdio"): drop them.
+            loc = [p for i, p in enumerate(err["loc"][1:]) if not (i == 1 and p in TEST_TYPES)]
+            field = ".".join(str(p) for p in loc)
+            raise DatasetError(f"{where}: code item field {field!r}: {err['msg']}") from None
+    return record
 
 
 def _rows(path: Path, fmt: str) -> Iterator[Any]:
@@ -220,10 +261,12 @@ def prompt_text(prompt: str | list[dict[str, str]]) -> str:
 
 def reward_item(
     record: PromptRecord, item_id: str, response: str, response_length: int | None = None
-) -> dict[str, Any]:
+) -> VerifyItem:
     """The reward service item that scores ``response`` to ``record`` (``POST /v1/verify``).
 
-    ``response_length`` (tokens) is what a composite spec's ``length`` component measures."""
+    ``response_length`` (tokens) is what a composite spec's ``length`` component measures. Raises
+    pydantic's ``ValidationError`` (a ``ValueError``) when the row's fields do not make an item
+    of the contract, e.g. malformed code tests."""
     item: dict[str, Any] = {
         "id": item_id,
         "kind": record.kind,
@@ -238,7 +281,7 @@ def reward_item(
     if response_length is not None:
         item["response_length"] = response_length
     item.update(record.reward_extra)
-    return item
+    return _ITEM.validate_python(item)
 
 
 class PromptSampler:

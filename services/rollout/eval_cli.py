@@ -98,7 +98,7 @@ async def evaluate(
                 for j, x in enumerate(samples)
             ]
             results = await reward.verify(items)
-            return [1.0 if r["correct"] else 0.0 for r in results], [x.text for x in samples]
+            return [1.0 if r.correct else 0.0 for r in results], [x.text for x in samples]
 
     try:
         answers = await asyncio.gather(*(one(r) for r in records))

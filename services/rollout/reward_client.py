@@ -5,6 +5,8 @@ timeout, 429, 5xx) is retried with the project's back-off (:class:`dynamo_rl.ret
 ``backoff_s`` doubling up to ``backoff_max_s``, jittered) — a ``Retry-After`` raises a delay to
 the hint, up to 6 × ``backoff_max_s`` — until it answers, or until ``max_wait_s`` when set. Any other 4xx is a bug in the request and raised at once.
 Results are matched to items by id, not position, and a reply missing an item is an error.
+Requests are built and replies parsed with the models of :mod:`dynamo_rl.contracts.reward`, the
+ones the service itself validates with; a reply that does not fit them is an error too.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
+from dynamo_rl.contracts.reward import Health, ItemResult, VerifyItem, VerifyRequest, VerifyResponse
 from dynamo_rl.retry import Backoff, RetryExhausted, Retrying
 
 __all__ = ["RewardClient", "RewardRequestError", "RewardUnavailable"]
@@ -49,7 +53,8 @@ class RewardClient:
         self._on_retry = on_retry
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 
-    async def _post(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _post(self, items: list[VerifyItem]) -> list[ItemResult]:
+        body = VerifyRequest(items=items).model_dump(mode="json", exclude_unset=True)
         retrying = Retrying(
             f"reward service {self.url}",
             self.backoff,
@@ -60,7 +65,7 @@ class RewardClient:
             reason: str
             retry_after: float | None = None
             try:
-                response = await self._client.post(f"{self.url}/v1/verify", json={"items": items})
+                response = await self._client.post(f"{self.url}/v1/verify", json=body)
             except httpx.HTTPError as e:
                 reason = f"{type(e).__name__}: {e}"
             else:
@@ -81,26 +86,34 @@ class RewardClient:
                 ) from None
             await asyncio.sleep(delay)
 
-    @staticmethod
-    def _results(body: Any, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        results = body.get("results") if isinstance(body, dict) else None
-        if not isinstance(results, list):
-            raise RewardRequestError("reward service reply has no 'results' list")
-        by_id = {str(r.get("id")): r for r in results if isinstance(r, dict)}
-        missing = [it["id"] for it in items if it["id"] not in by_id]
+    def _results(self, body: Any, items: Sequence[VerifyItem]) -> list[ItemResult]:
+        try:
+            results = VerifyResponse.model_validate(body).results
+        except ValidationError as e:
+            raise RewardRequestError(
+                f"{self.url}/v1/verify reply does not fit the contract: {e}"
+            ) from None
+        by_id = {str(r.id): r for r in results}
+        missing = [it.id for it in items if str(it.id) not in by_id]
         if missing:
             raise RewardRequestError(
                 f"reward service reply lacks {len(missing)} of {len(items)} items, e.g. {missing[0]}"
             )
-        return [by_id[it["id"]] for it in items]
+        return [by_id[str(it.id)] for it in items]
 
-    async def verify(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One result per item, in item order (items need unique string 'id's)."""
+    async def verify(self, items: Sequence[VerifyItem]) -> list[ItemResult]:
+        """One result per item, in item order (items need unique ids)."""
         chunks = [
             list(items[i : i + self.batch_items]) for i in range(0, len(items), self.batch_items)
         ]
         parts = await asyncio.gather(*(self._post(c) for c in chunks))
         return [r for part in parts for r in part]
+
+    async def health(self) -> Health:
+        """``GET /healthz`` once (no retries): what the service scores."""
+        response = await self._client.get(f"{self.url}/healthz")
+        response.raise_for_status()
+        return Health.model_validate(response.json())
 
     async def aclose(self) -> None:
         await self._client.aclose()

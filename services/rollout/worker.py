@@ -397,7 +397,7 @@ class RolloutWorker:
         ]
         results = await self.reward.verify(items) if items else []
         verify_s = time.monotonic() - t_ver
-        by_id = {it["id"]: res for it, res in zip(items, results, strict=True)}
+        by_id = {it.id: res for it, res in zip(items, results, strict=True)}
 
         created = time.time()
         groups: list[TrajectoryGroup] = []
@@ -412,20 +412,20 @@ class RolloutWorker:
             responses = []
             for j, s in enumerate(group):
                 res = by_id[f"{batch_index}:{p}:{j}"]
-                reward = float(res.get("score") or 0.0)
-                correct = bool(res.get("correct", False))
+                reward = res.score
+                correct = res.correct
                 rewards.append(reward)
                 corrects += correct
                 # Composite rewards report each component; kept with the trajectory.
-                components = res.get("components") or {}
+                components = res.components or {}
                 responses.append(
                     Response(
                         token_ids=s.token_ids,
                         logprobs=s.logprobs,
                         reward=reward,
                         correct=correct,
-                        format_ok=bool(res.get("format_ok", False)),
-                        reason=str(res.get("reason") or ""),
+                        format_ok=res.format_ok,
+                        reason=res.reason,
                         finish_reason=s.finish_reason,
                         reward_components={str(k): float(v) for k, v in components.items()},
                         text=s.text,

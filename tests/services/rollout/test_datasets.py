@@ -159,15 +159,30 @@ def test_reward_items_carry_data_source_prompt_and_length() -> None:
     """What composite reward specs route and measure by; judge/model rows need no answer."""
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
     math = record_from_row({"prompt": chat, "answer": "4", "data_source": "gsm"}, 0)
-    assert reward_item(math, "a", "4", response_length=3) == {
+    assert reward_item(math, "a", "4", response_length=3).model_dump(exclude_unset=True) == {
         "id": "a", "kind": "math", "response": "4", "data_source": "gsm", "prompt": "2+2?",
         "ground_truth": "4", "response_length": 3,
     }  # fmt: skip
     judged = record_from_row({"prompt": "Write a haiku", "kind": "judge", "data_source": "p"}, 1)
-    item = reward_item(judged, "b", "...")
+    item = reward_item(judged, "b", "...").model_dump(exclude_unset=True)
     assert item["kind"] == "judge" and "reference" not in item and "response_length" not in item
     ref = record_from_row({"prompt": "q", "kind": "judge", "answer": "r"}, 2)
-    assert reward_item(ref, "c", "x")["reference"] == "r"
-    assert (
-        reward_item(record_from_row({"prompt": "q", "kind": "model"}, 3), "d", "x")["prompt"] == "q"
-    )
+    assert reward_item(ref, "c", "x").reference == "r"
+    assert reward_item(record_from_row({"prompt": "q", "kind": "model"}, 3), "d", "x").prompt == "q"
+
+
+def test_code_tests_are_checked_against_the_contract_at_load() -> None:
+    """A malformed case is the row's fault, named at load, not a refused request mid-run."""
+    bad = {"type": "stdio", "cases": [{"stdin": "1"}]}
+    with pytest.raises(DatasetError, match=r"row 4: code item field 'tests\.cases\.0\.stdout'"):
+        record_from_row({"prompt": "q", "kind": "code", "tests": bad}, 4)
+    with pytest.raises(DatasetError, match="'language'"):
+        record_from_row({"prompt": "q", "kind": "code", "language": "rust",
+                         "tests": {"type": "assert", "code": "assert 1"}}, 0)  # fmt: skip
+    verl = {"inputs": ["1\n", ["2", "3"]], "outputs": ["2\n", "5"]}
+    record = record_from_row({"prompt": "q", "ability": "code",
+                              "reward_model": {"ground_truth": json.dumps(verl)}}, 0)  # fmt: skip
+    assert record.reward_extra["tests"] == {
+        "type": "stdio",
+        "cases": [{"stdin": "1\n", "stdout": "2\n"}, {"stdin": "2\n3", "stdout": "5"}],
+    }

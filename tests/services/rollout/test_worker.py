@@ -28,6 +28,7 @@ from allocator.server import SERVICE_NAME
 from dynamo_rl.codec import Response, TrajectoryGroup, decode_entry
 from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.contracts.engine import send
+from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
 from learner.tiny_model import build_tiny_model
@@ -419,12 +420,12 @@ def test_rollout_command_stops_cleanly_on_sigterm_while_waiting(redis_url, datas
 def test_reward_client_matches_results_by_id_and_refuses_bad_items(reward_server):
     url = reward_server.start()
     items = [
-        {"id": "a", "kind": "math", "response": "so \\boxed{4}", "ground_truth": "4"},
-        {"id": "b", "kind": "math", "response": "\\boxed{5}", "ground_truth": "4"},
-        {"id": "c", "kind": "math", "response": "no answer", "ground_truth": "4"},
+        MathItem(id="a", kind="math", response="so \\boxed{4}", ground_truth="4"),
+        MathItem(id="b", kind="math", response="\\boxed{5}", ground_truth="4"),
+        MathItem(id="c", kind="math", response="no answer", ground_truth="4"),
     ]
 
-    async def go() -> list[dict]:
+    async def go() -> list[ItemResult]:
         client = RewardClient(url, batch_items=2)  # two requests
         try:
             return await client.verify(items)
@@ -432,14 +433,15 @@ def test_reward_client_matches_results_by_id_and_refuses_bad_items(reward_server
             await client.aclose()
 
     results = asyncio.run(go())
-    assert [r["id"] for r in results] == ["a", "b", "c"]
-    assert [r["correct"] for r in results] == [True, False, False]
-    assert results[0]["score"] == 1.0 and results[2]["format_ok"] is False
+    assert [r.id for r in results] == ["a", "b", "c"]
+    assert [r.correct for r in results] == [True, False, False]
+    assert results[0].score == 1.0 and results[2].format_ok is False
 
     async def bad() -> None:
         client = RewardClient(url)
         try:
-            await client.verify([{"id": "x", "kind": "poem", "response": "", "ground_truth": ""}])
+            # A kind the contract knows but this server does not serve (no reward model).
+            await client.verify([ModelItem(id="x", kind="model", prompt="q", response="")])
         finally:
             await client.aclose()
 
