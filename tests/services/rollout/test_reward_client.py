@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
+from dynamo_rl.contracts.reward import MathItem
 from services.rollout.reward_client import RewardClient, RewardRequestError, RewardUnavailable
 
-ITEMS = [{"id": "0:0:0", "kind": "math", "response": "2", "ground_truth": "2"}]
+ITEMS = [MathItem(kind="math", id="0:0:0", response="2", ground_truth="2")]
 
 
 class Script:
@@ -41,7 +42,16 @@ def peer() -> Iterator[tuple[str, Script]]:
             status, headers = script.answers[min(len(script.times), len(script.answers)) - 1]
             payload = b""
             if status == 200:
-                results = [{"id": it["id"], "score": 1.0, "correct": True} for it in body["items"]]
+                results = [
+                    {
+                        "id": it["id"],
+                        "score": 1.0,
+                        "correct": True,
+                        "format_ok": True,
+                        "reason": "ok",
+                    }
+                    for it in body["items"]
+                ]
                 payload = json.dumps({"results": results}).encode()
             self.send_response(status)
             for k, v in headers.items():
@@ -80,7 +90,7 @@ def test_retry_after_is_honoured(peer: tuple[str, Script]) -> None:
     url, script = peer
     script.answers = [(429, {"Retry-After": "0.3"}), (503, {"Retry-After": "0.3"}), (200, {})]
     results, delays = verify(url, backoff_s=0.01, backoff_max_s=0.1)
-    assert [r["id"] for r in results] == ["0:0:0"]
+    assert [r.id for r in results] == ["0:0:0"]
     assert delays == [0.3, 0.3]  # the hint, not the 10-20 ms of the back-off
     gaps = [b - a for a, b in zip(script.times, script.times[1:], strict=False)]
     assert len(gaps) == 2 and all(g >= 0.29 for g in gaps)

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from learner.tiny_model import build_tiny_model
-from tests.services.rollout.engine_util import start_engine
+from tests.services.engine.engine_util import start_engine
 
 
 @pytest.fixture(scope="module")
