@@ -7,14 +7,16 @@ starts from the same warm-started checkpoint; each step is one on-policy update.
 - ``alloc``         DynaMO allocation only: counts from ``allocator.allocate_rollouts`` (scheme
                     ``reference``, priority ``variance``, statistics decay 1.0), same loss as grpo;
 - ``mod``           DynaMO modulation only: uniform counts, ``dynamo_modulate`` (preset decay6) on
-                    the GRPO advantages before the loss;
+                    the GRPO advantages before the loss, per micro-batch as in the learner;
 - ``dynamo``        both (allocation as in ``alloc``, modulation as in ``mod``);
 - ``dynamo-wl-std`` both, allocator scheme ``water-level`` with priority ``std`` (n ∝ σ);
 - ``dynamo-decay``  both, statistics decay ``--decay`` (default 0.9).
 
 The methods run **in this process, not through the distributed services**: the same allocator
-function (``allocate_rollouts``), advantage, modulation and loss functions
-(``learner.algorithms``) and the reward service's math scorer (``score_math`` in ``last_boxed``
+function (``allocate_rollouts``), the learner's objective (``learner.objective.rl_objective``:
+modulation and loss, called per micro-batch of ``micro_batch`` rows with the whole batch's token
+count as the normaliser, logits divided by the sampling temperature, exactly as the learner's
+update) and the reward service's math scorer (``score_math`` in ``last_boxed``
 mode, called in-process with a memo cache) as the services use — but generation is
 ``model.generate`` on the policy itself and the per-prompt statistics live in a dict updated with
 the allocator's Redis semantics (on every report: samples, successes ← decay·old + new). Running the
@@ -113,6 +115,10 @@ class Settings:
     clip_high: float = 0.28
     grad_clip: float = 1.0
     preset: str = "decay6"
+    micro_batch: int = 8
+    """Rows per micro-batch (the learner's default ``micro_batch_size``): each is one forward
+    pass and one call of the learner's objective, so modulation statistics are per micro-batch;
+    gradients accumulate to one optimizer step per RL step."""
     temperature: float = 1.0
     max_new_tokens: int = 12
     # evaluation
@@ -328,17 +334,70 @@ def evaluate(model, tok, rows: list[dict], s: Settings, seed: int) -> dict[str, 
 # One RL run
 
 
+def accumulate_gradients(
+    model,
+    seq,
+    prompt_attn,
+    rmask,
+    rewards,
+    group_of: list[int],
+    algo,
+    micro_batch: int,
+    temperature: float,
+) -> dict[str, float]:
+    """One RL update's backward passes, as the learner does them: GRPO advantages over the whole
+    batch, then per micro-batch of ``micro_batch`` rows a forward pass (logits divided by the
+    sampling temperature) and the learner's ``rl_objective`` — modulation over that micro-batch —
+    normalised by the whole batch's token count, so the gradients add up to the batch's.
+
+    ``seq`` is ``[B, P + T]`` (left-padded prompts, then responses), ``prompt_attn`` ``[B, P]``,
+    ``rmask`` ``[B, T]``. Leaves the gradients in ``model``; returns the modulation factors'
+    token-weighted means (empty without modulation).
+    """
+    import torch
+
+    from learner.algorithms import grpo_advantages, token_logprobs_and_entropy
+    from learner.batch import scale_by_temperature
+    from learner.objective import ObjectiveInputs, rl_objective
+
+    width = prompt_attn.shape[1]
+    resp = seq[:, width:]
+    attn = torch.cat([prompt_attn, rmask.to(prompt_attn.dtype)], dim=1)
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    adv_all = grpo_advantages(rewards, torch.tensor(group_of))[:, None] * rmask
+    norm = float(rmask.sum().clamp(min=1))  # token-mean over the whole batch
+    temps = torch.full((len(group_of),), temperature if temperature > 0 else 1.0)
+    sums: dict[str, float] = {}
+    for lo in range(0, len(group_of), micro_batch):
+        sl = slice(lo, lo + micro_batch)
+        logits = model(input_ids=seq[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits
+        logits = scale_by_temperature(logits[:, width - 1 : -1].float(), temps[sl])
+        logp, ent = token_logprobs_and_entropy(logits, resp[sl])
+        out = rl_objective(
+            ObjectiveInputs(
+                logp=logp,
+                old_logp=logp.detach(),  # one update per batch: on-policy, ratio 1
+                advantages=adv_all[sl],
+                mask=rmask[sl],
+                entropy=ent,
+            ),
+            algo,
+            normalizer=norm,
+        )
+        out.loss.backward()
+        ntok = float(rmask[sl].sum())
+        for k in ("beta_comp_mean", "beta_stab_mean", "multiplier_mean"):
+            if k in out.metrics:
+                sums[k] = sums.get(k, 0.0) + float(out.metrics[k]) * ntok
+    return {k: v / norm for k, v in sums.items()}
+
+
 def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> None:
     import numpy as np
     import torch
 
     from allocator.algorithm import allocate_rollouts
-    from learner.algorithms import (
-        dynamo_modulate,
-        grpo_advantages,
-        policy_loss,
-        token_logprobs_and_entropy,
-    )
+    from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
 
     torch.set_num_threads(1)
     spec = method_specs(s.decay)[method]
@@ -346,6 +405,14 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
     eval_rows = test[: s.eval_subset]
     model, tok = load(warm)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    # The learner's objective, configured as this benchmark's update: PPO-clip token-mean with
+    # dual clip, no KL, no entropy bonus, no IS correction (one on-policy update per batch).
+    algo = AlgorithmConfig(
+        policy_loss=PpoLoss(clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=10.0),
+        agg="token-mean",
+        modulation=ModulationConfig(enabled=spec.modulate, preset=s.preset),
+        is_cap=None,
+    )
     rng = np.random.default_rng(seed)  # prompt order: a function of the seed only
     samples = np.zeros(len(rl_pool))
     successes = np.zeros(len(rl_pool))
@@ -413,39 +480,10 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
         consumed += budget
 
         model.train()
-        attn = torch.cat([prompt_attn, rmask], dim=1)
-        pos = (attn.cumsum(1) - 1).clamp(min=0)
-        logits = model(input_ids=seq, attention_mask=attn, position_ids=pos).logits
-        logits = logits[:, width - 1 : -1].float()
-        logp, ent = token_logprobs_and_entropy(logits, resp)
-        old = logp.detach()  # one update per batch: on-policy, ratio 1
-        adv = grpo_advantages(rewards, torch.tensor(group_of))[:, None].expand_as(logp)
-        adv = adv * rmask
-        stats: dict[str, float] = {}
-        if spec.modulate:
-            adv, mstats = dynamo_modulate(
-                adv,
-                logp.detach(),
-                old,
-                ent.detach(),
-                rmask,
-                clip_low=s.clip_low,
-                clip_high=s.clip_high,
-                preset=s.preset,
-            )
-            stats = {k: float(v) for k, v in mstats.items()}
-        loss, _ = policy_loss(
-            logp,
-            old,
-            adv,
-            rmask,
-            clip_low=s.clip_low,
-            clip_high=s.clip_high,
-            dual_clip=10.0,
-            agg="token-mean",
-        )
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        stats = accumulate_gradients(
+            model, seq, prompt_attn, rmask, rewards, group_of, algo, s.micro_batch, s.temperature
+        )
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
         opt.step()
         log.append(

@@ -30,6 +30,15 @@ class Sample:
     group: int
     staleness: int = 0
     truncated: bool = False
+    temperature: float = 1.0
+    """Temperature the response was sampled at; the learner divides its logits by it."""
+
+
+def sampling_temperature(group: Any) -> float:
+    """The group's sampling temperature; 1.0 when unset or greedy (0: no tempered distribution
+    exists, so the raw one is used)."""
+    t = float(group.sampling.temperature) if group.HasField("sampling") else 0.0
+    return t if t > 0 else 1.0
 
 
 def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
@@ -37,6 +46,7 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
     out: list[Sample] = []
     for gi, g in enumerate(groups):
         prompt = list(g.prompt_token_ids)
+        temperature = sampling_temperature(g)
         for r in g.responses:
             out.append(
                 Sample(
@@ -48,6 +58,7 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
                     group=gi,
                     staleness=max(0, weight_version - int(g.weight_version)),
                     truncated=r.finish_reason == "length",
+                    temperature=temperature,
                 )
             )
     return out
@@ -63,6 +74,7 @@ class MicroBatch:
     response_ids: torch.Tensor  # [b, T]
     mask: torch.Tensor  # [b, T] float, 1 at response tokens
     sampling_logprobs: torch.Tensor  # [b, T]
+    temperature: torch.Tensor  # [b] float, each row's sampling temperature
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -81,6 +93,7 @@ class MicroBatch:
             self.response_ids.to(device),
             self.mask.to(device),
             self.sampling_logprobs.to(device),
+            self.temperature.to(device),
             {k: v.to(device) for k, v in self.extra.items()},
         )
 
@@ -96,6 +109,7 @@ def collate(samples: list[Sample], rows: list[int], pad_id: int) -> MicroBatch:
             torch.full((1, 1), pad_id, dtype=torch.long),
             torch.zeros(1, 1),
             torch.zeros(1, 1),
+            torch.ones(1),
         )
     chosen = [samples[i] for i in rows]
     p_len = max(len(s.prompt) for s in chosen)
@@ -115,7 +129,21 @@ def collate(samples: list[Sample], rows: list[int], pad_id: int) -> MicroBatch:
             response[i, :lr] = torch.tensor(s.response)
             mask[i, :lr] = 1.0
             sampling[i, :lr] = torch.tensor(s.sampling_logprobs)
-    return MicroBatch(list(rows), input_ids, attention, response, mask, sampling)
+    temperature = torch.tensor([s.temperature for s in chosen], dtype=torch.float32)
+    return MicroBatch(list(rows), input_ids, attention, response, mask, sampling, temperature)
+
+
+def scale_by_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """``logits [B, T, V] / temperature [B]`` row by row, as the engine scaled them to sample.
+
+    Log-probs and entropies of the tempered distribution are what the samples were drawn from
+    (verl divides the same way). In place, since the logits are the LM head's fresh output and
+    neither the matmul nor the division saves it for backward: no second ``[B, T, V]`` buffer.
+    All-ones temperatures return the logits untouched.
+    """
+    if bool((temperature == 1.0).all()):
+        return logits
+    return logits.div_(temperature.to(logits.dtype)[:, None, None])
 
 
 def batch_mask(samples: list[Sample]) -> torch.Tensor:

@@ -42,15 +42,40 @@ from learner.batch import (
     num_micro,
     rank_share,
     samples_from_groups,
+    scale_by_temperature,
     to_rows,
 )
 from learner.dist import all_gather_object, all_reduce_sum, broadcast_object
 from learner.model import PolicyModel, load_policy, shard
+from learner.objective import (
+    ObjectiveInputs,
+    kl_shaped_token_rewards,
+    loss_aggregation,
+    rl_objective,
+    truncated_is_weights,
+)
 from learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 30.0  # rank 0 tells waiting ranks "still waiting" this often (gloo timeouts)
+
+
+def policy_forward(
+    model: PolicyModel, mb: MicroBatch, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Log-probs, entropies (``[b, T]``) and values of a micro-batch's response tokens.
+
+    The logits are divided by each row's sampling temperature first, so the log-probs are those
+    of the distribution the engine sampled from (and match its ``processed`` log-probs when
+    top-k/top-p are off). Every pass of the RL step (old, reference, update) goes through here.
+    """
+    logits, values = model(mb.input_ids, mb.attention_mask, mb.response_len)
+    logits = scale_by_temperature(logits, mb.temperature)
+    logp, entropy = A.token_logprobs_and_entropy(logits, mb.response_ids)
+    if not entropy_grad:
+        entropy = entropy.detach()
+    return logp, entropy, values
 
 
 class AdaptiveKL:
@@ -73,8 +98,7 @@ class RLTrainer(Trainer):
         adv = algo.advantage
         self.adv_name = getattr(adv, "registry_name", adv.type)
         self.estimator = A.ADVANTAGE_ESTIMATORS[self.adv_name]
-        self.policy_loss = A.POLICY_LOSSES[algo.policy_loss.type]
-        self.agg = "seq-mean-token-mean" if algo.policy_loss.type == "gspo" else algo.agg
+        self.agg = loss_aggregation(algo)
         self.ref: PolicyModel | None = None
         if self.lc.needs_reference:
             ref = load_policy(self.lc.model or "")
@@ -201,196 +225,28 @@ class RLTrainer(Trainer):
     def _forward(
         self, model: PolicyModel, mb: MicroBatch, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        logits, values = model(mb.input_ids, mb.attention_mask, mb.response_len)
-        logp, entropy = A.token_logprobs_and_entropy(logits, mb.response_ids)
-        if not entropy_grad:
-            entropy = entropy.detach()
-        return logp, entropy, values
+        return policy_forward(model, mb, entropy_grad)
 
     def train_step(self, batch: dict[str, Any]) -> dict[str, Any]:
-        lc, algo, env = self.lc, self.lc.algorithm, self.env
+        """plan → old/ref forward → advantages → per micro-batch: forward → objective → backward
+        → per mini-batch: optimizer step."""
+        lc, algo = self.lc, self.lc.algorithm
         samples: list[Sample] = batch["samples"]
-        n = len(samples)
         t_start = time.perf_counter()
-        groups_per_mini = lc.mini_batch_size or lc.train_batch_size
-        minis = mini_batches(samples, groups_per_mini)
-        plan: list[list[MicroBatch]] = []
-        for rows in minis:
-            mine = rank_share(rows, env.rank, env.world_size)
-            splits = micro_splits(
-                mine, lc.micro_batch_size, num_micro(rows, env.world_size, lc.micro_batch_size)
-            )
-            plan.append([collate(samples, s, self.pad_id).to(env.device) for s in splits])
-
-        # 1. Old (and reference) log-probs and values under the weights at batch start.
-        with torch.no_grad():
-            for mbs in plan:
-                for mb in mbs:
-                    logp, entropy, values = self._forward(self.model, mb)
-                    mb.extra["old_logp"] = logp
-                    mb.extra["old_entropy"] = entropy
-                    if values is not None:
-                        mb.extra["old_values"] = values
-                    if self.ref is not None:
-                        ref_logp, _, _ = self._forward(self.ref, mb)
-                        mb.extra["ref_logp"] = ref_logp
+        minis, plan = self._plan(samples)
+        self._old_pass(plan)
         t_forward = time.perf_counter() - t_start
-
-        # 2. Advantages over the whole batch (identical on every rank).
-        mask = batch_mask(samples)
-        t_len = mask.shape[1]
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        lengths = torch.tensor([len(s.response) for s in samples])
-        dapo = algo.dapo
-        if dapo.overlong_buffer > 0:
-            assert dapo.max_response_len is not None
-            rewards = rewards + A.overlong_penalty(
-                lengths, dapo.max_response_len, dapo.overlong_buffer, dapo.overlong_factor
-            )
-        group_ids = torch.tensor([s.group for s in samples], dtype=torch.long)
-        values_full = token_rewards = None
-        kl_in_reward = 0.0
-        if lc.critic.enabled or self.kl_ctl.beta > 0:  # the same decision on every rank
-            gathered = self._gather_rows(plan)
-            if lc.critic.enabled:
-                values_full = to_rows([gathered[i]["values"] for i in range(n)], t_len)
-            if self.kl_ctl.beta > 0:
-                kl_tok = to_rows([gathered[i]["kl"] for i in range(n)], t_len)
-                kl_in_reward = float((kl_tok * mask).sum() / mask.sum().clamp(min=1))
-                token_rewards = A.outcome_token_rewards(rewards, mask) - self.kl_ctl.beta * kl_tok
-        adv_kwargs: dict[str, Any] = {}
-        if hasattr(algo.advantage, "gamma"):
-            adv_kwargs["gamma"] = algo.advantage.gamma
-        if hasattr(algo.advantage, "lam"):
-            adv_kwargs["lam"] = algo.advantage.lam
-        advantages, returns = self.estimator(
-            rewards=rewards,
-            mask=mask,
-            group_ids=group_ids,
-            token_rewards=token_rewards,
-            values=values_full,
-            **adv_kwargs,
-        )
-        advantages, returns = advantages.to(env.device), returns.to(env.device)
-
+        rewards, lengths, kl_in_reward = self._advantages(samples, plan)
         sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums, this rank
-        for mbs in plan:
-            for mb in mbs:
-                if not mb.rows:
-                    continue
-                rows = torch.tensor(mb.rows, device=env.device)
-                t = mb.response_len
-                a = advantages[rows, :t]
-                mb.extra["returns"] = returns[rows, :t]
-                tok = mb.mask
-                ntok = float(tok.sum())
-                old = mb.extra["old_logp"]
-                diff = (old - mb.sampling_logprobs) * tok
-                sums["mismatch_abs"] += float(diff.abs().sum())
-                if algo.is_cap is not None:
-                    w = torch.exp(diff).clamp(max=algo.is_cap) * tok
-                    a = a * w
-                    sums["is_weight"] += float(w.sum())
-                else:
-                    sums["is_weight"] += ntok
-                mb.extra["advantages"] = a
-                sums["tokens"] += ntok
-                sums["old_entropy"] += float((mb.extra["old_entropy"] * tok).sum())
-
-        # 3. Updates.
-        t_fwd = t_bwd = t_opt = 0.0
-        update_losses: list[float] = []
-        grad_norm = 0.0
-        pl_cfg = algo.policy_loss
-        loss_kwargs: dict[str, Any] = {"clip_low": pl_cfg.clip_low, "clip_high": pl_cfg.clip_high}
-        if pl_cfg.dual_clip is not None:
-            loss_kwargs["dual_clip"] = pl_cfg.dual_clip
-        mod = algo.modulation
-        for _epoch in range(lc.ppo_epochs):
-            for rows, mbs in zip(minis, plan, strict=True):
-                norm = self._normalizer(samples, rows)
-                loss_sum = 0.0
-                for mb in mbs:
-                    t0 = time.perf_counter()
-                    logp, entropy, values = self._forward(
-                        self.model, mb, entropy_grad=algo.entropy_coef > 0
-                    )
-                    tok = mb.mask
-                    if not mb.rows:  # a dummy keeps this rank in step with the others
-                        loss = logp.sum() * 0.0 + (
-                            values.sum() * 0.0 if values is not None else 0.0
-                        )
-                        t1 = time.perf_counter()
-                        (loss * env.world_size).backward()
-                        t_fwd += t1 - t0
-                        t_bwd += time.perf_counter() - t1
-                        continue
-                    old = mb.extra["old_logp"]
-                    adv = mb.extra["advantages"]
-                    if mod.enabled:
-                        adv, mstats = A.dynamo_modulate(
-                            adv,
-                            logp.detach(),
-                            old,
-                            entropy.detach(),
-                            tok,
-                            clip_low=pl_cfg.clip_low,
-                            clip_high=pl_cfg.clip_high,
-                            preset=mod.preset,
-                            **mod.overrides(),
-                        )
-                    else:
-                        mstats = {}
-                    pl, pm = self.policy_loss(
-                        logp, old, adv, tok, agg=self.agg, normalizer=norm, **loss_kwargs
-                    )
-                    loss = pl
-                    ntok = float(tok.sum())
-                    if algo.kl.coef > 0:
-                        kl = A.kl_penalty(logp, mb.extra["ref_logp"], algo.kl.kind)
-                        kl_loss = A.aggregate_loss(kl, tok, self.agg, normalizer=norm)
-                        loss = loss + algo.kl.coef * kl_loss
-                        sums["kl"] += float((kl.detach() * tok).sum())
-                    if algo.entropy_coef > 0:
-                        ent_loss = A.aggregate_loss(entropy, tok, self.agg, normalizer=norm)
-                        loss = loss - algo.entropy_coef * ent_loss
-                    if values is not None:
-                        vl, vm = A.value_loss(
-                            values,
-                            mb.extra["old_values"],
-                            mb.extra["returns"],
-                            tok,
-                            clip=lc.critic.value_clip,
-                            agg=self.agg,
-                            normalizer=norm,
-                        )
-                        loss = loss + lc.critic.value_coef * vl
-                        sums["value_loss"] += float(vl.detach())
-                        pm = {**pm, **{f"vf_{k.removeprefix('vf_')}": v for k, v in vm.items()}}
-                    t1 = time.perf_counter()
-                    # FSDP averages gradients over ranks; the loss is already normalised by the
-                    # whole mini-batch, so scale back up to get the sum.
-                    (loss * env.world_size).backward()
-                    t2 = time.perf_counter()
-                    t_fwd += t1 - t0
-                    t_bwd += t2 - t1
-                    loss_sum += float(loss.detach())
-                    sums["policy_loss_x"] += float(pl.detach())
-                    sums["entropy"] += float((entropy.detach() * tok).sum())
-                    for k, v in {**pm, **mstats}.items():
-                        if torch.is_tensor(v) and v.numel() == 1:
-                            sums[f"m:{k}"] += float(v) * ntok
-                            sums[f"w:{k}"] += ntok
-                t0 = time.perf_counter()
-                grad_norm = self.optimizer_step()
-                t_opt += time.perf_counter() - t0
-                update_losses.append(all_reduce_sum([loss_sum])[0])
+        self._is_weights(plan, sums)
+        t_fwd, t_bwd, t_opt, update_losses, grad_norm = self._updates(samples, minis, plan, sums)
 
         # Metrics: sums over ranks (the key set differs per rank: gather the dicts).
         totals: dict[str, float] = defaultdict(float)
         for part in all_gather_object(dict(sums)):
             for k, v in part.items():
                 totals[k] += v
+        n = len(samples)
         updates = lc.ppo_epochs * len(minis)
         tokens = max(totals["tokens"], 1.0)
         record: dict[str, Any] = {
@@ -431,6 +287,177 @@ class RLTrainer(Trainer):
         elapsed = time.perf_counter() - t_start
         record["tokens_per_second"] = totals["tokens"] * lc.ppo_epochs / max(elapsed, 1e-9)
         return record
+
+    def _plan(self, samples: list[Sample]) -> tuple[list[list[int]], list[list[MicroBatch]]]:
+        """Mini-batches (row indices of whole groups) and this rank's micro-batches of each."""
+        lc, env = self.lc, self.env
+        minis = mini_batches(samples, lc.mini_batch_size or lc.train_batch_size)
+        plan: list[list[MicroBatch]] = []
+        for rows in minis:
+            mine = rank_share(rows, env.rank, env.world_size)
+            splits = micro_splits(
+                mine, lc.micro_batch_size, num_micro(rows, env.world_size, lc.micro_batch_size)
+            )
+            plan.append([collate(samples, s, self.pad_id).to(env.device) for s in splits])
+        return minis, plan
+
+    def _old_pass(self, plan: list[list[MicroBatch]]) -> None:
+        """Old (and reference) log-probs and values under the weights at batch start."""
+        with torch.no_grad():
+            for mbs in plan:
+                for mb in mbs:
+                    logp, entropy, values = self._forward(self.model, mb)
+                    mb.extra["old_logp"] = logp
+                    mb.extra["old_entropy"] = entropy
+                    if values is not None:
+                        mb.extra["old_values"] = values
+                    if self.ref is not None:
+                        ref_logp, _, _ = self._forward(self.ref, mb)
+                        mb.extra["ref_logp"] = ref_logp
+
+    def _advantages(
+        self, samples: list[Sample], plan: list[list[MicroBatch]]
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Advantages and returns over the whole batch (identical on every rank), stored per
+        micro-batch; returns the (shaped) rewards, response lengths and the KL in the reward."""
+        lc, algo, env = self.lc, self.lc.algorithm, self.env
+        n = len(samples)
+        mask = batch_mask(samples)
+        t_len = mask.shape[1]
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        lengths = torch.tensor([len(s.response) for s in samples])
+        dapo = algo.dapo
+        if dapo.overlong_buffer > 0:
+            assert dapo.max_response_len is not None
+            rewards = rewards + A.overlong_penalty(
+                lengths, dapo.max_response_len, dapo.overlong_buffer, dapo.overlong_factor
+            )
+        group_ids = torch.tensor([s.group for s in samples], dtype=torch.long)
+        values_full = token_rewards = None
+        kl_in_reward = 0.0
+        if lc.critic.enabled or self.kl_ctl.beta > 0:  # the same decision on every rank
+            gathered = self._gather_rows(plan)
+            if lc.critic.enabled:
+                values_full = to_rows([gathered[i]["values"] for i in range(n)], t_len)
+            if self.kl_ctl.beta > 0:
+                kl_tok = to_rows([gathered[i]["kl"] for i in range(n)], t_len)
+                kl_in_reward = float((kl_tok * mask).sum() / mask.sum().clamp(min=1))
+                token_rewards = kl_shaped_token_rewards(rewards, mask, kl_tok, self.kl_ctl.beta)
+        adv_kwargs: dict[str, Any] = {}
+        if hasattr(algo.advantage, "gamma"):
+            adv_kwargs["gamma"] = algo.advantage.gamma
+        if hasattr(algo.advantage, "lam"):
+            adv_kwargs["lam"] = algo.advantage.lam
+        advantages, returns = self.estimator(
+            rewards=rewards,
+            mask=mask,
+            group_ids=group_ids,
+            token_rewards=token_rewards,
+            values=values_full,
+            **adv_kwargs,
+        )
+        advantages, returns = advantages.to(env.device), returns.to(env.device)
+        for mbs in plan:
+            for mb in mbs:
+                if mb.rows:
+                    rows = torch.tensor(mb.rows, device=env.device)
+                    mb.extra["advantages"] = advantages[rows, : mb.response_len]
+                    mb.extra["returns"] = returns[rows, : mb.response_len]
+        return rewards, lengths, kl_in_reward
+
+    def _is_weights(self, plan: list[list[MicroBatch]], sums: dict[str, float]) -> None:
+        """Truncated IS weights per micro-batch (fixed for the step) and their metrics."""
+        cap = self.lc.algorithm.is_cap
+        for mbs in plan:
+            for mb in mbs:
+                if not mb.rows:
+                    continue
+                tok = mb.mask
+                ntok = float(tok.sum())
+                old = mb.extra["old_logp"]
+                sums["mismatch_abs"] += float(((old - mb.sampling_logprobs) * tok).abs().sum())
+                if cap is not None:
+                    w = truncated_is_weights(old, mb.sampling_logprobs, tok, cap)
+                    mb.extra["is_weights"] = w
+                    sums["is_weight"] += float(w.sum())
+                else:
+                    sums["is_weight"] += ntok
+                sums["tokens"] += ntok
+                sums["old_entropy"] += float((mb.extra["old_entropy"] * tok).sum())
+
+    def _updates(
+        self,
+        samples: list[Sample],
+        minis: list[list[int]],
+        plan: list[list[MicroBatch]],
+        sums: dict[str, float],
+    ) -> tuple[float, float, float, list[float], float]:
+        """``ppo_epochs`` × mini-batches × micro-batches of forward → objective → backward, an
+        optimizer step per mini-batch. Returns forward/backward/optimizer seconds, the loss of
+        every update and the last gradient norm."""
+        lc, algo, env = self.lc, self.lc.algorithm, self.env
+        t_fwd = t_bwd = t_opt = 0.0
+        update_losses: list[float] = []
+        grad_norm = 0.0
+        for _epoch in range(lc.ppo_epochs):
+            for rows, mbs in zip(minis, plan, strict=True):
+                norm = self._normalizer(samples, rows)
+                loss_sum = 0.0
+                for mb in mbs:
+                    t0 = time.perf_counter()
+                    logp, entropy, values = self._forward(
+                        self.model, mb, entropy_grad=algo.entropy_coef > 0
+                    )
+                    if not mb.rows:  # a dummy keeps this rank in step with the others
+                        loss = logp.sum() * 0.0 + (
+                            values.sum() * 0.0 if values is not None else 0.0
+                        )
+                        t1 = time.perf_counter()
+                        (loss * env.world_size).backward()
+                        t_fwd += t1 - t0
+                        t_bwd += time.perf_counter() - t1
+                        continue
+                    out = rl_objective(
+                        ObjectiveInputs(
+                            logp=logp,
+                            old_logp=mb.extra["old_logp"],
+                            advantages=mb.extra["advantages"],
+                            mask=mb.mask,
+                            entropy=entropy,
+                            ref_logp=mb.extra.get("ref_logp"),
+                            is_weights=mb.extra.get("is_weights"),
+                            values=values,
+                            old_values=mb.extra.get("old_values"),
+                            returns=mb.extra["returns"],
+                        ),
+                        algo,
+                        lc.critic,
+                        normalizer=norm,
+                    )
+                    t1 = time.perf_counter()
+                    # FSDP averages gradients over ranks; the loss is already normalised by the
+                    # whole mini-batch, so scale back up to get the sum.
+                    (out.loss * env.world_size).backward()
+                    t2 = time.perf_counter()
+                    t_fwd += t1 - t0
+                    t_bwd += t2 - t1
+                    ntok = float(mb.mask.sum())
+                    loss_sum += float(out.loss.detach())
+                    sums["policy_loss_x"] += float(out.policy_loss)
+                    sums["entropy"] += float((entropy.detach() * mb.mask).sum())
+                    if out.kl_sum is not None:
+                        sums["kl"] += float(out.kl_sum)
+                    if out.value_loss is not None:
+                        sums["value_loss"] += float(out.value_loss)
+                    for k, v in out.metrics.items():
+                        if torch.is_tensor(v) and v.numel() == 1:
+                            sums[f"m:{k}"] += float(v) * ntok
+                            sums[f"w:{k}"] += ntok
+                t0 = time.perf_counter()
+                grad_norm = self.optimizer_step()
+                t_opt += time.perf_counter() - t0
+                update_losses.append(all_reduce_sum([loss_sum])[0])
+        return t_fwd, t_bwd, t_opt, update_losses, grad_norm
 
     def _normalizer(self, samples: list[Sample], rows: list[int]) -> float:
         """The mini-batch's denominator: valid tokens (token-mean) or rows with a token."""

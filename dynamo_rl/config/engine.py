@@ -37,6 +37,11 @@ class EngineConfig(Section):
     """Cap on ``max_tokens`` per request; a larger request is a 422 naming the field."""
     default_max_tokens: Annotated[int, Field(ge=1)] = 256
     """``max_tokens`` when a request leaves it out (also capped by the context left)."""
+    logprobs_mode: Literal["processed", "raw"] = "processed"
+    """Distribution of the returned log-probs (like vLLM's ``--logprobs-mode``): ``processed``,
+    the one sampled from (after temperature, top-k, top-p), which is what the learner computes
+    when top-k/top-p are off (it divides its logits by the sampling temperature); ``raw``, the
+    model's own (before temperature). Greedy requests report raw log-probs in both modes."""
     max_logprobs: Annotated[int, Field(ge=0, le=20)] = 5
     """Largest ``logprobs`` (top-k alternatives per token) a request may ask for."""
     threads: Annotated[int, Field(ge=1)] | None = None

@@ -73,10 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_path = Path(args.metrics_log or Path(cfg.run.run_dir) / METRICS_LOG)
     targets = args.scrape if args.scrape else default_targets(cfg)
     namespace = getattr(cfg.rollout, "namespace", None) or cfg.run.name
+    adv = cfg.learner.algorithm.advantage
+    estimator = getattr(adv, "registry_name", adv.type)
     dashboard = Dashboard(
         log=JsonlLog(log_path),
         scraper=Scraper(targets, interval=args.interval).start(),
-        samples=None if args.no_redis else SampleReader(cfg.endpoints.redis_url, namespace),
+        samples=None
+        if args.no_redis
+        else SampleReader(cfg.endpoints.redis_url, namespace, estimator=estimator),
         run_name=cfg.run.name,
     )
     server = make_server(dashboard, args.host, args.port)

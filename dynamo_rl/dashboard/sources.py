@@ -355,6 +355,9 @@ class SampleReader:
     redis_url: str
     namespace: str
     scan: int = 500
+    estimator: str = "grpo"
+    """The learner's advantage estimator (its registry name): the advantage column uses its
+    formula (``dynamo_rl.advantages``); estimators with no per-group figure give None."""
     _client: Any = field(default=None, repr=False)
 
     def _redis(self) -> Any:
@@ -365,6 +368,7 @@ class SampleReader:
         return self._client
 
     def read(self, flt: SampleFilter) -> dict[str, Any]:
+        from dynamo_rl.advantages import group_advantages
         from dynamo_rl.contracts.stream import newest
         from dynamo_rl.keys import trajectory_stream, weight_version_key
 
@@ -380,9 +384,7 @@ class SampleReader:
             if group is None:
                 errors.append({"id": eid, "reason": entry.error or ""})
                 continue
-            rewards = [r.reward for r in group.responses]
-            mean = sum(rewards) / len(rewards)
-            std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+            advantages = group_advantages([r.reward for r in group.responses], self.estimator)
             sources.add(group.data_source)
             for i, r in enumerate(group.responses):
                 reasons.add(r.reason)
@@ -400,8 +402,8 @@ class SampleReader:
                     "reason": r.reason,
                     "finish_reason": r.finish_reason,
                     "tokens": len(r.token_ids),
-                    # GRPO's group-normalised advantage: what this response would be pushed by.
-                    "advantage": (r.reward - mean) / (std + 1e-6),
+                    # What this response would be pushed by under the configured estimator.
+                    "advantage": advantages[i] if advantages is not None else None,
                     "allocated_n": group.allocated_n,
                     "priority": group.priority,
                     "weight_version": group.weight_version,

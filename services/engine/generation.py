@@ -15,9 +15,17 @@ weight update: an update queued behind a request runs after all of that request'
 
 Sampling per row: temperature (0 = greedy), top-k, top-p, and a per-row ``torch.Generator`` when
 a seed is given, so a seeded request gives the same tokens whatever else shares its batch (up to
-float reduction order). The returned log-probs are those of the *raw* model distribution
-(``log_softmax`` of the logits, before temperature/top-k/top-p), i.e. what the learner's forward
-pass computes on the same tokens.
+float reduction order). The returned log-probs (the sampled token's and the top alternatives) are
+taken, per ``logprobs_mode``, from:
+
+- ``processed`` (the default): the distribution the token was drawn from, after temperature,
+  top-k and top-p (``log_softmax`` of the scaled, masked logits). With top-k and top-p off this
+  is ``log_softmax(logits / T)``, what the learner computes on the same tokens (it divides its
+  logits by each group's sampling temperature);
+- ``raw``: the model's own distribution, ``log_softmax(logits)`` before any of them.
+
+Greedy rows (temperature 0) report raw log-probs in either mode. Tokens that top-k/top-p removed
+have no finite processed log-prob; as alternatives they are reported as ``-9999.0`` (as vLLM does).
 """
 
 from __future__ import annotations
@@ -35,6 +43,11 @@ from typing import Any
 import torch
 
 log = logging.getLogger(__name__)
+
+LOGPROBS_MODES = ("processed", "raw")
+"""Which distribution returned log-probs come from (see the module docstring)."""
+MASKED_LOGPROB = -9999.0
+"""A top alternative that top-k/top-p removed, in ``processed`` mode (JSON has no -inf)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +132,13 @@ class BatchGenerator:
         batch_wait_s: float = 0.002,
         seed: int = 0,
         on_batch: Callable[[BatchStats], None] | None = None,
+        logprobs_mode: str = "processed",
     ) -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
+            )
+        self.logprobs_mode = logprobs_mode
         self.model = model
         self.device = next(model.parameters()).device
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -324,7 +343,7 @@ class BatchGenerator:
 
         active = list(rows)  # active[r] = index into seqs of cache row r
         while active:
-            tokens, token_lp = self._sample(logits, [seqs[i] for i in active])
+            tokens, token_lp, step_logp = self._sample(logits, [seqs[i] for i in active])
             keep: list[int] = []
             # One conversion per step, not one per row.
             step_tokens, step_lps = tokens.tolist(), token_lp.tolist()
@@ -335,7 +354,8 @@ class BatchGenerator:
                 s.logprobs.append(step_lps[r])
                 if s.params.top_logprobs:
                     k = s.params.top_logprobs
-                    vals, idx = torch.topk(torch.log_softmax(logits[r], -1), k)
+                    vals, idx = torch.topk(step_logp[r], k)
+                    vals = vals.clamp(min=MASKED_LOGPROB)
                     s.top.append(list(zip(idx.tolist(), vals.tolist(), strict=True)))
                 done = self._finished(s, tok)
                 if done is None and self.abort.is_set():
@@ -357,8 +377,11 @@ class BatchGenerator:
             next_pos = next_pos + 1
         return results  # type: ignore[return-value]
 
-    def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled token per row and its log-prob under the raw model distribution."""
+    def _sample(
+        self, logits: torch.Tensor, seqs: list[_Seq]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sampled token per row, its log-prob and the row's whole log-prob vector ``[n, V]``,
+        both in ``logprobs_mode``."""
         logp = torch.log_softmax(logits, dim=-1)
         n, vocab = logits.shape
         temps = [s.params.temperature for s in seqs]
@@ -404,8 +427,15 @@ class BatchGenerator:
             if any(greedy):
                 g = torch.tensor(greedy, device=logits.device)
                 tokens = torch.where(g, logits.argmax(-1), tokens)
+            if self.logprobs_mode == "processed":
+                # The distribution the tokens were drawn from; greedy rows report the raw one.
+                processed = torch.log_softmax(scaled, dim=-1)
+                if any(greedy):
+                    g = torch.tensor(greedy, device=logits.device)[:, None]
+                    processed = torch.where(g, logp, processed)
+                logp = processed
         token_lp = logp.gather(1, tokens[:, None])[:, 0]
-        return tokens.cpu(), token_lp.cpu()
+        return tokens.cpu(), token_lp.cpu(), logp
 
     def _finished(self, s: _Seq, tok: int) -> tuple[str, int | str | None, int | None] | None:
         p = s.params

@@ -159,6 +159,7 @@ class Engine:
             batch_wait_s=cfg.batch_wait_ms / 1000.0,
             seed=seed,
             on_batch=self._on_batch,
+            logprobs_mode=cfg.logprobs_mode,
         )
         self.groups: dict[str, WeightUpdateGroup] = {}
         self._update_lock = threading.Lock()  # one weight update at a time

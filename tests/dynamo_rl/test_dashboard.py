@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dynamo_rl.advantages import group_advantages
 from dynamo_rl.config import load_config
 from dynamo_rl.dashboard.charts import CHARTS, Chart, Series, jsonl_fields, metric_names
 from dynamo_rl.dashboard.cli import default_targets
@@ -325,6 +326,10 @@ def test_api_samples_rows_and_filters(dashboard_url: str, redis_url: str) -> Non
     assert abs(sum(r["advantage"] for r in group)) < 1e-6
     assert len({r["correct"] for r in group}) == 2  # a mixed group: signs follow correctness
     assert all((r["advantage"] > 0) == r["correct"] for r in group)
+    # The default estimator is GRPO's, with the unbiased std the learner divides by.
+    group.sort(key=lambda r: r["index"])
+    want = group_advantages([r["reward"] for r in group], "grpo")
+    assert [r["advantage"] for r in group] == pytest.approx(want, rel=1e-9)
 
     only = httpx.get(
         dashboard_url + "/api/samples", params={"source": "gsm8k", "min_reward": 1, "limit": 1000}
@@ -340,6 +345,23 @@ def test_api_samples_rows_and_filters(dashboard_url: str, redis_url: str) -> Non
         httpx.get(dashboard_url + "/api/samples", params={"limit": 2}).json()["rows"].__len__() == 2
     )
     assert httpx.get(dashboard_url + "/api/samples", params={"min_reward": "x"}).status_code == 400
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "drgrpo", "gae"])
+def test_sample_advantages_follow_the_configured_estimator(redis_url: str, estimator: str) -> None:
+    write_stream(redis_url, "exp1")
+    reader = SampleReader(redis_url, "exp1", estimator=estimator)
+    try:
+        rows = reader.read(SampleFilter(limit=1000))["rows"]
+    finally:
+        reader.close()
+    group = sorted((r for r in rows if r["prompt_id"] == "p011"), key=lambda r: r["index"])
+    want = group_advantages([r["reward"] for r in group], estimator)
+    if want is None:  # batch-level estimators have no per-group figure
+        assert all(r["advantage"] is None for r in group)
+    else:
+        assert [r["advantage"] for r in group] == pytest.approx(want, rel=1e-9)
+        assert want != pytest.approx(group_advantages([r["reward"] for r in group], "grpo"))
 
 
 def test_poison_entries_are_reported_not_fatal(dashboard_url: str, redis_url: str) -> None:

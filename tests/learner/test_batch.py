@@ -4,8 +4,11 @@ cover a mini-batch exactly once; every rank runs the same number of micro-batche
 from __future__ import annotations
 
 import pytest
+import torch
 
+from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
 from dynamo_rl.config import ConfigError, load_config
+from learner.algorithms import token_logprobs_and_entropy
 from learner.batch import (
     Sample,
     batch_mask,
@@ -14,6 +17,8 @@ from learner.batch import (
     mini_batches,
     num_micro,
     rank_share,
+    samples_from_groups,
+    scale_by_temperature,
 )
 from learner.trainer import lr_factor
 
@@ -41,6 +46,40 @@ def test_collate_left_pads_prompts_and_right_pads_responses() -> None:
     assert batch_mask(samples).tolist() == mb.mask.tolist()
     dummy = collate(samples, [], pad_id=0)
     assert dummy.num_tokens == 0 and dummy.response_len == 1
+
+
+def test_each_group_keeps_its_sampling_temperature() -> None:
+    def group(sampling: SamplingParams | None) -> TrajectoryGroup:
+        g = TrajectoryGroup(prompt_token_ids=[5], responses=[Response(token_ids=[6], logprobs=[0])])
+        if sampling is not None:
+            g.sampling.CopyFrom(sampling)
+        return g
+
+    groups = [
+        group(SamplingParams(temperature=0.7)),
+        group(None),  # unset: the model's own distribution
+        group(SamplingParams(temperature=0.0)),  # greedy: no tempered distribution, raw one
+        group(SamplingParams(temperature=1.3)),
+    ]
+    samples = samples_from_groups(groups, 0)
+    assert [s.temperature for s in samples] == pytest.approx([0.7, 1.0, 1.0, 1.3])
+    mb = collate(samples, [0, 1, 2, 3], pad_id=0)
+    assert mb.temperature.tolist() == pytest.approx([0.7, 1.0, 1.0, 1.3])
+    assert collate(samples, [], pad_id=0).temperature.tolist() == [1.0]
+
+
+def test_scale_by_temperature_is_per_row() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 11, generator=gen)
+    temps = torch.tensor([0.5, 1.0, 2.0])
+    tokens = torch.randint(0, 11, (3, 4), generator=gen)
+    logp, ent = token_logprobs_and_entropy(scale_by_temperature(logits.clone(), temps), tokens)
+    for b, t in enumerate(temps.tolist()):
+        want = torch.log_softmax(logits[b] / t, -1)
+        assert torch.allclose(logp[b], want.gather(-1, tokens[b, :, None])[:, 0], atol=1e-6)
+        assert torch.allclose(ent[b], -(want.exp() * want).sum(-1), atol=1e-5)
+    ones = logits.clone()
+    assert scale_by_temperature(ones, torch.ones(3)) is ones
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -190,7 +190,7 @@ async function refreshSamples() {
         [`${row.entry_id}\n#${row.index + 1}/${row.group_size}`, "text"],
         [row.data_source, ""], [row.prompt, "text"], [row.response, "text"],
         [fmt(row.reward), "num reward"], [row.reason, ""], [String(row.allocated_n), "num"],
-        [fmt(row.advantage), "num"], [String(row.weight_version), "num"],
+        [row.advantage === null ? "—" : fmt(row.advantage), "num"], [String(row.weight_version), "num"],
       ];
       for (const [text, cls] of cells) tr.appendChild(el("td", { class: cls }, text));
       body.appendChild(tr);

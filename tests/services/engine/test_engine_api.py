@@ -36,9 +36,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # A long batch window makes "requests that arrive together" reliable on a loaded machine.
+    # Raw log-probs: the reference forward passes below are untempered (the default, processed
+    # mode is checked against the learner in test_engine_logprobs_mode.py).
     proc, url = start_engine(
         model_dir,
         tmp_path_factory.mktemp("engine-api"),
+        "engine.logprobs_mode=raw",
         "engine.batch_wait_ms=25",
         "engine.max_new_tokens=200",
         "engine.register_in_redis=false",
