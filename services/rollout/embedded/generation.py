@@ -23,6 +23,7 @@ pass computes on the same tokens.
 from __future__ import annotations
 
 import collections
+import hashlib
 import inspect
 import logging
 import threading
@@ -35,6 +36,14 @@ from typing import Any
 import torch
 
 log = logging.getLogger(__name__)
+
+
+def sample_seed(seed: int, k: int) -> int:
+    """The seed of sample ``k`` of a request seeded with ``seed``: a hash of the pair, so distinct
+    request seeds give independent streams (``seed + k`` made sample 1 of seed 5 sample 0 of
+    seed 6). 63 bits: any value ``torch.Generator.manual_seed`` takes."""
+    digest = hashlib.blake2b(f"{seed}:{k}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dynamo_rl.config.engine import EngineConfig
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
-from services.rollout.embedded.generation import BatchGenerator, BatchStats, SamplingParams
+from services.rollout.embedded.generation import (
+    BatchGenerator,
+    BatchStats,
+    SamplingParams,
+    sample_seed,
+)
 from services.rollout.embedded.protocol import (
     CompletionRequest,
     GenerateRequest,
@@ -470,7 +475,7 @@ def create_app(engine: Engine) -> FastAPI:
                         stop=stop,
                         stop_token_ids=stop_ids,
                         ignore_eos=req.ignore_eos,
-                        seed=None if req.seed is None else req.seed + k,
+                        seed=None if req.seed is None else sample_seed(req.seed, k),
                         top_logprobs=top,
                     )
                 )
@@ -566,7 +571,7 @@ def create_app(engine: Engine) -> FastAPI:
                         stop=stop,
                         stop_token_ids=stop_ids,
                         ignore_eos=sp.ignore_eos,
-                        seed=None if sp.sampling_seed is None else sp.sampling_seed + j,
+                        seed=None if sp.sampling_seed is None else sample_seed(sp.sampling_seed, j),
                         top_logprobs=top if req.return_logprob else 0,
                     )
                 )
