@@ -251,14 +251,31 @@ def _complete(url: str, **body: Any) -> list[list[int]]:
     return [c["token_ids"] for c in r.json()["choices"]]
 
 
+def _generate(url: str, **params: Any) -> list[list[int]]:
+    """The SGLang-native route: the worker's default engine API."""
+    sp = {"max_new_tokens": 12, "temperature": 1.0, **params}
+    r = httpx.post(f"{url}/generate", json={"input_ids": [40, 41, 42, 43], "sampling_params": sp},
+                   timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    return [o["output_ids"] for o in r.json()]
+
+
+def _sample(url: str, route: str, seed: int | None) -> list[list[int]]:
+    """Three samples of one prompt through ``route``, seeded with ``seed`` (None: unseeded)."""
+    if route == "completions":
+        return _complete(url, n=3, **({} if seed is None else {"seed": seed}))
+    return _generate(url, n=3, **({} if seed is None else {"sampling_seed": seed}))
+
+
+@pytest.mark.parametrize("route", ["completions", "generate"])
 def test_engine_seed_zero_reproduces_and_distinct_seeds_share_no_sample(
-    engines: tuple[str, str],
+    engines: tuple[str, str], route: str
 ) -> None:
     url = engines[0]
-    zero = _complete(url, n=3, seed=0)
-    assert zero == _complete(url, n=3, seed=0)
-    assert zero != _complete(url, n=3)  # unseeded differs from seed 0
-    five, six = _complete(url, n=3, seed=5), _complete(url, n=3, seed=6)
+    zero = _sample(url, route, 0)
+    assert zero == _sample(url, route, 0)
+    assert zero != _sample(url, route, None)  # unseeded differs from seed 0
+    five, six = _sample(url, route, 5), _sample(url, route, 6)
     # With per-sample seeds seed + k, sample 1 of seed 5 was sample 0 of seed 6.
     samples = [tuple(s) for s in (*zero, *five, *six)]
     assert len(set(samples)) == len(samples), "two requests share a sample's stream"
