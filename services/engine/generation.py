@@ -31,6 +31,7 @@ have no finite processed log-prob; as alternatives they are reported as ``-9999.
 from __future__ import annotations
 
 import collections
+import hashlib
 import inspect
 import logging
 import threading
@@ -48,6 +49,14 @@ LOGPROBS_MODES = ("processed", "raw")
 """Which distribution returned log-probs come from (see the module docstring)."""
 MASKED_LOGPROB = -9999.0
 """A top alternative that top-k/top-p removed, in ``processed`` mode (JSON has no -inf)."""
+
+
+def sample_seed(seed: int, k: int) -> int:
+    """The seed of sample ``k`` of a request seeded with ``seed``: a hash of the pair, so distinct
+    request seeds give independent streams (``seed + k`` made sample 1 of seed 5 sample 0 of
+    seed 6). 63 bits: any value ``torch.Generator.manual_seed`` takes."""
+    digest = hashlib.blake2b(f"{seed}:{k}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from dynamo_rl.contracts.engine import (
     EngineRegistry,
 )
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
-from services.engine.generation import BatchGenerator, BatchStats, SamplingParams
+from services.engine.generation import BatchGenerator, BatchStats, SamplingParams, sample_seed
 from services.engine.metrics import EngineMetrics
 from services.engine.protocol import (
     CompletionRequest,
@@ -537,7 +537,7 @@ def create_app(engine: Engine) -> FastAPI:
                         stop=stop,
                         stop_token_ids=stop_ids,
                         ignore_eos=req.ignore_eos,
-                        seed=None if req.seed is None else req.seed + k,
+                        seed=None if req.seed is None else sample_seed(req.seed, k),
                         top_logprobs=top,
                     )
                 )
@@ -636,7 +636,7 @@ def create_app(engine: Engine) -> FastAPI:
                         stop=stop,
                         stop_token_ids=stop_ids,
                         ignore_eos=sp.ignore_eos,
-                        seed=None if sp.sampling_seed is None else sp.sampling_seed + j,
+                        seed=None if sp.sampling_seed is None else sample_seed(sp.sampling_seed, j),
                         top_logprobs=top if req.return_logprob else 0,
                     )
                 )

@@ -37,7 +37,8 @@ from services.reward.sandbox import RunResult
 
 
 def normalize_output(text: str) -> str:
-    """Trailing whitespace of each line and trailing blank lines do not count."""
+    """Trailing whitespace of each line and trailing blank lines do not count; leading whitespace
+    (indentation, leading blank lines) does: it is part of the output for many judges."""
     return "\n".join(line.rstrip() for line in text.replace("\r\n", "\n").split("\n")).rstrip("\n")
 
 

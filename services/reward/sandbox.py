@@ -25,6 +25,8 @@ a run that writes more is stopped and its output marked truncated.
 Covered (each has an adversarial test in tests/services/reward/test_adversarial.py or
 test_adversarial_escapes.py)
 - fork bombs (RLIMIT_NPROC, counted per user namespace, so one sandbox cannot starve another);
+- running as root on the host: the program and bwrap are uid/gid 65534 in the host's ``/proc``
+  (test_sandbox_host_uid.py; inside, the uid reads 65534 whether or not the service dropped it);
 - memory bombs (RLIMIT_AS per process);
 - infinite loops and children that try to outlive the limit (setsid, double fork): pid namespace
   + wall-clock kill + RLIMIT_CPU;

@@ -443,7 +443,7 @@ class RolloutWorker:
                         top_p=self.sampling.top_p,
                         top_k=self.sampling.top_k,
                         max_tokens=self.sampling.max_tokens,
-                        seed=self.sampling.seed or 0,
+                        seed=self.sampling.seed,  # None: absent, so 0 stays a seed
                     ),
                     data_source=r.data_source,
                     namespace=self.namespace,

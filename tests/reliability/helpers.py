@@ -3,12 +3,13 @@ small ``dynamo-rl up`` run to inject faults into."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,39 @@ SMALL_UP = (
     "rollout.n=4", "rollout.n_min=2", "rollout.n_max=8", "learner.train_batch_size=8",
     "rollout.max_pending_groups=8",
 )  # fmt: skip
+
+
+def send_signal(pids: Iterable[int], sig: int) -> None:
+    """``sig`` to each of ``pids`` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@contextlib.contextmanager
+def frozen(pids: Iterable[int]) -> Iterator[list[int]]:
+    """``pids`` stopped (SIGSTOP) for the block and continued whatever happens in it: a failed
+    assertion must not leave a process stopped (the teardown would then wait on it)."""
+    stopped = list(pids)
+    send_signal(stopped, signal.SIGSTOP)
+    try:
+        yield stopped
+    finally:
+        send_signal(stopped, signal.SIGCONT)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (those that exit meanwhile are left out)."""
+    out = [pid]
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return []
+    for task in tasks:
+        with contextlib.suppress(FileNotFoundError):
+            for child in (task / "children").read_text().split():
+                out += process_tree(int(child))
+    return out
 
 
 class UpRun:
@@ -87,6 +121,18 @@ class UpRun:
         """Until ``more`` new step records appear (training went on)."""
         target = len(self.records()) + more
         self.wait(f"{more} more steps", lambda: len(self.records()) >= target)
+
+    def log(self, name: str) -> str:
+        """The log of service ``name`` so far ("" before it starts)."""
+        path = self.run_dir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    @contextlib.contextmanager
+    def supervisor_frozen(self) -> Iterator[None]:
+        """``up`` itself stopped for the block: a service killed inside it stays down (no
+        restart) until the test has seen the others notice, however long that takes."""
+        with frozen([self.proc.pid]):
+            yield
 
     def wait_restart(self, name: str, count: int = 1) -> None:
         self.wait(f"restart of {name}",

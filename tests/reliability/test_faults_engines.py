@@ -1,7 +1,8 @@
 """Kill an engine replica of a real ``dynamo-rl up`` run (2 engines): training goes on.
 
 ``kill -9`` one engine: the workers' pool benches it and sends every request to the other; ``up``
-restarts it on its port and the workers use it again. The learner's push group held the dead
+(frozen until a worker has met the dead engine) restarts it on its port and the workers use it
+again. The learner's push group held the dead
 engine: that push fails after ``learner.push.timeout_s`` (15 s here, 300 s by default — training
 pauses that long) and the next one forms a new group with the restarted engine.
 """
@@ -14,6 +15,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.reliability.helpers import UpRun
 
@@ -35,8 +37,15 @@ def test_a_killed_engine_replica_is_routed_around_and_restarted(tmp_path: Path, 
     run_dir = run.run_dir
     try:
         run.wait("step 2", lambda: len(run.records()) >= 2)
-        os.kill(run.pid("engine1"), signal.SIGKILL)
-        steps_at_kill = len(run.records())
+        url = yaml.safe_load((run_dir / "config.yaml").read_text())["endpoints"]["engine_urls"][1]
+        # ``up`` is frozen while the engine is down, so it is restarted only once a worker has
+        # met it dead: a worker waiting for room (or a push waiting out its timeout) could
+        # otherwise miss the whole outage, and there would be nothing to route around.
+        with run.supervisor_frozen():
+            os.kill(run.pid("engine1"), signal.SIGKILL)
+            steps_at_kill = len(run.records())
+            run.wait("a worker to meet the dead engine",
+                     lambda: f"engine {url} failed" in run.log("rollout0"))  # fmt: skip
         run.wait_restart("engine1")
         run.wait("three more steps", lambda: len(run.records()) >= steps_at_kill + 3)
         run.proc.wait(timeout=300)
@@ -45,9 +54,6 @@ def test_a_killed_engine_replica_is_routed_around_and_restarted(tmp_path: Path, 
     text = run.output()
     assert run.proc.returncode == 0, text[-4000:]
     assert json.loads((run_dir / "summary.json").read_text())["restarts"] == {"engine1": 1}
-    import yaml
-
-    url = yaml.safe_load((run_dir / "config.yaml").read_text())["endpoints"]["engine_urls"][1]
     worker_log = (run_dir / "logs" / "rollout0.log").read_text()
     # The pool benched the killed replica (the other one kept serving: training went on) ...
     assert f"engine {url} failed" in worker_log

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import redis
 
 from dynamo_rl import keys
 from dynamo_rl.procs import start_redis
-from tests.reliability.helpers import UpRun
+from tests.reliability.helpers import UpRun, process_tree, send_signal
 
 STEPS = 10
 NS = "redisfault"
@@ -38,13 +39,17 @@ def _id(entry_id: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants."""
-    out = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            out += _tree(int(child))
-    return out
+def _snapshot(url: str, stream: str, group: str) -> dict:
+    client = redis.Redis.from_url(url)
+    try:
+        return {
+            "stream": client.xlen(stream),
+            "stats": client.hlen(keys.stats_key(NS)),
+            "pending": _pending_ids(client, stream, group),
+            "last_id": _id(client.xrevrange(stream, count=1)[0][0]),
+        }
+    finally:
+        client.close()
 
 
 @pytest.mark.slow
@@ -55,36 +60,37 @@ def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) ->
     )
     run_dir = run.run_dir
     stream, group = keys.trajectory_stream(NS), keys.learner_group(NS)
+    frozen: list[int] = []
     try:
         run.wait("step 2", lambda: any(r["step"] >= 2 for r in run.records()))
         url = re.search(r"embedded Redis at (\S+)", run.output()).group(1)
         # The learner is frozen (SIGSTOP) across the restart so that it cannot ack or read while
         # the pending entries are compared; it finds its connection gone when it continues.
         # torchrun starts its ranks in sessions of their own: stop the whole tree, not the group.
-        learner_tree = _tree(run.pid("learner"))
-        for pid in learner_tree:
-            os.kill(pid, signal.SIGSTOP)
-        client = redis.Redis.from_url(url)
-        before = {
-            "stream": client.xlen(stream),
-            "stats": client.hlen(keys.stats_key(NS)),
-            "pending": _pending_ids(client, stream, group),
-            "last_id": _id(client.xrevrange(stream, count=1)[0][0]),
-        }
-        client.close()
-        assert before["stream"] > 0 and before["stats"] > 0 and before["pending"]
+        # A checkpoint commit may have acknowledged every pending entry just before the freeze
+        # (the next batch comes only after a worker's poll): then continue it, wait until it
+        # holds entries again, and freeze again.
+        deadline = time.monotonic() + 120
+        while True:
+            frozen = process_tree(run.pid("learner"))
+            send_signal(frozen, signal.SIGSTOP)
+            before = _snapshot(url, stream, group)
+            if before["pending"]:
+                break
+            send_signal(frozen, signal.SIGCONT)
+            frozen = []
+            run.wait(
+                "the learner to hold unacknowledged entries",
+                lambda: bool(_snapshot(url, stream, group)["pending"]),
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+        assert before["stream"] > 0 and before["stats"] > 0
         steps_before = len(run.records())
         os.kill(run.pid("redis"), signal.SIGTERM)
         run.wait_restart("redis")
-        client = redis.Redis.from_url(url)
-        after = {
-            "stream": client.xlen(stream),
-            "stats": client.hlen(keys.stats_key(NS)),
-            "pending": _pending_ids(client, stream, group),
-        }
-        client.close()
-        for pid in learner_tree:
-            os.kill(pid, signal.SIGCONT)
+        after = _snapshot(url, stream, group)
+        send_signal(frozen, signal.SIGCONT)
+        frozen = []
         # Nothing written before the stop is lost (workers may have added more since).
         assert after["stream"] >= before["stream"] and after["stats"] >= before["stats"]
         # A stopped learner may still have a blocking XREADGROUP open on the server: an entry a
@@ -95,6 +101,7 @@ def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) ->
         run.wait("two more steps", lambda: len(run.records()) >= steps_before + 2)
         run.proc.wait(timeout=300)
     finally:
+        send_signal(frozen, signal.SIGCONT)  # a failure above must not leave the learner stopped
         run.stop()
     text = run.output()
     assert run.proc.returncode == 0, text[-4000:]

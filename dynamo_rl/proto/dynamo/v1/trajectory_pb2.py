@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64ynamo/v1/trajectory.proto\x12\tdynamo.v1\"e\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x03\"\x97\x02\n\x08Response\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x08\x12\x11\n\tformat_ok\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\x44\n\x11reward_components\x18\x08 \x03(\x0b\x32).dynamo.v1.Response.RewardComponentsEntry\x12\x0c\n\x04text\x18\t \x01(\t\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"D\n\x06Timing\x12\x14\n\x0c\x63reated_unix\x18\x01 \x01(\x01\x12\x12\n\ngenerate_s\x18\x02 \x01(\x01\x12\x10\n\x08verify_s\x18\x03 \x01(\x01\"\xd7\x02\n\x0fTrajectoryGroup\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12&\n\tresponses\x18\x03 \x03(\x0b\x32\x13.dynamo.v1.Response\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.dynamo.v1.SamplingParams\x12\x13\n\x0b\x64\x61ta_source\x18\x06 \x01(\t\x12\x11\n\tnamespace\x18\x07 \x01(\t\x12\x13\n\x0bprompt_text\x18\x08 \x01(\t\x12!\n\x06timing\x18\t \x01(\x0b\x32\x11.dynamo.v1.Timing\x12\x11\n\tworker_id\x18\n \x01(\t\x12\x13\n\x0b\x61llocated_n\x18\x0b \x01(\x05\x12\x10\n\x08priority\x18\x0c \x01(\x01\x12\x10\n\x08\x62\x61tch_id\x18\r \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64ynamo/v1/trajectory.proto\x12\tdynamo.v1\"s\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x97\x02\n\x08Response\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x08\x12\x11\n\tformat_ok\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\x44\n\x11reward_components\x18\x08 \x03(\x0b\x32).dynamo.v1.Response.RewardComponentsEntry\x12\x0c\n\x04text\x18\t \x01(\t\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"D\n\x06Timing\x12\x14\n\x0c\x63reated_unix\x18\x01 \x01(\x01\x12\x12\n\ngenerate_s\x18\x02 \x01(\x01\x12\x10\n\x08verify_s\x18\x03 \x01(\x01\"\xd7\x02\n\x0fTrajectoryGroup\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12&\n\tresponses\x18\x03 \x03(\x0b\x32\x13.dynamo.v1.Response\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.dynamo.v1.SamplingParams\x12\x13\n\x0b\x64\x61ta_source\x18\x06 \x01(\t\x12\x11\n\tnamespace\x18\x07 \x01(\t\x12\x13\n\x0bprompt_text\x18\x08 \x01(\t\x12!\n\x06timing\x18\t \x01(\x0b\x32\x11.dynamo.v1.Timing\x12\x11\n\tworker_id\x18\n \x01(\t\x12\x13\n\x0b\x61llocated_n\x18\x0b \x01(\x05\x12\x10\n\x08priority\x18\x0c \x01(\x01\x12\x10\n\x08\x62\x61tch_id\x18\r \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESPONSE_REWARDCOMPONENTSENTRY']._loaded_options = None
   _globals['_RESPONSE_REWARDCOMPONENTSENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS']._serialized_start=41
-  _globals['_SAMPLINGPARAMS']._serialized_end=142
-  _globals['_RESPONSE']._serialized_start=145
-  _globals['_RESPONSE']._serialized_end=424
-  _globals['_RESPONSE_REWARDCOMPONENTSENTRY']._serialized_start=369
-  _globals['_RESPONSE_REWARDCOMPONENTSENTRY']._serialized_end=424
-  _globals['_TIMING']._serialized_start=426
-  _globals['_TIMING']._serialized_end=494
-  _globals['_TRAJECTORYGROUP']._serialized_start=497
-  _globals['_TRAJECTORYGROUP']._serialized_end=840
+  _globals['_SAMPLINGPARAMS']._serialized_end=156
+  _globals['_RESPONSE']._serialized_start=159
+  _globals['_RESPONSE']._serialized_end=438
+  _globals['_RESPONSE_REWARDCOMPONENTSENTRY']._serialized_start=383
+  _globals['_RESPONSE_REWARDCOMPONENTSENTRY']._serialized_end=438
+  _globals['_TIMING']._serialized_start=440
+  _globals['_TIMING']._serialized_end=508
+  _globals['_TRAJECTORYGROUP']._serialized_start=511
+  _globals['_TRAJECTORYGROUP']._serialized_end=854
 # @@protoc_insertion_point(module_scope)
