@@ -116,28 +116,24 @@ def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
     import httpx
     import torch
 
-    from dynamo_rl.procs import ServiceProcess, free_port, http_ok
+    from dynamo_rl.services import SERVICES
     from learner.tiny_model import build_tiny_model
     from tests.learner.helpers import write_groups
 
     model = build_tiny_model(root / "m100", hidden_size=768, num_layers=12, num_heads=12)
     n_params = _count(model)
-    port = free_port()
-    engine = ServiceProcess(
-        "engine",
-        [sys.executable, "-m", "dynamo_rl.cli", "engine", "--model", str(model), "--port",
-         str(port), "run.name=bpush", f"endpoints.redis_url={url}"],
-        root / "engine.log", env=_env(), cwd=REPO,
-    ).start()  # fmt: skip
+    engine, engine_url = SERVICES["engine"].start(
+        root / "engine.log", "--model", str(model), "run.name=bpush", f"endpoints.redis_url={url}",
+        env=_env(), cwd=REPO, timeout=300,
+    )  # fmt: skip
     try:
-        engine.wait_ready(http_ok(f"http://127.0.0.1:{port}/health"), timeout=300)
         write_groups(url, "bpush", _groups(args.push_steps, 2, 8))
         records = _run_learner(
             model, root / "bpush", url, "bpush", args.push_steps,
             ["learner.train_batch_size=1", "learner.push.every=1",
              "learner.push.fallback_to_disk=false"],
         )  # fmt: skip
-        version = httpx.get(f"http://127.0.0.1:{port}/get_weight_version").json()
+        version = httpx.get(f"{engine_url}/get_weight_version").json()
     finally:
         engine.stop()
     ok = [r for r in records if r.get("push_ok")]

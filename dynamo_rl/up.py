@@ -267,7 +267,7 @@ class Launcher:
     def summary(self, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
         result: dict[str, Any] = {
             "run_dir": str(self.run_dir),
-            "wall_s": round(time.monotonic() - self.t0, 1),
+            "wall_s": round(time.monotonic() - self.sup.t0, 1),
             "restarts": dict(self.sup.restart_counts),
         }
         if before and after:
