@@ -36,7 +36,7 @@ from _allocator_baseline import reference_pass_by_pass  # noqa: E402
 from allocator.algorithm import allocate_rollouts, compute_priorities  # noqa: E402
 
 N_MIN, N_MAX, N_PER_PROMPT, INITIAL = 8, 24, 16, 8  # the DynaMO recipe
-# The issue's figures for the authors' function on the reference machine kind; printed next to
+# Published figures for the authors' function on the reference machine kind; printed next to
 # this run's baseline so a loaded machine shows as such (absolute targets assume that kind).
 PUBLISHED_BASELINE_MS = {10_000: 1.7, 100_000: 18.0}
 

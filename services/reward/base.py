@@ -1,8 +1,8 @@
 """What every scorer shares: the result shape, the item base model and the scorer interface.
 
-A *kind* (``math``, ``code``; later a reward model or an LLM judge) is one :class:`Scorer`
-subclass with its own pydantic item model (``kind: Literal["..."]`` is the discriminator) and an
-entry in :data:`services.reward.registry.SCORERS`. The dispatcher in ``app.py`` knows scorers only
+A *kind* (``math``, ``code``, ``model`` for a reward model, ``judge`` for an LLM judge) is one
+:class:`Scorer` subclass with its own pydantic item model (``kind: Literal["..."]`` is the
+discriminator) and an entry in :data:`services.reward.registry.SCORERS`. The dispatcher in ``app.py`` knows scorers only
 through this interface, so a new kind is a new module plus one registry line.
 """
 

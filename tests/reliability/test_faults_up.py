@@ -8,7 +8,7 @@ order, each after training has made progress since the previous fault:
 2. ``kill -9`` the allocator → workers fall back to uniform counts (logged, counted in
    ``dynamo_rollout_allocator_fallbacks_total``) and return to DRA once it is restarted;
 3. ``kill -9`` the reward service (down for the restart backoff plus its start-up, several seconds;
-   the issue's 30 s is the same mechanism, only longer) → workers back off and retry; nothing
+   a 30 s outage is the same mechanism, only longer) → workers back off and retry; nothing
    unscored reaches the stream;
 4. ``kill -9`` a rollout worker mid-batch → restarted; its batch never lands, the prompts of its
    lease are re-issued, no group is half-written, the allocator's statistics (decay 1) count each
