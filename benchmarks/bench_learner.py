@@ -59,21 +59,17 @@ def _groups(n: int, responses: int, length: int, seed: int = 0) -> list:
 
 
 def _run_learner(model: Path, run_dir: Path, url: str, name: str, steps: int, extra: list[str]):
-    from dynamo_rl.procs import free_port
+    from dynamo_rl.services import SERVICES
 
-    argv = [
-        str(Path(sys.executable).with_name("torchrun")),
-        "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-        "-m", "dynamo_rl.cli", "learner",
+    argv = SERVICES["learner"].argv(
         f"learner.model={model}", f"run.name={name}", f"run.dir={run_dir}",
         f"endpoints.redis_url={url}", "learner.metrics_port=null",
         f"learner.max_steps={steps}", "learner.checkpoint.every=1000",
         "learner.checkpoint.export_every=0", "learner.stream.wait_timeout_s=60",
         "learner.lr=1e-5", "learner.algorithm.modulation.enabled=true",
         "learner.algorithm.policy_loss.clip_high=0.28",
-        *extra,
-    ]  # fmt: skip
+        *extra, nproc=2,
+    )  # fmt: skip
     log = run_dir.parent / f"{name}.log"
     with open(log, "wb") as out:
         rc = subprocess.run(

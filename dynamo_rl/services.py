@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,12 +146,3 @@ def service(name: str) -> Service:
         return SERVICES[name]
     except KeyError:
         raise KeyError(f"unknown service {name!r}; known: {', '.join(SERVICES)}") from None
-
-
-def ports_of(names: Sequence[str]) -> dict[str, list[str]]:
-    """Every config key naming a port, per service (for docs and collision checks)."""
-    out: dict[str, list[str]] = {}
-    for name in names:
-        s = service(name)
-        out[name] = [k for k in (s.port_key, *s.other_ports) if k]
-    return out
