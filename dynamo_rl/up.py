@@ -10,7 +10,8 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` embedded engines, each on a free port, each waited for until its health check
-   answers. One resolved config (``config.yaml``) is what every child reads.
+   answers. One resolved config (``config.yaml``) is what every child reads (its Redis URL
+   without the password: the children take the real one from ``REDIS_URL``).
 4. **Held-out accuracy before RL** (``dynamo-rl eval``), unless ``up.eval.prompts=0``.
 5. **Training.** The learner under ``torchrun`` (``up.learner_procs`` ranks) and
    ``up.rollout_workers`` rollout workers; a progress line per learner step (step, rollouts used,
