@@ -104,9 +104,11 @@ class Service:
         wait: bool = True,
     ) -> tuple[ServiceProcess, str]:
         """Start it on ``port`` (a free one by default), wait for its probe, and return the process
-        and its address. ``args`` follow the subcommand; they come before the port overrides, so a
-        flag (``--port``) given in ``args`` wins over them. A process that dies or is not ready
-        within ``timeout`` raises with its last log lines (and is stopped)."""
+        and its address. ``args`` follow the subcommand, before the port overrides; give the port
+        as ``port=``, not as a flag in ``args`` (a flag would win over the override and the address
+        returned would be wrong), while a flag for another port (``--metrics-port``) is fine. A
+        process that dies or is not ready within ``timeout`` raises with its last log lines (and
+        is stopped)."""
         port = port or free_port()
         if self.subcommand is None:  # Redis: its own binary and data folder
             proc, url = start_redis(log_path.parent, port, timeout=timeout)
