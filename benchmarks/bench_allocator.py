@@ -36,7 +36,7 @@ from _allocator_baseline import reference_pass_by_pass  # noqa: E402
 from allocator.algorithm import allocate_rollouts, compute_priorities  # noqa: E402
 
 N_MIN, N_MAX, N_PER_PROMPT, INITIAL = 8, 24, 16, 8  # the DynaMO recipe
-# The issue's figures for the authors' function on the reference machine kind; printed next to
+# Published figures for the authors' function on the reference machine kind; printed next to
 # this run's baseline so a loaded machine shows as such (absolute targets assume that kind).
 PUBLISHED_BASELINE_MS = {10_000: 1.7, 100_000: 18.0}
 
@@ -192,21 +192,16 @@ def bench_objective() -> None:
 
 def bench_service(quick: bool) -> None:
     from allocator.client import AllocatorClient
-    from allocator.server import SERVICE_NAME
-    from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, start_redis
+    from dynamo_rl.procs import start_redis
+    from dynamo_rl.services import SERVICES
 
     print(f"\n== gRPC service (a dynamo-rl allocator process, a real Redis; load {_load()}) ==")
     with tempfile.TemporaryDirectory() as tmp:
         redis_proc, url = start_redis(Path(tmp) / "redis")
-        port = free_port()
-        argv = [
-            sys.executable, "-m", "dynamo_rl.cli", "allocator", "--redis-url", url,
-            "--port", str(port), "--metrics-port", "0", "run.log_level=warning",
-        ]  # fmt: skip
-        server = ServiceProcess("allocator", argv, Path(tmp) / "allocator.log", cwd=ROOT)
+        server, addr = SERVICES["allocator"].start(
+            Path(tmp) / "allocator.log", "--redis-url", url, "run.log_level=warning", cwd=ROOT
+        )
         try:
-            server.start().wait_ready(grpc_healthy(f"127.0.0.1:{port}", SERVICE_NAME), 60)
-            addr = f"127.0.0.1:{port}"
             rng = np.random.default_rng(2)
             # A dataset of 20k prompts with statistics, batches of 512 drawn from it. (A
             # namespace of at most 512 prompts is a Redis listpack, where every field lookup

@@ -45,7 +45,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dynamo_rl.procs import ServiceProcess, free_port, http_ok
+    from dynamo_rl.services import SERVICES
     from learner.tiny_model import build_tiny_model
 
     torch.set_num_threads(args.threads)
@@ -60,18 +60,13 @@ def main() -> int:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     n_params = sum(p.numel() for p in model.parameters())
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [
-        sys.executable, "-m", "dynamo_rl.cli", "engine", "--model", str(model_dir),
-        "--port", str(port), f"engine.threads={args.threads}",
-        f"engine.max_batch_size={args.prompts}", "engine.register_in_redis=false",
-        "run.log_level=warning",
-    ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    proc = ServiceProcess("engine", argv, tmp / "engine.log", env=env).start()
+    proc, url = SERVICES["engine"].start(
+        tmp / "engine.log", "--model", str(model_dir), f"engine.threads={args.threads}",
+        f"engine.max_batch_size={args.prompts}", "engine.register_in_redis=false",
+        "run.log_level=warning", env=env, timeout=180,
+    )  # fmt: skip
     try:
-        proc.wait_ready(http_ok(f"{url}/health"), timeout=180)
         gen = torch.Generator().manual_seed(0)
         prompts = torch.randint(3, 259, (args.prompts, args.prompt_len), generator=gen)
         prompt_lists = prompts.tolist()

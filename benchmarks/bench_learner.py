@@ -59,21 +59,17 @@ def _groups(n: int, responses: int, length: int, seed: int = 0) -> list:
 
 
 def _run_learner(model: Path, run_dir: Path, url: str, name: str, steps: int, extra: list[str]):
-    from dynamo_rl.procs import free_port
+    from dynamo_rl.services import SERVICES
 
-    argv = [
-        str(Path(sys.executable).with_name("torchrun")),
-        "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-        "-m", "dynamo_rl.cli", "learner",
+    argv = SERVICES["learner"].argv(
         f"learner.model={model}", f"run.name={name}", f"run.dir={run_dir}",
         f"endpoints.redis_url={url}", "learner.metrics_port=null",
         f"learner.max_steps={steps}", "learner.checkpoint.every=1000",
         "learner.checkpoint.export_every=0", "learner.stream.wait_timeout_s=60",
         "learner.lr=1e-5", "learner.algorithm.modulation.enabled=true",
         "learner.algorithm.policy_loss.clip_high=0.28",
-        *extra,
-    ]  # fmt: skip
+        *extra, nproc=2,
+    )  # fmt: skip
     log = run_dir.parent / f"{name}.log"
     with open(log, "wb") as out:
         rc = subprocess.run(
@@ -116,28 +112,24 @@ def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
     import httpx
     import torch
 
-    from dynamo_rl.procs import ServiceProcess, free_port, http_ok
+    from dynamo_rl.services import SERVICES
     from learner.tiny_model import build_tiny_model
     from tests.learner.helpers import write_groups
 
     model = build_tiny_model(root / "m100", hidden_size=768, num_layers=12, num_heads=12)
     n_params = _count(model)
-    port = free_port()
-    engine = ServiceProcess(
-        "engine",
-        [sys.executable, "-m", "dynamo_rl.cli", "engine", "--model", str(model), "--port",
-         str(port), "run.name=bpush", f"endpoints.redis_url={url}"],
-        root / "engine.log", env=_env(), cwd=REPO,
-    ).start()  # fmt: skip
+    engine, engine_url = SERVICES["engine"].start(
+        root / "engine.log", "--model", str(model), "run.name=bpush", f"endpoints.redis_url={url}",
+        env=_env(), cwd=REPO, timeout=300,
+    )  # fmt: skip
     try:
-        engine.wait_ready(http_ok(f"http://127.0.0.1:{port}/health"), timeout=300)
         write_groups(url, "bpush", _groups(args.push_steps, 2, 8))
         records = _run_learner(
             model, root / "bpush", url, "bpush", args.push_steps,
             ["learner.train_batch_size=1", "learner.push.every=1",
              "learner.push.fallback_to_disk=false"],
         )  # fmt: skip
-        version = httpx.get(f"http://127.0.0.1:{port}/get_weight_version").json()
+        version = httpx.get(f"{engine_url}/get_weight_version").json()
     finally:
         engine.stop()
     ok = [r for r in records if r.get("push_ok")]

@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from dynamo_rl.procs import ServiceProcess, free_port, http_ok  # noqa: E402
+from dynamo_rl.procs import ServiceProcess  # noqa: E402
+from dynamo_rl.services import SERVICES  # noqa: E402
 from services.reward.sandbox import RunLimits, Sandbox  # noqa: E402
 
 
@@ -68,24 +69,10 @@ def math_answer(k: int, symbolic: bool = False) -> tuple[str, str]:
 
 
 def start_server(workdir: Path) -> tuple[ServiceProcess, str]:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "dynamo_rl.cli",
-        "reward",
-        "--port",
-        str(port),
-        "--math-workers",
-        "2",
-        "--sandbox-concurrency",
-        "2",
-        "run.log_level=warning",
-    ]
-    proc = ServiceProcess("reward", argv, workdir / "reward.log", cwd=ROOT).start()
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_ready(http_ok(f"{url}/healthz"), timeout=180)
-    return proc, url
+    return SERVICES["reward"].start(
+        workdir / "reward.log", "--math-workers", "2", "--sandbox-concurrency", "2",
+        "run.log_level=warning", cwd=ROOT, timeout=180,
+    )  # fmt: skip
 
 
 def math_items(n: int, offset: int = 0, symbolic: bool = False) -> list[dict[str, object]]:

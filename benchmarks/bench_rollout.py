@@ -47,9 +47,9 @@ def main() -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from allocator.server import SERVICE_NAME
     from dynamo_rl.config import load_config
-    from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok, start_redis
+    from dynamo_rl.procs import ServiceProcess, start_redis
+    from dynamo_rl.services import SERVICES
     from learner.tiny_model import build_tiny_model
     from services.rollout.worker import build_worker
 
@@ -75,27 +75,17 @@ def main() -> int:
 
     procs: list[ServiceProcess] = []
 
-    def start(name: str, argv: list[str], check) -> None:
-        proc = ServiceProcess(name, argv, tmp / f"{name}.log", cwd=ROOT).start()
+    def start(name: str, *args: str) -> str:
+        proc, address = SERVICES[name].start(tmp / f"{name}.log", *args, cwd=ROOT, timeout=180)
         procs.append(proc)
-        proc.wait_ready(check, timeout=180)
+        return address
 
-    cli = [sys.executable, "-m", "dynamo_rl.cli"]
     redis_proc, redis_url = start_redis(tmp / "redis")
     procs.append(redis_proc)
     try:
-        ep, ap_, rp = free_port(), free_port(), free_port()
-        engine, reward, alloc = (
-            f"http://127.0.0.1:{ep}",
-            f"http://127.0.0.1:{rp}",
-            f"127.0.0.1:{ap_}",
-        )
-        start("engine", [*cli, "engine", "--model", str(model), "--port", str(ep)],
-              http_ok(f"{engine}/health"))  # fmt: skip
-        start("allocator", [*cli, "allocator", "--redis-url", redis_url, "--port", str(ap_),
-              "--metrics-port", "0"], grpc_healthy(alloc, SERVICE_NAME))  # fmt: skip
-        start("reward", [*cli, "reward", "--port", str(rp), "--math-workers", "1",
-              "reward.code.enabled=false"], http_ok(f"{reward}/healthz"))  # fmt: skip
+        engine = start("engine", "--model", str(model))
+        alloc = start("allocator", "--redis-url", redis_url)
+        reward = start("reward", "--math-workers", "1", "reward.code.enabled=false")
         cfg = load_config(
             None,
             [

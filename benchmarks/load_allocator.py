@@ -30,9 +30,10 @@ import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from benchmarks._load import RssSampler, Tally, deadline, report  # noqa: E402
-from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, start_redis  # noqa: E402
+from dynamo_rl.procs import grpc_healthy, start_redis  # noqa: E402
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb  # noqa: E402
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
+from dynamo_rl.services import SERVICES  # noqa: E402
 
 SERVICE = "dynamo.v1.Allocator"
 NS = "load"
@@ -118,11 +119,9 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         redis_proc, redis_url = start_redis(Path(tmp) / "redis")
-        port = free_port()
-        addr = f"127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "dynamo_rl.cli", "allocator", "--redis-url", redis_url,
-                "--port", str(port), "--metrics-port", "0", *args.server]  # fmt: skip
-        proc = ServiceProcess("allocator", argv, Path(tmp) / "allocator.log", cwd=ROOT).start()
+        proc, addr = SERVICES["allocator"].start(
+            Path(tmp) / "allocator.log", "--redis-url", redis_url, *args.server, cwd=ROOT
+        )
         try:
             proc.wait_ready(grpc_healthy(addr, SERVICE), timeout=60)
             prefill(addr, args.namespace_size)

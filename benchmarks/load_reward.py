@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from benchmarks._load import RssSampler, Tally, deadline, report  # noqa: E402
-from dynamo_rl.procs import ServiceProcess, free_port, http_ok  # noqa: E402
+from dynamo_rl.services import SERVICES  # noqa: E402
 
 
 def make_item(kind: str, k: int) -> dict:
@@ -88,14 +88,11 @@ def main() -> int:
     p.add_argument("--server", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides for the server, e.g. reward.math.max_pending=64")  # fmt: skip
     args = p.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "dynamo_rl.cli", "reward", "--host", "127.0.0.1",
-            "--port", str(port), *args.server]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        proc = ServiceProcess("reward", argv, Path(tmp) / "reward.log", cwd=ROOT).start()
+        proc, url = SERVICES["reward"].start(
+            Path(tmp) / "reward.log", "--host", "127.0.0.1", *args.server, cwd=ROOT, timeout=120
+        )
         try:
-            proc.wait_ready(http_ok(f"{url}/healthz"), timeout=120)
             with RssSampler(proc.pid) as rss:
                 tally, wall = asyncio.run(drive(url, args))
                 ok = healthy(url) and proc.alive()

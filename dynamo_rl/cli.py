@@ -73,7 +73,9 @@ def parse_config(
     """Parse ``argv`` and build the experiment config; a config mistake exits 2 with its message."""
     from dynamo_rl.config import ConfigError, load_config
 
-    args = parser.parse_args(argv)
+    # Intermixed: overrides may come before and after flags (``a=1 --port 5 b=2``), as a command
+    # line assembled from parts (the service table's port overrides) has them.
+    args = parser.parse_intermixed_args(argv)
     overrides = list(args.overrides)
     for dest, value in vars(args).items():
         if "." in dest and value is not None:

@@ -1,4 +1,5 @@
-"""Starting and stopping local service processes: one way for ``dynamo-rl up`` and the tests.
+"""Starting and stopping local processes: the mechanics under :mod:`dynamo_rl.services`'s table,
+which ``dynamo-rl up``, ``eval``, the benchmarks and the tests start services through.
 
 - :func:`free_port` picks a free TCP port on loopback.
 - :class:`ServiceProcess` runs a command in its own process group with its output in a log file,

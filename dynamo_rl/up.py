@@ -10,7 +10,8 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` embedded engines, each on a free port, each waited for until its health check
-   answers. One resolved config (``config.yaml``) is what every child reads.
+   answers. One resolved config (``config.yaml``) is what every child reads (its Redis URL
+   without the password: the children take the real one from ``REDIS_URL``).
 4. **Held-out accuracy before RL** (``dynamo-rl eval``), unless ``up.eval.prompts=0``.
 5. **Training.** The learner under ``torchrun`` (``up.learner_procs`` ranks) and
    ``up.rollout_workers`` rollout workers; a progress line per learner step (step, rollouts used,
@@ -22,158 +23,56 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 Logs per service are in ``logs/``. Ctrl-C (or SIGTERM) stops every child — whole process groups,
 SIGTERM then SIGKILL — and so does the end of training: nothing is left behind.
 
-**Supervision** (``up.restart``), like a compose ``restart: always`` policy: once the services are
-up, a service that exits — the embedded Redis (same port, same AOF folder), the allocator, the
-reward service, an engine (same port), a rollout worker, the learner (until it exits 0 at
-``max_steps``) — is restarted after ``backoff_s``, doubled for each earlier restart within
-``window_s`` (at most ``backoff_max_s``); the progress display says so. A service that needs more
-than ``max_restarts`` restarts within ``window_s`` stops the run with its last log lines. What
-survives a restart is the services' business: the learner resumes from its last checkpoint, the
-others keep their state in Redis. ``pids.json`` in the run folder names each service's current pid.
+**Supervision** (``up.restart``) is :class:`dynamo_rl.supervisor.Supervisor`'s, like a compose
+``restart: always`` policy: once the services are up, a service that exits — the embedded Redis
+(same port, same AOF folder), the allocator, the reward service, an engine (same port), a rollout
+worker, the learner (until it exits 0 at ``max_steps``) — is restarted after a back-off; a crash
+loop stops the run with its last log lines. What survives a restart is the services' business: the
+learner resumes from its last checkpoint, the others keep their state in Redis. ``pids.json`` in
+the run folder names each service's current pid.
+
+Every service is started from the one table in :mod:`dynamo_rl.services` (command line, health
+probe, ports). Log lines name Redis only through :func:`dynamo_rl.redis_client.redact_url`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok, start_redis
+from dynamo_rl.procs import ServiceProcess, free_port, start_redis
+from dynamo_rl.redis_client import redact_url
+from dynamo_rl.services import SERVICES, cli_argv
+from dynamo_rl.supervisor import Interrupted, Supervisor
 
 __all__ = ["Launcher", "main"]
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dynamo_rl.cli", *args]
-
-
-class Interrupted(Exception):
-    """SIGINT/SIGTERM arrived: stop everything."""
-
-
-@dataclass
-class Supervised:
-    """A long-running service under ``up``'s restart policy."""
-
-    proc: ServiceProcess
-    restart: Callable[[], ServiceProcess]
-    """Starts the service again (same ports, same folders) and returns its new process."""
-    restarts: list[float] = field(default_factory=list)  # monotonic times, pruned to the window
-    due: float | None = None  # when the pending restart happens (None: running)
-
-
 class Launcher:
-    """Starts, watches, restarts and stops the local processes of one run."""
+    """``up``'s recipe: data, model, services, evaluations and training, on a :class:`Supervisor`."""
 
     def __init__(self, cfg: ExperimentConfig, out=sys.stdout) -> None:
         self.cfg = cfg
-        self.out = out
-        self.run_dir = Path(cfg.run.run_dir).resolve()
-        self.logs = self.run_dir / "logs"
-        self.children: list[ServiceProcess] = []
-        self.env = {
+        env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             # Several torch processes share the machine's cores: one thread each unless told.
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             "TOKENIZERS_PARALLELISM": "false",
         }
+        self.sup = Supervisor(Path(cfg.run.run_dir), cfg.up.restart, env=env, out=out)
+        self.run_dir = self.sup.run_dir
+        self.logs = self.sup.logs
+        self.env = env
+        self.say = self.sup.say
         self.overrides: list[str] = []
-        self.supervised: dict[str, Supervised] = {}
-        self.restart_counts: dict[str, int] = {}
-        self.t0 = time.monotonic()
-
-    # -- output ------------------------------------------------------------------------------
-
-    def say(self, text: str) -> None:
-        elapsed = time.monotonic() - self.t0
-        print(f"[{elapsed:6.1f}s] {text}", file=self.out, flush=True)
-
-    # -- processes -----------------------------------------------------------------------------
-
-    def spawn(self, name: str, argv: Sequence[str]) -> ServiceProcess:
-        proc = ServiceProcess(name, argv, self.logs / f"{name}.log", env=self.env).start()
-        self.children.append(proc)
-        return proc
-
-    def supervise(
-        self, name: str, proc: ServiceProcess, restart: Callable[[], ServiceProcess]
-    ) -> None:
-        self.supervised[name] = Supervised(proc, restart)
-        self.write_pids()
-
-    def write_pids(self) -> None:
-        pids = {name: s.proc.pid for name, s in self.supervised.items() if s.proc.proc}
-        (self.run_dir / "pids.json").write_text(json.dumps(pids, indent=2))
-
-    def check_services(self, finished: Sequence[str] = ()) -> None:
-        """One supervision pass: notice exits, restart what is due, stop a crash loop.
-
-        ``finished``: services whose exit with code 0 means done (the learner), not a crash."""
-        policy = self.cfg.up.restart
-        now = time.monotonic()
-        for name, s in self.supervised.items():
-            if s.proc.alive():
-                continue
-            code = s.proc.proc.returncode if s.proc.proc else None
-            if name in finished and code == 0:
-                continue
-            if s.due is None:
-                tail = f"last log lines ({s.proc.log_path}):\n{s.proc.log_tail()}"
-                if not policy.enabled:
-                    raise RuntimeError(f"{name} exited with code {code}; {tail}")
-                s.restarts = [t for t in s.restarts if now - t < policy.window_s]
-                if len(s.restarts) >= policy.max_restarts:
-                    raise RuntimeError(
-                        f"{name} keeps crashing: exited with code {code} after {len(s.restarts)} "
-                        f"restarts within {policy.window_s:.0f}s; {tail}"
-                    )
-                delay = min(policy.backoff_s * 2 ** len(s.restarts), policy.backoff_max_s)
-                s.due = now + delay
-                self.say(f"{name} exited with code {code}: restarting in {delay:.1f}s")
-            elif now >= s.due:
-                s.proc.stop(grace=5)  # what is left of its process group (torchrun's ranks)
-                if s.proc in self.children:
-                    self.children.remove(s.proc)
-                s.restarts.append(time.monotonic())
-                s.due = None
-                try:
-                    s.proc = s.restart()
-                except (RuntimeError, TimeoutError) as e:  # counts as one more crash
-                    self.say(f"restart of {name} failed: {str(e).splitlines()[0]}")
-                    continue
-                count = self.restart_counts[name] = self.restart_counts.get(name, 0) + 1
-                self.write_pids()
-                self.say(f"restarted {name} (pid {s.proc.pid}, restart {count})")
-
-    def run_step(self, name: str, argv: Sequence[str]) -> None:
-        """Run a one-shot child to completion; fail with its log tail if it fails."""
-        proc = self.spawn(name, argv)
-        assert proc.proc is not None
-        while proc.proc.poll() is None:
-            self.check_services()
-            time.sleep(0.2)
-        self.children.remove(proc)
-        if proc.proc.returncode != 0:
-            raise RuntimeError(
-                f"{name} failed with exit code {proc.proc.returncode}; last log lines "
-                f"({proc.log_path}):\n{proc.log_tail()}"
-            )
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.children):
-            if proc.alive():
-                self.say(f"stopping {proc.name}")
-            proc.stop(grace=15)
-        self.children.clear()
 
     def config_args(self) -> list[str]:
         return ["--config", str(self.run_dir / "config.yaml")]
@@ -201,11 +100,11 @@ class Launcher:
         if not (init / "config.json").exists():
             self.say("building a tiny Qwen2 model")
             tm = up.tiny_model
-            self.run_step(
+            self.sup.run_step(
                 "init-model",
-                _cli("init-model", "--out", str(init), "--hidden-size", str(tm.hidden_size),
-                     "--layers", str(tm.num_layers), "--heads", str(tm.num_heads),
-                     "--kv-heads", str(tm.num_kv_heads), "--seed", str(self.cfg.run.seed)),
+                cli_argv("init-model", "--out", str(init), "--hidden-size", str(tm.hidden_size),
+                         "--layers", str(tm.num_layers), "--heads", str(tm.num_heads),
+                         "--kv-heads", str(tm.num_kv_heads), "--seed", str(self.cfg.run.seed)),
             )  # fmt: skip
         if up.warm_start.steps == 0:
             return str(init)
@@ -213,16 +112,17 @@ class Launcher:
         if not (sft / "config.json").exists():
             ws = up.warm_start
             self.say(f"supervised warm start: {ws.steps} steps")
-            self.run_step(
+            self.sup.run_step(
                 "sft",
-                _cli("sft", "--model", str(init), "--data", str(self.run_dir / "data" / "train.parquet"),
-                     "--out", str(sft), "--steps", str(ws.steps), "--lr", str(ws.lr),
-                     "--batch-size", str(ws.batch_size), "--tiers", ",".join(ws.tiers),
-                     "--seed", str(self.cfg.run.seed),
-                     f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
-                     f"learner.optim.weight_decay={ws.weight_decay}",
-                     # The warm start renders prompts exactly as the rollout worker will.
-                     f"learner.data.template={self.cfg.rollout.prompt_template}"),
+                cli_argv("sft", "--model", str(init),
+                         "--data", str(self.run_dir / "data" / "train.parquet"),
+                         "--out", str(sft), "--steps", str(ws.steps), "--lr", str(ws.lr),
+                         "--batch-size", str(ws.batch_size), "--tiers", ",".join(ws.tiers),
+                         "--seed", str(self.cfg.run.seed),
+                         f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
+                         f"learner.optim.weight_decay={ws.weight_decay}",
+                         # The warm start renders prompts exactly as the rollout worker will.
+                         f"learner.data.template={self.cfg.rollout.prompt_template}"),
             )  # fmt: skip
         return str(sft)
 
@@ -232,17 +132,18 @@ class Launcher:
         engine_ports = [free_port() for _ in range(cfg.up.engines)]
         allocator_port, reward_port = free_port(), free_port()
         self.engine_ports = engine_ports
+        table = SERVICES
         self.overrides = [
-            f"endpoints.allocator_addr=127.0.0.1:{allocator_port}",
-            f"endpoints.reward_url=http://127.0.0.1:{reward_port}",
+            f"endpoints.allocator_addr={table['allocator'].address(allocator_port)}",
+            f"endpoints.reward_url={table['reward'].address(reward_port)}",
             "endpoints.engine_urls=["
-            + ",".join(f"http://127.0.0.1:{p}" for p in engine_ports)
+            + ",".join(table["engine"].address(p) for p in engine_ports)
             + "]",
-            f"allocator.port={allocator_port}",
-            "allocator.metrics_port=0",
-            f"reward.port={reward_port}",
-            "rollout.metrics_port=0",
-            "learner.metrics_port=0",  # two runs on one machine must not collide on 9103
+            *table["allocator"].port_overrides(allocator_port),
+            *table["reward"].port_overrides(reward_port),
+            # Metrics on free ports: two runs on one machine must not collide on the defaults.
+            *table["rollout"].port_overrides(0),
+            *table["learner"].port_overrides(0),
             f"rollout.dataset={dataset}",
             f"rollout.num_workers={cfg.up.rollout_workers}",
             f"engine.model={model}",
@@ -256,22 +157,24 @@ class Launcher:
         resolved = ExperimentConfig.model_validate(tree)
         import yaml
 
-        (self.run_dir / "config.yaml").write_text(
-            yaml.safe_dump(resolved.model_dump(mode="json", exclude={"endpoints": {"control_token"}}),
-                           sort_keys=False)
-        )  # fmt: skip
+        written = resolved.model_dump(mode="json", exclude={"endpoints": {"control_token"}})
+        # A Redis password reaches the children through the environment, never the run folder.
+        self.env["REDIS_URL"] = resolved.endpoints.redis_url
+        written["endpoints"]["redis_url"] = redact_url(resolved.endpoints.redis_url)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
         return resolved
 
     def start_services(self, cfg: ExperimentConfig) -> None:
         timeout = cfg.up.health_timeout_s
+        sup = self.sup
         external = "REDIS_URL" in os.environ or "redis_url" in self.cfg.endpoints.model_fields_set
         if external:
-            self.say(f"using Redis at {cfg.endpoints.redis_url}")
+            self.say(f"using Redis at {redact_url(cfg.endpoints.redis_url)}")
         else:
             proc, url = start_redis(self.run_dir / "redis", appendonly=True, timeout=timeout)
-            self.children.append(proc)
+            sup.adopt(proc)
             self.env["REDIS_URL"] = url
-            self.say(f"embedded Redis at {url}")
+            self.say(f"embedded Redis at {redact_url(url)}")
             redis_port = int(url.rsplit(":", 1)[1].split("/")[0])
 
             def restart_redis() -> ServiceProcess:
@@ -279,36 +182,28 @@ class Launcher:
                 proc, _ = start_redis(
                     self.run_dir / "redis", redis_port, appendonly=True, timeout=timeout
                 )
-                self.children.append(proc)
-                return proc
+                return sup.adopt(proc)
 
-            self.supervise("redis", proc, restart_redis)
-        allocator = self.spawn_supervised("allocator", _cli("allocator", *self.config_args()))
-        reward = self.spawn_supervised("reward", _cli("reward", *self.config_args()))
+            sup.supervise("redis", proc, restart_redis)
+        table = SERVICES
+        allocator = sup.spawn_supervised("allocator", table["allocator"].argv(*self.config_args()))
+        reward = sup.spawn_supervised("reward", table["reward"].argv(*self.config_args()))
         engines = []
         for i, port in enumerate(self.engine_ports):
-            argv = _cli("engine", *self.config_args(), f"engine.port={port}")
-            engines.append(self.spawn_supervised(f"engine{i}", argv))
-        allocator.wait_ready(grpc_healthy(cfg.endpoints.allocator_addr), timeout)
-        self.say(f"allocator ready at {cfg.endpoints.allocator_addr}")
-        reward.wait_ready(http_ok(f"{cfg.endpoints.reward_url}/healthz"), timeout)
-        self.say(f"reward service ready at {cfg.endpoints.reward_url}")
-        for proc, url in zip(engines, cfg.endpoints.engine_urls, strict=True):
-            proc.wait_ready(http_ok(f"{url}/health"), timeout)
-            self.say(f"{proc.name} ready at {url}")
-
-    def spawn_supervised(
-        self, name: str, argv: Sequence[str] | Callable[[], list[str]]
-    ) -> ServiceProcess:
-        """Spawn a service and put it under the restart policy (``argv`` may be a function: a
-        fresh command line per start)."""
-
-        def start() -> ServiceProcess:
-            return self.spawn(name, argv() if callable(argv) else argv)
-
-        proc = start()
-        self.supervise(name, proc, start)
-        return proc
+            argv = table["engine"].argv(*self.config_args(), *table["engine"].port_overrides(port))
+            engines.append(sup.spawn_supervised(f"engine{i}", argv))
+        waits = [
+            ("allocator", allocator, cfg.endpoints.allocator_addr),
+            ("reward", reward, cfg.endpoints.reward_url),
+            *(("engine", proc, url) for proc, url in zip(engines, cfg.endpoints.engine_urls,
+                                                          strict=True)),
+        ]  # fmt: skip
+        for kind, proc, address in waits:
+            check = table[kind].health(address)
+            assert check is not None
+            proc.wait_ready(check, timeout)
+            what = {"allocator": "allocator", "reward": "reward service"}.get(kind, proc.name)
+            self.say(f"{what} ready at {address}")
 
     def evaluate(self, test_data: str | None, label: str) -> dict[str, Any] | None:
         ev = self.cfg.up.eval
@@ -316,81 +211,65 @@ class Launcher:
             return None
         out = self.run_dir / f"eval_{label}.json"
         self.say(f"held-out accuracy {label} RL ({ev.prompts} prompts x {ev.samples} samples)")
-        self.run_step(
+        self.sup.run_step(
             f"eval-{label}",
-            _cli("eval", *self.config_args(), "--data", test_data, "--limit", str(ev.prompts),
-                 "--n", str(ev.samples), "--temperature", str(ev.temperature), "--out", str(out)),
+            cli_argv("eval", *self.config_args(), "--data", test_data, "--limit", str(ev.prompts),
+                     "--n", str(ev.samples), "--temperature", str(ev.temperature), "--out", str(out)),
         )  # fmt: skip
         result = json.loads(out.read_text())
         self.say(f"held-out accuracy {label} RL: {result['accuracy']:.3f}")
         return result
 
     def train(self, cfg: ExperimentConfig) -> None:
+        sup = self.sup
         procs = cfg.up.learner_procs
-
-        def learner_argv() -> list[str]:  # a fresh rendezvous port for every (re)start
-            return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs),
-                    "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                    "-m", "dynamo_rl.cli", "learner", *self.config_args()]  # fmt: skip
-
-        self.spawn_supervised("learner", learner_argv)
+        # A function: a fresh rendezvous port for every (re)start.
+        sup.spawn_supervised(
+            "learner", lambda: SERVICES["learner"].argv(*self.config_args(), nproc=procs)
+        )
         workers = [f"rollout{i}" for i in range(cfg.up.rollout_workers)]
         for i, name in enumerate(workers):
-            argv = _cli("rollout", *self.config_args(), f"rollout.worker_index={i}",
-                        f"rollout.worker_id=worker{i}")  # fmt: skip
-            self.spawn_supervised(name, argv)
+            argv = SERVICES["rollout"].argv(*self.config_args(), f"rollout.worker_index={i}",
+                                            f"rollout.worker_id=worker{i}")  # fmt: skip
+            sup.spawn_supervised(name, argv)
         progress = Progress(self.run_dir / "metrics.jsonl", cfg.learner.max_steps, self.say)
         while True:
             progress.poll()
-            learner = self.supervised["learner"].proc
+            learner = sup.supervised["learner"].proc
             if not learner.alive() and learner.proc and learner.proc.returncode == 0:
                 break
-            self.check_services(finished=("learner",))
+            sup.check_services(finished=("learner",))
             time.sleep(0.5)
         progress.poll()
         for name in [*workers, "learner"]:
-            proc = self.supervised.pop(name).proc
-            proc.stop(grace=15)
-            self.children.remove(proc)
-        self.write_pids()
+            sup.release(name)
 
     def run(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-
-        def interrupt(signum: int, _frame: object) -> None:
-            raise Interrupted(signal.Signals(signum).name)
-
-        old = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self.say(f"run folder {self.run_dir} (logs in {self.logs})")
-            dataset, test_data = self.prepare_data()
-            model = self.prepare_model()
-            cfg = self.resolve(dataset, model)
-            self.start_services(cfg)
-            before = self.evaluate(test_data, "before")
-            self.train(cfg)
-            after = self.evaluate(test_data, "after")
-            self.summary(before, after)
-            return 0
+            with self.sup.signals():
+                self.say(f"run folder {self.run_dir} (logs in {self.logs})")
+                dataset, test_data = self.prepare_data()
+                model = self.prepare_model()
+                cfg = self.resolve(dataset, model)
+                self.start_services(cfg)
+                before = self.evaluate(test_data, "before")
+                self.train(cfg)
+                after = self.evaluate(test_data, "after")
+                self.summary(before, after)
+                return 0
         except Interrupted as e:
             self.say(f"{e}: shutting down")
             return 130
         except (RuntimeError, TimeoutError) as e:
             self.say(f"error: {e}")
             return 1
-        finally:
-            # A second Ctrl-C / SIGTERM must not cut the shutdown short and leave orphans.
-            for sig in old:
-                signal.signal(sig, signal.SIG_IGN)
-            self.stop_all()
-            for s, handler in old.items():
-                signal.signal(s, handler)
 
     def summary(self, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
         result: dict[str, Any] = {
             "run_dir": str(self.run_dir),
-            "wall_s": round(time.monotonic() - self.t0, 1),
-            "restarts": dict(self.restart_counts),
+            "wall_s": round(time.monotonic() - self.sup.t0, 1),
+            "restarts": dict(self.sup.restart_counts),
         }
         if before and after:
             result |= {"accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"]}

@@ -1,8 +1,8 @@
 """What every learner mode shares: the process group, the FSDP2 policy, AdamW and its schedule,
 checkpoints with auto-resume, the Hugging Face export, the weight push and the step log.
 
-A mode (``learner.rl.RLTrainer`` today; SFT and DPO later) subclasses :class:`Trainer` and
-supplies ``next_batch`` and ``train_step``; :meth:`Trainer.run` owns the loop::
+A mode (``learner.rl.RLTrainer``; ``learner.offline``'s ``SFTTrainer`` and ``DPOTrainer``)
+subclasses :class:`Trainer` and supplies ``next_batch`` and ``train_step``; :meth:`Trainer.run` owns the loop::
 
     resume → [push if resumed] → loop { next_batch → train_step → step += 1
              → checkpoint every k (then on_commit) → push every k → log } → final checkpoint+export

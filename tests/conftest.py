@@ -19,6 +19,7 @@ import pytest
 
 from dynamo_rl.procs import ServiceProcess, start_redis
 from dynamo_rl.procs import free_port as _free_port
+from dynamo_rl.services import cli_argv
 
 # Keep torch from oversubscribing the 2-core CI machine when several processes run.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -95,5 +96,6 @@ def service(tmp_path: Path) -> Iterator[ServiceFactory]:
 
 
 def dynamo_rl_argv(*args: str) -> list[str]:
-    """argv that runs ``dynamo-rl ARGS`` with this interpreter."""
-    return [PYTHON, "-m", "dynamo_rl.cli", *args]
+    """argv that runs ``dynamo-rl ARGS`` with this interpreter (services start through the table
+    in :mod:`dynamo_rl.services`; this is for one-shot commands)."""
+    return cli_argv(*args)

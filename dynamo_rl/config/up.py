@@ -70,7 +70,9 @@ class EvalConfig(Section):
 
 
 class RestartConfig(Section):
-    """How ``up`` restarts a crashed service (like a compose ``restart: always`` policy)."""
+    """How ``up`` restarts a crashed service (like a compose ``restart: always`` policy); the
+    delays are :class:`dynamo_rl.retry.Backoff`'s with ``base_s=backoff_s``,
+    ``cap_s=backoff_max_s`` and this ``jitter``."""
 
     enabled: bool = True
     """Restart services that exit while the run goes on (false: the first exit stops the run)."""
@@ -82,6 +84,9 @@ class RestartConfig(Section):
     """A service that needs more restarts than this within ``window_s`` stops the run."""
     window_s: Annotated[float, Field(gt=0)] = 300.0
     """The crash-loop window."""
+    jitter: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Each delay is scaled by a random factor in ``[1 - jitter, 1]`` (0: exact doubling; one
+    ``up`` restarts few services, so lock-step retries are not a concern by default)."""
 
 
 class UpConfig(Section):

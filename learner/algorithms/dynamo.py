@@ -18,8 +18,8 @@ Before the clipped policy loss, each valid token's advantage is multiplied by a 
 nothing they hold (even NaN or inf) reaches a valid token. With ``μ_max = 1`` and
 ``λ_min = 1`` the modulation is exactly the identity.
 
-Compared with the authors' released code (verl fork), this follows the formulas of the design
-page: max/min are over valid tokens only (the released code includes padding), and ``Ξ`` is per
+Compared with the authors' released code (verl fork), this follows the formulas in
+``docs/architecture.md``: max/min are over valid tokens only (the released code includes padding), and ``Ξ`` is per
 token with the per-sequence centring ``T − E``.
 """
 

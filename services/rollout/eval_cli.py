@@ -61,43 +61,47 @@ async def evaluate(
     samples_path: str | None = None,
 ) -> dict[str, Any]:
     import asyncio
-    from dataclasses import replace
 
-    from services.rollout.datasets import PromptRenderer, load_records, reward_item
-    from services.rollout.engines import EnginePool, Sampling, make_engine
+    from services.rollout.datasets import PromptRenderer, load_records
+    from services.rollout.engines import EnginePool
+    from services.rollout.loop import (
+        load_tokenizer,
+        make_engine_factory,
+        request_seed,
+        sample_prompt,
+        sampling_of,
+        verify_groups,
+    )
     from services.rollout.reward_client import RewardClient
-    from services.rollout.worker import load_tokenizer, request_seed
 
     rc = cfg.rollout
     records = load_records(data, rc.dataset_format, rc.default_kind)
     if limit:
         records = records[:limit]
     renderer = PromptRenderer(load_tokenizer(tokenizer_dir), rc.prompt_template)
-    pool = EnginePool(
-        [make_engine(u, engine_api=rc.engine_api, weight_api=rc.weight_api, model=rc.model_name,
-                     timeout_s=rc.request_timeout_s) for u in cfg.endpoints.engine_urls],
-        max_wait_s=60.0,
-    )  # fmt: skip
+    factory = make_engine_factory(cfg)
+    pool = EnginePool([factory(u) for u in cfg.endpoints.engine_urls], max_wait_s=60.0)
     reward = RewardClient(cfg.endpoints.reward_url, timeout_s=rc.reward_timeout_s, max_wait_s=60.0)
-    s = rc.sampling
-    sampling = Sampling(
-        max_tokens=s.max_tokens, temperature=temperature, top_p=s.top_p, top_k=s.top_k,
-        stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids), seed=cfg.run.seed,
-    )  # fmt: skip
+    sampling = sampling_of(rc.sampling, temperature=temperature, seed=cfg.run.seed)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(record) -> tuple[list[float], list[str]]:
         async with gate:
             _text, ids = renderer.render(record.prompt)
+
             # A seed of its own per prompt: with one seed for all, every prompt would share the
             # same n noise streams, and one unlucky draw would fail the same sample everywhere.
-            seeded = replace(sampling, seed=request_seed(cfg.run.seed, "eval", record.prompt_id))
-            samples = await pool.generate(ids, n, seeded)
-            items = [
-                reward_item(record, f"{record.prompt_id}/{j}", x.text)
-                for j, x in enumerate(samples)
-            ]
-            results = await reward.verify(items)
+            # (The first request's seed leaves the chunk out: the same draws as one request.)
+            def seed_of(chunk: int) -> int | None:
+                extra = (chunk,) if chunk else ()
+                return request_seed(cfg.run.seed, "eval", record.prompt_id, *extra)
+
+            samples = await sample_prompt(
+                pool, ids, n, sampling, max_per_request=rc.max_n_per_request, seed_of=seed_of
+            )
+            [results] = await verify_groups(
+                reward, [record], [samples], lambda _p, j: f"{record.prompt_id}/{j}"
+            )
             return [1.0 if r.correct else 0.0 for r in results], [x.text for x in samples]
 
     try:
@@ -142,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--n and --concurrency must be >= 1 and --limit >= 0")
     import asyncio
 
-    from dynamo_rl.procs import ServiceProcess, free_port, http_ok
+    from dynamo_rl.procs import ServiceProcess
 
     procs: list[ServiceProcess] = []
     tokenizer_dir = cfg.rollout.tokenizer or args.model or cfg.engine.model
@@ -154,19 +158,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.model:
             # Self-contained: an engine and a reward service of our own on free ports.
+            from dynamo_rl.services import SERVICES
+
             logs = Path(tempfile.mkdtemp(prefix="dynamo-eval-"))
-            ep, rp = free_port(), free_port()
-            cli = [sys.executable, "-m", "dynamo_rl.cli"]
-            engine = ServiceProcess("engine", [*cli, "engine", "--model", args.model, "--port",
-                                               str(ep), "engine.register_in_redis=false"],
-                                    logs / "engine.log").start()  # fmt: skip
-            rewardp = ServiceProcess("reward", [*cli, "reward", "--port", str(rp)],
-                                     logs / "reward.log").start()  # fmt: skip
-            procs += [engine, rewardp]
-            engine.wait_ready(http_ok(f"http://127.0.0.1:{ep}/health"), 180)
-            rewardp.wait_ready(http_ok(f"http://127.0.0.1:{rp}/healthz"), 180)
-            cfg.endpoints.engine_urls = [f"http://127.0.0.1:{ep}"]
-            cfg.endpoints.reward_url = f"http://127.0.0.1:{rp}"
+            engine, engine_url = SERVICES["engine"].start(
+                logs / "engine.log", "--model", args.model, "engine.register_in_redis=false",
+                timeout=180, wait=False,
+            )  # fmt: skip
+            procs.append(engine)
+            rewardp, reward_url = SERVICES["reward"].start(logs / "reward.log", timeout=180)
+            procs.append(rewardp)
+            check = SERVICES["engine"].health(engine_url)
+            assert check is not None
+            engine.wait_ready(check, 180)
+            cfg.endpoints.engine_urls = [engine_url]
+            cfg.endpoints.reward_url = reward_url
         temperature = (
             args.temperature if args.temperature is not None else cfg.rollout.sampling.temperature
         )

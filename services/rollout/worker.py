@@ -34,13 +34,11 @@ bug). A prompt allocated 0 responses gets no group.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import secrets
 import socket
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -55,8 +53,17 @@ from dynamo_rl.contracts.stream import TrajectoryWriter
 from dynamo_rl.keys import weight_version_key
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
-from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, reward_item
-from services.rollout.engines import Engine, EnginePool, Sample, Sampling, make_engine
+from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler
+from services.rollout.engines import Engine, EnginePool, Sample
+from services.rollout.loop import (
+    load_tokenizer,
+    make_engine_factory,
+    request_seed,
+    sample_prompt,
+    sampling_of,
+    split_count,
+    verify_groups,
+)
 from services.rollout.metrics import WorkerMetrics
 from services.rollout.reward_client import RewardClient
 
@@ -64,18 +71,6 @@ __all__ = ["BatchResult", "RolloutWorker", "build_worker", "split_count"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def split_count(count: int, chunk: int) -> list[int]:
-    """``count`` as request sizes of at most ``chunk`` (``[]`` for 0)."""
-    return [min(chunk, count - i) for i in range(0, count, chunk)]
-
-
-def request_seed(base: int | None, *parts: object) -> int | None:
-    """A per-request seed: the same base seed must not give every chunk the same samples."""
-    if base is None:
-        return None
-    return (base * 1_000_003 + zlib.crc32(":".join(map(str, parts)).encode())) % (2**31 - 1)
 
 
 @dataclass
@@ -120,15 +115,7 @@ class RolloutWorker:
         self.allocator_factory = allocator_factory
         self.engines_namespace = engines_namespace or namespace
         self.writer = TrajectoryWriter(redis, namespace, worker_id, guard=self._redis)
-        self.sampling = Sampling(
-            max_tokens=cfg.sampling.max_tokens,
-            temperature=cfg.sampling.temperature,
-            top_p=cfg.sampling.top_p,
-            top_k=cfg.sampling.top_k,
-            stop=tuple(cfg.sampling.stop),
-            stop_token_ids=tuple(cfg.sampling.stop_token_ids),
-            seed=cfg.sampling.seed,
-        )
+        self.sampling = sampling_of(cfg.sampling)
         self._unreported: dict[str, list[int]] = {}
         self._rendered: dict[str, tuple[str, list[int]]] = {}
         self.batches_done = 0
@@ -328,23 +315,12 @@ class RolloutWorker:
     async def generate_prompt(
         self, tokens: list[int], count: int, batch_index: int, prompt_id: str
     ) -> list[Sample]:
-        sizes = split_count(count, self.cfg.max_n_per_request)
-        parts = await asyncio.gather(
-            *(
-                self.pool.generate(
-                    tokens,
-                    size,
-                    dataclasses.replace(
-                        self.sampling,
-                        seed=request_seed(
-                            self.sampling.seed, self.worker_id, batch_index, prompt_id, chunk
-                        ),
-                    ),
-                )
-                for chunk, size in enumerate(sizes)
-            )
-        )
-        return [s for part in parts for s in part]
+        return await sample_prompt(
+            self.pool, tokens, count, self.sampling, max_per_request=self.cfg.max_n_per_request,
+            seed_of=lambda chunk: request_seed(
+                self.sampling.seed, self.worker_id, batch_index, prompt_id, chunk
+            ),
+        )  # fmt: skip
 
     async def run_batch(self, batch_index: int) -> BatchResult:
         t0 = time.monotonic()
@@ -390,14 +366,10 @@ class RolloutWorker:
         n_tokens = sum(len(s.token_ids) for group in samples for s in group)
 
         t_ver = time.monotonic()
-        items = [
-            reward_item(r, f"{batch_index}:{p}:{j}", s.text, len(s.token_ids))
-            for p, (r, group) in enumerate(zip(records, samples, strict=True))
-            for j, s in enumerate(group)
-        ]
-        results = await self.reward.verify(items) if items else []
+        verdicts = await verify_groups(
+            self.reward, records, samples, lambda p, j: f"{batch_index}:{p}:{j}"
+        )
         verify_s = time.monotonic() - t_ver
-        by_id = {it.id: res for it, res in zip(items, results, strict=True)}
 
         created = time.time()
         groups: list[TrajectoryGroup] = []
@@ -411,7 +383,7 @@ class RolloutWorker:
                 continue
             responses = []
             for j, s in enumerate(group):
-                res = by_id[f"{batch_index}:{p}:{j}"]
+                res = verdicts[p][j]
                 reward = res.score
                 correct = res.correct
                 rewards.append(reward)
@@ -520,12 +492,6 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
 def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) -> RolloutWorker:
     """A worker wired to the endpoints of ``cfg`` (raises ValueError naming a missing setting)."""
     from services.rollout.datasets import load_records
@@ -555,16 +521,7 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
     renderer = PromptRenderer(load_tokenizer(tokenizer_path), rc.prompt_template)
     token = cfg.endpoints.control_token.get_secret_value() if cfg.endpoints.control_token else None
 
-    def engine_factory(url: str) -> Engine:
-        return make_engine(
-            url,
-            engine_api=rc.engine_api,
-            weight_api=rc.weight_api,
-            model=rc.model_name,
-            timeout_s=rc.request_timeout_s,
-            control_token=token,
-        )
-
+    engine_factory = make_engine_factory(cfg)
     engines = [engine_factory(url) for url in cfg.endpoints.engine_urls]
 
     def engine_waited(seconds: float) -> None:

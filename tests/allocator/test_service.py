@@ -30,6 +30,7 @@ from allocator.server import SERVICE_NAME, RunningServer, start_server
 from allocator.stats import StatsStore
 from dynamo_rl.config import AllocatorConfig
 from dynamo_rl.procs import free_port, grpc_healthy, start_redis
+from dynamo_rl.services import SERVICES
 from tests.conftest import REPO, dynamo_rl_argv
 
 
@@ -436,16 +437,11 @@ def test_async_client_calls_a_live_server(server: RunningServer) -> None:
 @pytest.mark.slow
 def test_dynamo_rl_allocator_end_to_end(service, redis_url: str) -> None:
     port, metrics_port = free_port(), free_port()
-    argv = dynamo_rl_argv(
-        "allocator",
-        "--redis-url",
-        redis_url,
-        "--port",
-        str(port),
-        "--metrics-port",
-        str(metrics_port),
-        "allocator.n_min=2",
-    )
+    allocator = SERVICES["allocator"]
+    argv = allocator.argv(
+        "--redis-url", redis_url, "--metrics-port", str(metrics_port), "allocator.n_min=2",
+        *allocator.port_overrides(port),
+    )  # fmt: skip
     proc = service("allocator", argv, grpc_healthy(f"127.0.0.1:{port}", SERVICE_NAME), timeout=60)
     with AllocatorClient(f"127.0.0.1:{port}") as c:
         c.report_outcomes("e2e", [("x", 10, 5), ("y", 10, 10)])

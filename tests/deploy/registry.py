@@ -4,7 +4,8 @@ Each service keeps all its metrics in one class in its ``metrics.py`` whose no-a
 holds a :class:`dynamo_rl.metrics.ServiceMetrics` in ``metrics``. :func:`service_registry` builds
 that class and returns every sample name it can expose. A labelled metric exposes no sample until a
 label set is first used, so the names are derived from each metric family's type as well as read
-from the samples present (``ServiceMetrics.names``).
+from the samples present (``ServiceMetrics.names``). A module or class the table names that is
+not there is an error, not a skip: the checks built on it must never pass by checking nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ class Registry:
     service: str
     instances: list[object]
     names: set[str]
-    missing: str | None = None  # why there is no registry (module or class not there yet)
 
 
 def _classes(module: object, wanted: tuple[str, ...] | None) -> list[type]:
@@ -51,10 +51,11 @@ def _classes(module: object, wanted: tuple[str, ...] | None) -> list[type]:
 
 def service_registry(service: str) -> Registry:
     module_name, wanted = METRIC_CLASSES[service]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        return Registry(service, [], set(), f"{module_name} does not exist yet ({e})")
+    module = importlib.import_module(module_name)
+    if wanted is not None:
+        absent = [name for name in wanted if not hasattr(module, name)]
+        if absent:
+            raise LookupError(f"{module_name} has no {', '.join(absent)}")
     instances: list[object] = []
     for cls in _classes(module, wanted):
         try:
@@ -65,7 +66,7 @@ def service_registry(service: str) -> Registry:
             instances.append(instance)
     if not instances:
         what = ", ".join(wanted) if wanted else "a class with a ServiceMetrics in .metrics"
-        return Registry(service, [], set(), f"{module_name} has no {what} yet")
+        raise LookupError(f"{module_name} has no {what}")
     names: set[str] = set()
     for instance in instances:
         names |= exposed_names(instance.metrics)  # type: ignore[attr-defined]

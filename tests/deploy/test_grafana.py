@@ -110,11 +110,7 @@ def _labelnames(instances: list[object]) -> dict[str, set[str]]:
 @pytest.mark.parametrize("service", sorted(METRIC_CLASSES))
 def test_every_metric_and_label_exists_in_the_registry(service: str) -> None:
     used = {m for e in exprs() for m in METRIC.findall(e) if service_of(m) == service}
-    if not used:
-        pytest.skip(f"the dashboard queries no dynamo_{service}_ metric")
-    reg = service_registry(service)
-    if reg.missing:
-        pytest.skip(f"cannot check {sorted(used)}: {reg.missing}")
+    reg = service_registry(service)  # fails, never skips, when the registry is not there
     assert used <= reg.names, f"not in the {service} registry: {sorted(used - reg.names)}"
     labels = _labelnames(reg.instances)
     for e in exprs():

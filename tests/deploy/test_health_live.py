@@ -9,6 +9,7 @@ metrics port; their healthchecks run against that server with their own metric c
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -97,8 +98,9 @@ def test_dashboard_healthcheck(service, redis_url: str, tmp_path: Path) -> None:
 
 
 def test_engine_healthcheck(service, redis_url: str, tmp_path: Path) -> None:
-    tiny = pytest.importorskip("learner.tiny_model", reason="learner.tiny_model not there yet")
-    model = tiny.build_tiny_model(tmp_path / "model", hidden_size=32, num_heads=2, num_kv_heads=1)
+    from learner.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", hidden_size=32, num_heads=2, num_kv_heads=1)
     spec = compose_service("engine")
     argv, moved = localise(spec["command"], [f"engine.model={model}", "engine.threads=1"])
     url = f"http://127.0.0.1:{moved[8000]}"
@@ -118,9 +120,7 @@ def test_engine_healthcheck(service, redis_url: str, tmp_path: Path) -> None:
     ],
 )
 def test_metrics_port_healthchecks(name: str, module: str, cls: str) -> None:
-    metrics_cls = getattr(pytest.importorskip(module), cls, None)
-    if metrics_cls is None:
-        pytest.skip(f"{module}.{cls} not there yet")
+    metrics_cls = getattr(importlib.import_module(module), cls)
     spec = compose_service(name)
     (port,) = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", spec["healthcheck"]["test"][3])}
     moved = {port: metrics_cls().metrics.serve(0)}

@@ -105,5 +105,6 @@ def test_cli_prints_resolved_config() -> None:
 
 def test_shipped_configs_validate() -> None:
     configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+    assert configs, "no configs/*.yaml found: the loop below would check nothing"
     for path in configs:
         load_config(path, env={})

@@ -64,7 +64,7 @@ def live_dashboard(redis_url: str, tmp_path: Path, service, free_port: int):
     write_stream(redis_url, "browser-run", groups=16)
     log = tmp_path / "run" / "metrics.jsonl"
     write_metrics_log(log, steps=60)
-    with serving_service_metrics(engines=2) as (urls, missing):
+    with serving_service_metrics(engines=2) as urls:
         argv = dynamo_rl_argv(
             "dashboard",
             "--port",
@@ -86,27 +86,26 @@ def live_dashboard(redis_url: str, tmp_path: Path, service, free_port: int):
             if all(t["snapshots"] >= 3 for t in scrape):
                 break
             time.sleep(0.3)
-        yield base, urls, missing
+        yield base, urls
 
 
 def test_charts_page_renders_every_chart_with_data(live_dashboard, tmp_path: Path) -> None:
-    base, _urls, missing = live_dashboard
+    base, _urls = live_dashboard
     api = httpx.get(base + "/api/charts").json()
     assert all(t["ok"] for t in api["sources"]["scrape"]), api["sources"]["scrape"]
     with_data = {
         c["id"] for c in api["charts"] if c["bars"] or any(line["points"] for line in c["lines"])
     }
-    if not missing:  # every service's metric class exists: every chart must have data
-        assert with_data == {c["id"] for c in api["charts"]}, {
-            c["id"] for c in api["charts"]
-        } - with_data
+    # Every service's metric class exists: every chart must have data.
+    assert with_data == {c["id"] for c in api["charts"]}, {
+        c["id"] for c in api["charts"]
+    } - with_data
     # Charts fed by the JSONL log and the stream have data whatever else exists.
     assert {"reward", "loss", "kl", "entropy", "beta", "stream_alloc", "stream_half_solved"} <= (
         with_data
     )
     engines = next(c for c in api["charts"] if c["id"] == "tokens")["lines"]
-    if not missing:
-        assert len(engines) == 2, engines  # one line per engine replica
+    assert len(engines) == 2, engines  # one line per engine replica
 
     dom = chromium(tmp_path, "--dump-dom", base + "/")
     attrs = body_attrs(dom)
@@ -116,8 +115,7 @@ def test_charts_page_renders_every_chart_with_data(live_dashboard, tmp_path: Pat
     # rate point arrives between the two reads).
     assert abs(int(attrs["data-charts-with-data"]) - len(with_data)) <= 1, attrs
     assert dom.count("<polyline") >= 10 and dom.count("<rect") >= 5
-    if not missing:
-        assert "no data yet" not in dom
+    assert "no data yet" not in dom
 
     shot = tmp_path / "dashboard.png"
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,1700", base + "/")
@@ -132,7 +130,7 @@ def test_charts_page_renders_every_chart_with_data(live_dashboard, tmp_path: Pat
 
 
 def test_samples_page_lists_filtered_samples(live_dashboard, tmp_path: Path) -> None:
-    base, _urls, _missing = live_dashboard
+    base, _urls = live_dashboard
     dom = chromium(tmp_path, "--dump-dom", base + "/samples?source=gsm8k&correct=true&limit=50")
     attrs = body_attrs(dom)
     assert attrs.get("data-ready") == "true", attrs

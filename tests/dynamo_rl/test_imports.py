@@ -16,7 +16,8 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 def test_importing_dynamo_rl_does_not_import_torch() -> None:
     code = (
         "import sys, dynamo_rl, dynamo_rl.config, dynamo_rl.codec, dynamo_rl.keys, "
-        "dynamo_rl.metrics, dynamo_rl.procs, dynamo_rl.cli\n"
+        "dynamo_rl.metrics, dynamo_rl.procs, dynamo_rl.cli, dynamo_rl.services, dynamo_rl.supervisor, "
+        "dynamo_rl.up, dynamo_rl.retry, dynamo_rl.redis_client\n"
         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
         "assert not heavy, heavy"
     )

@@ -82,3 +82,44 @@ def test_up_refuses_a_bad_config_before_starting_anything(tmp_path: Path) -> Non
     missing = subprocess.run(dynamo_rl_argv("up", f"run.dir={run_dir}"), capture_output=True,
                              text=True, check=False)  # fmt: skip
     assert missing.returncode == 2 and "learner.max_steps" in missing.stderr
+
+
+def test_up_never_writes_the_redis_password(tmp_path: Path) -> None:
+    """A password-protected Redis given by URL: ``up`` names it redacted in its own lines, keeps the
+    password out of the run folder, and the children still reach it (the allocator answers)."""
+    from dynamo_rl.procs import ServiceProcess, free_port, redis_server_binary
+
+    password = "s3cret-redis-pass-never-logged"
+    port = free_port()
+    server = ServiceProcess(
+        "redis",
+        [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--requirepass", password, "--dir", str(tmp_path)],
+        tmp_path / "redis.log",
+    ).start()  # fmt: skip
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+    try:
+        server.wait_ready(lambda: bool(redis.Redis.from_url(url, socket_timeout=1).ping()), 20)
+        data = tmp_path / "train.jsonl"
+        data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+        run_dir = tmp_path / "run"
+        # No model there: the engine fails at start-up, after the allocator and the reward service
+        # came up against the protected Redis; up stops with an error.
+        argv = dynamo_rl_argv(
+            "up", "--steps", "1", f"run.dir={run_dir}", f"rollout.dataset={data}",
+            f"learner.model={tmp_path / 'no-model'}", "up.eval.prompts=0",
+            "up.health_timeout_s=120",
+        )  # fmt: skip
+        env = {**os.environ, "REDIS_URL": url}
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        server.stop()
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    assert f"using Redis at redis://:***@127.0.0.1:{port}/0" in out
+    assert "allocator ready at" in out  # the children got the real URL
+    assert password not in out
+    written = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert run_dir / "config.yaml" in written
+    for path in written:
+        assert password.encode() not in path.read_bytes(), f"password written to {path}"

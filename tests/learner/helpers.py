@@ -13,7 +13,8 @@ import redis
 
 from dynamo_rl import keys
 from dynamo_rl.codec import Response, TrajectoryGroup, encode_entry
-from dynamo_rl.procs import ServiceProcess, free_port
+from dynamo_rl.procs import ServiceProcess
+from dynamo_rl.services import SERVICES
 from tests.conftest import REPO
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -57,14 +58,7 @@ def write_groups(url: str, namespace: str, groups: list[TrajectoryGroup]) -> lis
 
 
 def learner_argv(nproc: int, overrides: list[str]) -> list[str]:
-    return [
-        TORCHRUN,
-        "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-        "-m", "dynamo_rl.cli", "learner",
-        *overrides,
-    ]  # fmt: skip
+    return SERVICES["learner"].argv(*overrides, nproc=nproc)
 
 
 def learner_env() -> dict[str, str]:

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
+from dynamo_rl.services import SERVICES
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.reliability.helpers import CONTROL_TOKEN, assert_not_leaked
 
@@ -62,14 +63,13 @@ class Allocator:
 @pytest.fixture(scope="module")
 def allocator(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Allocator]:
     port, metrics_port = free_port(), free_port()
-    argv = dynamo_rl_argv(
-        "allocator", "--redis-url", redis_server, "--port", str(port),
-        "--metrics-port", str(metrics_port), "allocator.max_prompts_per_request=1000",
-        "run.log_level=debug",
-    )  # fmt: skip
     env = {**os.environ, "DYNAMO_CONTROL_TOKEN": CONTROL_TOKEN}
     log = tmp_path_factory.mktemp("allocator") / "allocator.log"
-    proc = ServiceProcess("allocator", argv, log, env=env, cwd=REPO).start()
+    proc, _addr = SERVICES["allocator"].start(
+        log, "--redis-url", redis_server, "--metrics-port", str(metrics_port),
+        "allocator.max_prompts_per_request=1000", "run.log_level=debug",
+        port=port, env=env, cwd=REPO,
+    )  # fmt: skip
     try:
         proc.wait_ready(grpc_healthy(f"127.0.0.1:{port}", SERVICE), timeout=60)
         server = Allocator(proc, port, metrics_port)

@@ -1,4 +1,5 @@
-"""``dynamo-rl up``'s restart policy on real processes (fast: no model, no training).
+"""``dynamo-rl up``'s restart policy (:class:`dynamo_rl.supervisor.Supervisor`) on real processes
+(fast: no model, no training).
 
 A service killed with SIGKILL is restarted with a new pid after its backoff; one that keeps
 crashing stops the run with its last log lines; ``up.restart.enabled=false`` stops at the first exit.
@@ -17,20 +18,20 @@ from pathlib import Path
 import pytest
 
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.up import Launcher
+from dynamo_rl.supervisor import Supervisor
 
 
-def _launcher(tmp_path: Path, **restart: object) -> tuple[Launcher, io.StringIO]:
+def _launcher(tmp_path: Path, **restart: object) -> tuple[Supervisor, io.StringIO]:
     cfg = ExperimentConfig.model_validate(
         {"run": {"dir": str(tmp_path / "run")}, "up": {"restart": restart}}
     )
     out = io.StringIO()
-    launcher = Launcher(cfg, out=out)
+    launcher = Supervisor(Path(cfg.run.run_dir), cfg.up.restart, out=out)
     launcher.run_dir.mkdir(parents=True)
     return launcher, out
 
 
-def _supervise_until(launcher: Launcher, done, timeout: float = 30.0) -> None:
+def _supervise_until(launcher: Supervisor, done, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, "supervision did not get there in time"
@@ -85,3 +86,16 @@ def test_with_restarts_disabled_the_first_exit_stops_the_run(tmp_path: Path) -> 
     finally:
         launcher.stop_all()
     assert launcher.restart_counts == {}
+
+
+def test_restart_delays_are_the_projects_backoff() -> None:
+    from dynamo_rl.config.up import RestartConfig
+    from dynamo_rl.supervisor import restart_backoff
+
+    exact = restart_backoff(RestartConfig(backoff_s=0.1, backoff_max_s=0.25))
+    assert [exact.delay(i) for i in range(4)] == [0.1, 0.2, 0.25, 0.25]
+    # A first delay above the cap is the cap.
+    assert restart_backoff(RestartConfig(backoff_s=5, backoff_max_s=2)).delay(0) == 2
+    jittered = restart_backoff(RestartConfig(backoff_s=1.0, backoff_max_s=8.0, jitter=0.5))
+    delays = [jittered.delay(3) for _ in range(200)]
+    assert all(4.0 <= d <= 8.0 for d in delays) and len(set(delays)) > 1

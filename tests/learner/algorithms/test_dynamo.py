@@ -13,7 +13,7 @@ from learner.algorithms import DYNAMO_PRESETS, dynamo_modulate, dynamo_params
 
 
 def loop_modulate(adv, logp, old, ent, mask, clip_low, clip_high, lam, gamma, tau, mu):
-    """The design page's formulas, one token at a time on Python floats."""
+    """docs/architecture.md's formulas, one token at a time on Python floats."""
     b, t = len(adv), len(adv[0])
     cells = [(i, k) for i in range(b) for k in range(t) if mask[i][k]]
     big_t = {}

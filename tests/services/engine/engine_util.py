@@ -8,8 +8,9 @@ from pathlib import Path
 import httpx
 import torch
 
-from dynamo_rl.procs import ServiceProcess, free_port, http_ok
-from tests.conftest import REPO, dynamo_rl_argv
+from dynamo_rl.procs import ServiceProcess
+from dynamo_rl.services import SERVICES
+from tests.conftest import REPO
 
 
 def start_engine(
@@ -18,16 +19,13 @@ def start_engine(
     """``dynamo-rl engine`` on a free port; returns the process and its base URL."""
     import os
 
-    port = free_port()
-    argv = dynamo_rl_argv("engine", "--model", str(model_dir), "--port", str(port), *overrides)
     # A token in the developer's environment must not leak into tests that expect none.
     inherited = {k: v for k, v in os.environ.items() if k != "DYNAMO_CONTROL_TOKEN"}
     full_env = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = ServiceProcess("engine", argv, log_dir / "engine.log", env=full_env, cwd=REPO)
-    proc.start()
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_ready(http_ok(f"{url}/health"), timeout=120)
-    return proc, url
+    return SERVICES["engine"].start(
+        log_dir / "engine.log", "--model", str(model_dir), *overrides, env=full_env, cwd=REPO,
+        timeout=120,
+    )  # fmt: skip
 
 
 def load_reference(model_dir: Path) -> torch.nn.Module:

@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from dynamo_rl.procs import ServiceProcess, free_port, http_ok
-from tests.conftest import REPO, dynamo_rl_argv
+from dynamo_rl.procs import ServiceProcess
+from dynamo_rl.services import SERVICES
+from tests.conftest import REPO
 
 SECRET_ENV = "DYNAMO_REWARD_TEST_SECRET"
 SECRET_VALUE = "s3cr3t-7f1c2a9e-do-not-leak"
@@ -44,16 +45,10 @@ class RewardServer:
 
 
 def start_reward_server(log_dir: Path, overrides: Sequence[str] = ()) -> RewardServer:
-    port = free_port()
-    argv = dynamo_rl_argv("reward", "--host", "127.0.0.1", "--port", str(port), *overrides)
     env = {**os.environ, SECRET_ENV: SECRET_VALUE}
-    proc = ServiceProcess("reward", argv, log_dir / "reward.log", env=env, cwd=REPO).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_ready(http_ok(f"{url}/healthz"), timeout=120)
-    except BaseException:
-        proc.stop()
-        raise
+    proc, url = SERVICES["reward"].start(
+        log_dir / "reward.log", "--host", "127.0.0.1", *overrides, env=env, cwd=REPO, timeout=120
+    )
     return RewardServer(url, proc)
 
 

@@ -30,11 +30,21 @@ from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.contracts.engine import send
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
-from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
+from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
+from dynamo_rl.services import SERVICES
 from learner.tiny_model import build_tiny_model
-from services.rollout.engines import SGLangEngine
+from services.rollout.datasets import PromptRecord
+from services.rollout.engines import EnginePool, SGLangEngine
+from services.rollout.loop import (
+    make_engine_factory,
+    request_seed,
+    sample_prompt,
+    sampling_of,
+    split_count,
+    verify_groups,
+)
 from services.rollout.reward_client import RewardClient, RewardRequestError
-from services.rollout.worker import RolloutWorker, build_worker, split_count
+from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.services.engine.engine_util import load_reference, reference_logprobs, start_engine
 
@@ -74,16 +84,11 @@ def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
 
 @pytest.fixture(scope="module")
 def allocator(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    argv = dynamo_rl_argv(
-        "allocator", "--redis-url", redis_server, "--port", str(port), "--metrics-port", "0",
-        "allocator.initial_budget=2",
-    )  # fmt: skip
     log = tmp_path_factory.mktemp("allocator") / "allocator.log"
-    proc = ServiceProcess("allocator", argv, log, cwd=REPO).start()
-    addr = f"127.0.0.1:{port}"
+    proc, addr = SERVICES["allocator"].start(
+        log, "--redis-url", redis_server, "allocator.initial_budget=2", cwd=REPO
+    )
     try:
-        proc.wait_ready(grpc_healthy(addr, SERVICE_NAME), timeout=60)
         yield addr
     finally:
         proc.stop()
@@ -94,23 +99,25 @@ class LazyReward:
 
     def __init__(self, log_dir: Path) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = SERVICES["reward"].address(self.port)
         self.log_dir = log_dir
         self.proc: ServiceProcess | None = None
 
     def start(self) -> str:
         if self.proc is None:
-            argv = dynamo_rl_argv(
-                "reward", "--port", str(self.port), "--math-workers", "1",
-                "reward.code.enabled=false",
+            self.proc, _ = SERVICES["reward"].start(
+                self.log_dir / "reward.log", "--math-workers", "1", "reward.code.enabled=false",
                 # A composite spec for the dataset's data source, so the component breakdown
                 # must reach the trajectories (the length term has weight 0: rewards stay 1/0).
                 "reward.composite.arith.components=[{kind: math},"
                 " {kind: length, max_length: 6, buffer: 4, weight: 0.0}]",
+                port=self.port, cwd=REPO, timeout=120,
             )  # fmt: skip
-            self.proc = ServiceProcess("reward", argv, self.log_dir / "reward.log", cwd=REPO)
-            self.proc.start().wait_ready(http_ok(f"{self.url}/healthz"), timeout=120)
         return self.url
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +126,7 @@ def reward_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LazyRewa
     try:
         yield server
     finally:
-        if server.proc is not None:
-            server.proc.stop()
+        server.stop()
 
 
 def config(
@@ -156,8 +162,11 @@ def make_worker(redis_url, engine, allocator, dataset, model, reward_server):
     """Build a worker from overrides (the reward server is started unless told not to)."""
     made: list[RolloutWorker] = []
 
-    def make(*extra: str, start_reward: bool = True, **kw: str) -> RolloutWorker:
-        url = reward_server.start() if start_reward else reward_server.url
+    def make(
+        *extra: str, start_reward: bool = True, reward: LazyReward | None = None, **kw: str
+    ) -> RolloutWorker:
+        server = reward or reward_server
+        url = server.start() if start_reward else server.url
         cfg = config(
             redis_url, kw.get("engine", engine), url, kw.get("allocator", allocator), dataset,
             f"rollout.tokenizer={model}", *extra,
@@ -196,11 +205,55 @@ def test_split_count() -> None:
     assert split_count(3, 8) == [3]
 
 
-# First in the module: the reward server has not been started yet.
-def test_reward_service_down_pushes_nothing_until_it_is_back(make_worker, redis_url, reward_server):
-    if reward_server.proc is not None:
-        pytest.skip("needs the module's reward server not yet started: it runs first in file order")
-    worker = make_worker(start_reward=False)
+def test_sample_prompt_splits_and_seeds_each_request_and_verdicts_come_back_per_prompt(
+    engine, reward_server, redis_url, allocator, dataset
+) -> None:
+    """The loop worker and eval share, on the real engine and reward service."""
+    cfg = config(redis_url, engine, reward_server.start(), allocator, dataset)
+    sampling = sampling_of(cfg.rollout.sampling, temperature=1.0, seed=3)
+    assert sampling.max_tokens == 8 and sampling.seed == 3 and sampling.temperature == 1.0
+    seeds: list[int] = []
+
+    def seed_of(chunk: int) -> int | None:
+        seeds.append(chunk)
+        return request_seed(3, "p", chunk)
+
+    records = [
+        PromptRecord(f"q{i}", "1+1=", ground_truth="2", data_source="t", kind="math")
+        for i in range(2)
+    ]
+
+    async def go() -> tuple[list, list, list, list]:
+        pool = EnginePool([make_engine_factory(cfg)(engine)])
+        reward = RewardClient(cfg.endpoints.reward_url)
+        try:
+            first = await sample_prompt(pool, [5, 6, 7], 7, sampling, max_per_request=3,
+                                        seed_of=seed_of)  # fmt: skip
+            again = await sample_prompt(pool, [5, 6, 7], 7, sampling, max_per_request=3,
+                                        seed_of=seed_of)  # fmt: skip
+            one = await sample_prompt(pool, [5, 6, 7], 3, sampling, max_per_request=8,
+                                      seed_of=lambda _c: request_seed(3, "p", 0))  # fmt: skip
+            groups = [first[:2], first[2:5]]
+            verdicts = await verify_groups(reward, records, groups, lambda p, j: f"{p}/{j}")
+            return first, again, one, verdicts
+        finally:
+            await pool.aclose()
+            await reward.aclose()
+
+    first, again, one, verdicts = asyncio.run(go())
+    assert len(first) == 7 and sorted(set(seeds)) == [0, 1, 2]  # requests of 3, 3 and 1
+    assert [x.token_ids for x in first] == [x.token_ids for x in again]  # seeded
+    # Each request has a seed of its own: the second chunk does not repeat the first.
+    assert [x.token_ids for x in first[:3]] != [x.token_ids for x in first[3:6]]
+    assert [x.token_ids for x in one] == [x.token_ids for x in first[:3]]  # chunk 0's seed
+    assert [len(v) for v in verdicts] == [2, 3]
+    assert all("correct" in v and v["reason"] for group in verdicts for v in group)
+
+
+def test_reward_service_down_pushes_nothing_until_it_is_back(make_worker, redis_url, tmp_path):
+    # A reward server of its own, started only once the worker has retried against its port.
+    reward_server = LazyReward(tmp_path)
+    worker = make_worker(start_reward=False, reward=reward_server)
 
     async def go() -> None:
         task = asyncio.create_task(run_and_close(worker, 1))
@@ -212,7 +265,10 @@ def test_reward_service_down_pushes_nothing_until_it_is_back(make_worker, redis_
         await asyncio.to_thread(reward_server.start)
         await asyncio.wait_for(task, 120)
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    finally:
+        reward_server.stop()
     groups = [g for _eid, g in stream_groups(redis_url)]
     assert len(groups) == 3 and all(r.reason for g in groups for r in g.responses)
     assert metric(worker, "dynamo_rollout_waits_total", {"reason": "reward"}) >= 2
@@ -481,9 +537,9 @@ def test_push_is_atomic_and_at_most_once_per_batch(make_worker, redis_url):
 def test_allocator_back_means_dynamic_counts_again(make_worker, redis_server, redis_url, tmp_path):
     port = free_port()
     worker = make_worker("rollout.allocator_timeout_s=1", allocator=f"127.0.0.1:{port}")
-    argv = dynamo_rl_argv(
-        "allocator", "--redis-url", redis_server, "--port", str(port), "--metrics-port", "0",
-    )  # fmt: skip
+    argv = SERVICES["allocator"].argv(
+        "--redis-url", redis_server, *SERVICES["allocator"].port_overrides(port)
+    )
     proc = ServiceProcess("allocator2", argv, tmp_path / "allocator.log", cwd=REPO)
 
     async def go() -> None:
