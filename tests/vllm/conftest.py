@@ -7,7 +7,9 @@
   second one (seed 1: what the weight-push tests push), saved in Hugging Face format.
 - :class:`GlooPusher`: the trainer side of the plugin's ``gloo`` weight-transfer backend, driven
   over vLLM's HTTP routes (pause → start → update → finish(version) → reset prefix cache →
-  resume). The one place the tests speak that protocol.
+  resume). The one place the tests speak that protocol; the engine-control contract's vLLM
+  client is meant to replace it.
+- :func:`reload_from_disk`: the worker extension's reload, over ``/collective_rpc``.
 
 Without ``.venv-vllm`` every test here fails and says to run ``bash scripts/setup.sh --vllm``;
 ``DYNAMO_RL_SKIP_VLLM=1`` turns that into a skip.
@@ -41,7 +43,7 @@ def require_vllm_env() -> None:
     if VLLM_PYTHON.exists():
         return
     message = (
-        f"{VLLM_PYTHON.relative_to(REPO)} is missing: run `bash scripts/setup.sh --vllm` to "
+        f"{VLLM_PYTHON} is missing: run `bash scripts/setup.sh --vllm` to "
         f"create it (or set {SKIP_ENV}=1 to skip the real-vLLM tests)"
     )
     if os.environ.get(SKIP_ENV) == "1":
@@ -287,11 +289,14 @@ class GlooPusher:
             self._broadcast(flat)
             i = j
 
-    def push(self, named: list[tuple[str, object]], version: str) -> dict[str, float]:
-        """Pause (keep) → start → update ∥ broadcast → finish(version) → reset cache → resume.
+    def push(
+        self, named: list[tuple[str, object]], version: str, *, pause_mode: str = "wait"
+    ) -> dict[str, float]:
+        """Pause → start → update ∥ broadcast → finish(version) → reset cache → resume.
 
         Returns seconds per phase. Without the pause an update during generation kills vLLM's
-        engine (a step runs on half-loaded layers)."""
+        engine (a step runs on half-loaded layers); ``wait`` lets requests in flight finish on
+        the old weights, so no response spans two versions."""
         names = [n for n, _ in named]
         tensors = [t for _, t in named]
         update_info = {
@@ -300,7 +305,7 @@ class GlooPusher:
             "shapes": [list(t.shape) for t in tensors],
         }
         t0 = time.monotonic()
-        self._post("/pause?mode=keep")
+        self._post(f"/pause?mode={pause_mode}")
         try:
             self._post("/start_weight_update")
             t1 = time.monotonic()
@@ -330,7 +335,7 @@ class GlooPusher:
 def reload_from_disk(url: str, folder: Path, *, method: str = "dynamo_rl_reload_weights") -> list:
     """``collective_rpc`` reload of the server's weights from ``folder`` (paused around it)."""
     with httpx.Client(base_url=url, timeout=120.0) as client:
-        client.post("/pause", params={"mode": "keep"}).raise_for_status()
+        client.post("/pause", params={"mode": "wait"}).raise_for_status()
         try:
             r = client.post(
                 "/collective_rpc", json={"method": method, "kwargs": {"weights_path": str(folder)}}

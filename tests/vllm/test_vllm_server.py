@@ -4,8 +4,10 @@ learner's forward pass, and weight pushes through the plugin's gloo backend."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -147,6 +149,62 @@ def test_reload_from_disk_with_tied_embeddings(vllm_servers: VLLMServers, tiny_m
         assert server_greedy(server.url) == reference_greedy(tiny_models.other)
     finally:
         reload_from_disk(server.url, tiny_models.served)
+    assert server_greedy(server.url) == reference_greedy(tiny_models.served)
+
+
+def test_pushes_while_16_clients_sample_lose_no_request(
+    vllm_servers: VLLMServers, tiny_models
+) -> None:
+    """Requests that arrive while the server is paused wait; requests in flight finish
+    (``/pause?mode=wait``): none fails or comes back cut."""
+    import threading
+
+    server = vllm_servers.get()
+    checkpoints = [load_lm(tiny_models.other), load_lm(tiny_models.served)]
+    stop = threading.Event()
+    finished: list[str] = []
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=120.0) as http:
+            while not stop.is_set():
+                body = {
+                    "model": str(server.model),
+                    "prompt": PROMPTS[i % len(PROMPTS)],
+                    "max_tokens": 16,
+                    "temperature": 1.0,
+                    "logprobs": 0,
+                    "return_token_ids": True,
+                }
+                try:
+                    r = http.post(f"{server.url}/v1/completions", json=body)
+                    r.raise_for_status()
+                    finished.append(r.json()["choices"][0]["finish_reason"])
+                except BaseException as e:
+                    errors.append(e)
+                    return
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    pusher = GlooPusher(server.url).init()
+    try:
+        for k in range(4):
+            before = len(finished)
+            deadline = time.monotonic() + 60
+            while len(finished) < before + 16 and time.monotonic() < deadline and not errors:
+                time.sleep(0.05)  # let sampling run between pushes
+            policy = checkpoints[k % 2]
+            pusher.push([(n.removeprefix("lm."), p) for n, p in policy.named_parameters()], str(k))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        pusher.close()
+    assert not errors, errors[:3]
+    assert len(finished) >= 64
+    assert set(finished) <= {"stop", "length"}
+    # The last push was the served checkpoint (seed 0): the server is back where it started.
     assert server_greedy(server.url) == reference_greedy(tiny_models.served)
 
 
