@@ -38,13 +38,16 @@ RUN if [ -n "${TORCH_FIND_LINKS}" ]; then \
     fi
 
 WORKDIR /opt/dynamo-rl
-# Metadata first: the dependency layer is rebuilt only when pyproject.toml changes.
+# Metadata first: the dependency layer is rebuilt only when pyproject.toml (or README.md) changes.
+# Installing the project without its packages pulls every dependency; the code layer then
+# installs only the project itself.
 COPY pyproject.toml README.md ./
+RUN pip install . && pip uninstall -y dynamo-rl
 COPY dynamo_rl ./dynamo_rl
 COPY allocator ./allocator
 COPY learner ./learner
 COPY services ./services
-RUN pip install . \
+RUN pip install --no-deps . \
  && python -c "import dynamo_rl, dynamo_rl.dashboard, torch, transformers" \
  && dynamo-rl --help > /dev/null
 

@@ -141,8 +141,12 @@ cmd_images() {
       || python3 -m pip download -q --no-deps --only-binary :all: -d "$wheels" \
         --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
   fi
-  local port
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # A fixed port when free: the URL is a build argument, part of the layer cache's key, so a
+  # port that changed every run would reinstall torch every run.
+  local port=47613
+  if ! python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  fi
   python3 -m http.server --bind 127.0.0.1 --directory "$wheels" "$port" >/dev/null 2>&1 &
   local server=$!
   trap 'kill $server 2>/dev/null || true' RETURN
