@@ -10,7 +10,7 @@
 # survive between runs on the same machine and are rebuilt only when missing. The engine listens on
 # its own socket there, never on /var/run/docker.sock, so another engine on the machine is untouched.
 #
-# Images (all local, none pulled):
+# Images (all local, none pulled; the debootstrap is cached by existence, the rest by layers):
 #   dynamo-rl-base/debian:bookworm  debootstrap --variant=minbase of the mirror apt already uses
 #   dynamo-rl-base/python:3.11      that plus Debian's python3.11 in a venv on PATH, trusting this
 #                                   machine's CA bundle (the build reaches the package registries)
@@ -117,19 +117,14 @@ cmd_images() {
   fi
   local ctx="$cache/context"
   rm -rf "$ctx" && mkdir -p "$ctx"
-  if ! have_image dynamo-rl-base/python:3.11; then
-    say "building dynamo-rl-base/python:3.11"
-    cp /etc/ssl/certs/ca-certificates.crt "$ctx/host-ca.crt"
-    docker build -q --network host -t dynamo-rl-base/python:3.11 -f deploy/images/python.Dockerfile "$ctx" >/dev/null
-  fi
-  if ! have_image dynamo-rl-base/redis:7; then
-    say "building dynamo-rl-base/redis:7"
-    docker build -q --network host -t dynamo-rl-base/redis:7 -f deploy/images/redis.Dockerfile "$ctx" >/dev/null
-  fi
-  if ! have_image dynamo-rl-base/prometheus:2; then
-    say "building dynamo-rl-base/prometheus:2"
-    docker build -q --network host -t dynamo-rl-base/prometheus:2 -f deploy/images/prometheus.Dockerfile "$ctx" >/dev/null
-  fi
+  # Built every time: the layer cache makes an unchanged one instant, and an edited Dockerfile
+  # is rebuilt (only the debootstrap above is cached by the image's existence).
+  cp /etc/ssl/certs/ca-certificates.crt "$ctx/host-ca.crt"
+  local base
+  for base in python:3.11 redis:7 prometheus:2; do
+    docker build -q --network host -t "dynamo-rl-base/$base" \
+      -f "deploy/images/${base%%:*}.Dockerfile" "$ctx" >/dev/null
+  done
   # torch: the wheel pip picks on this machine (its own index, find-links or cache), served to the
   # build on loopback; the build runs on the host network to reach it.
   local wheels="$cache/wheels"

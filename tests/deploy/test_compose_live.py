@@ -5,8 +5,8 @@ socket with its data in a cache folder outside the repository, the local base im
 missing (no registry is reachable), the project image built, then the quickstart recipe as
 compose runs it, with a shorter warm start and fewer steps:
 
-1. ``docker compose up --wait``: ``prepare`` (task data, tiny model, warm start), the services,
-   ``eval-before``, the rollout worker and the learner, all healthy;
+1. ``docker compose up -d``: ``prepare`` (task data, tiny model, warm start), the services,
+   ``eval-before``, the rollout worker and the learner, then each service healthy;
 2. the code sandbox works inside the reward container under the shipped seccomp profile, and the
    sandbox attacks still fail there (tests/deploy/compose_probe.py);
 3. learner steps with weight pushes; then ``docker kill`` of the engine and, later, of the learner:
@@ -112,7 +112,7 @@ class Stack:
         exp = yaml.safe_load((REPO / "deploy" / "compose" / "quickstart.yaml").read_text())
         exp["run"]["name"] = NAME
         # Small enough for a shared 2-core machine; still a warm start (a fresh model scores 0).
-        exp["up"]["warm_start"]["steps"] = 100
+        exp["up"]["warm_start"]["steps"] = 300
         exp["up"]["eval"] = {"prompts": 100, "samples": 2, "temperature": 1.0}
         exp["learner"]["max_steps"] = STEPS
         exp["learner"]["checkpoint"] = {"every": 2, "keep": 100, "export_every": 0}
@@ -178,7 +178,17 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
     stack = Stack(tmp_path, engine_env)
     t0 = time.monotonic()
     try:
-        stack.compose("up", "-d", "--wait", "--wait-timeout", "900", *SERVICES, timeout=960)
+        # `up -d` starts each container once its dependencies' conditions hold (prepare and
+        # eval-before completed, the services healthy); `--wait` is not used: it fails as soon as a
+        # one-shot dependency has exited, even with code 0.
+        stack.compose("up", "-d", *SERVICES, timeout=960)
+        for service in SERVICES:
+            _wait(
+                f"{service} healthy",
+                lambda s=service: stack.inspect(s, "{{.State.Health.Status}}") == "healthy",
+                400,
+                lambda s=service: stack.logs(s),
+            )
         t_up = time.monotonic() - t0
         before = json.loads((stack.run_dir / "eval_before.json").read_text())
 
