@@ -152,6 +152,9 @@ cmd_images() {
     --build-arg TORCH_FIND_LINKS="http://127.0.0.1:$port/" . >"$cache/build.log" 2>&1 \
     || { tail -30 "$cache/build.log" >&2; exit 1; }
   say "dynamo-rl:latest built in $((SECONDS - t0)) s"
+  # Layers no tag uses any more (earlier builds of the code layer): the cache would grow by the
+  # project's layers on every change.
+  docker image prune -f >/dev/null
   docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^dynamo-rl' >&2
 }
 

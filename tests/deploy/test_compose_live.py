@@ -32,7 +32,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -81,7 +81,7 @@ def _wait(what: str, cond: Callable[[], bool], timeout: float, on_fail: Callable
 
 
 @pytest.fixture(scope="module")
-def engine_env() -> dict[str, str]:
+def engine_env() -> Iterator[dict[str, str]]:
     if os.environ.get("DYNAMO_RL_SKIP_COMPOSE") == "1":
         pytest.skip("DYNAMO_RL_SKIP_COMPOSE=1")
     env = dict(os.environ)
