@@ -1,16 +1,21 @@
-# syntax=docker/dockerfile:1
 # DynaMO-RL, CPU image. One image for every role; the role is the command:
 #   dynamo-rl allocator | reward | engine | rollout | dashboard | task
 #   torchrun ... -m dynamo_rl.cli learner
 # Runs as the unprivileged uid 10001. bubblewrap is here for the reward service's code sandbox
 # (see docs/deploy.md for what the container runtime must allow for it).
 # Build: docker build -t dynamo-rl:latest .          (CUDA: docker build -f Dockerfile.cuda ...)
+# With no registry (CI): scripts/docker_local.sh builds local base images and passes
+#   --build-arg PYTHON_IMAGE=dynamo-rl-base/python:3.11 --build-arg TORCH_FIND_LINKS=<wheel folder URL>
+# No `# syntax=` line: BuildKit would pull its frontend for it, and offline it cannot.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
 # torch first and pinned, from the CPU index, so the project's torch range cannot pull a CUDA build.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# A folder or URL holding the torch CPU wheel, used instead of TORCH_INDEX_URL when PyTorch's index
+# is unreachable (torch's own dependencies then come from the default index).
+ARG TORCH_FIND_LINKS=
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -26,16 +31,23 @@ RUN groupadd --gid 10001 dynamo \
       --shell /usr/sbin/nologin dynamo \
  && mkdir -p /data && chown 10001:10001 /data
 
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+RUN if [ -n "${TORCH_FIND_LINKS}" ]; then \
+      pip install --find-links "${TORCH_FIND_LINKS}" "torch==${TORCH_VERSION}+cpu"; \
+    else \
+      pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; \
+    fi
 
 WORKDIR /opt/dynamo-rl
-# Metadata first: the dependency layer is rebuilt only when pyproject.toml changes.
+# Metadata first: the dependency layer is rebuilt only when pyproject.toml (or README.md) changes.
+# Installing the project without its packages pulls every dependency; the code layer then
+# installs only the project itself.
 COPY pyproject.toml README.md ./
+RUN pip install . && pip uninstall -y dynamo-rl
 COPY dynamo_rl ./dynamo_rl
 COPY allocator ./allocator
 COPY learner ./learner
 COPY services ./services
-RUN pip install . \
+RUN pip install --no-deps . \
  && python -c "import dynamo_rl, dynamo_rl.dashboard, torch, transformers" \
  && dynamo-rl --help > /dev/null
 

@@ -36,6 +36,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("dynamo_rl.dashboard.cli", "serve the built-in dashboard (charts and samples)"),
     "init-model": ("learner.tiny_model", "build a tiny Qwen2 model and tokenizer (no download)"),
     "sft": ("learner.sft_cli", "supervised fine-tuning (the learner's sft mode; warm start)"),
+    "stage": (
+        "dynamo_rl.stage",
+        "run one stage of up's recipe on its own: prepare | eval-before | eval-after (compose)",
+    ),
     "task": ("dynamo_rl.task_cli", "write a built-in task's train/test data (verl parquet layout)"),
 }
 

@@ -25,6 +25,7 @@ from dynamo_rl.config import ExperimentConfig, load_config
 from tests.conftest import REPO, dynamo_rl_argv
 
 EXPERIMENT = REPO / "deploy" / "k8s" / "base" / "experiment.yaml"
+COMPOSE_EXPERIMENT = REPO / "deploy" / "compose" / "quickstart.yaml"  # compose's default mount
 CONFIG_MOUNT = "/etc/dynamo-rl/experiment.yaml"
 
 # Paths each service answers over HTTP ("grpc-health": the standard gRPC health service), keyed by
@@ -87,9 +88,12 @@ def _substitute(text: str, env: Mapping[str, str]) -> str:
     )
 
 
-def config_of(cmd: DynamoCommand, env: Mapping[str, str]) -> ExperimentConfig:
-    """The config the command builds: the experiment file (for the mounted path), the env, the
-    overrides, and the flags whose dest is a config key (the ones the deploy files use)."""
+def config_of(
+    cmd: DynamoCommand, env: Mapping[str, str], experiment: Path = EXPERIMENT
+) -> ExperimentConfig:
+    """The config the command builds: the experiment file (``experiment`` for the mounted path),
+    the env, the overrides, and the flags whose dest is a config key (the ones the deploy files
+    use)."""
     args = [_substitute(a, env) for a in cmd.args]
     config = flag_value(args, "--config")
     path: Path | None = None
@@ -97,7 +101,7 @@ def config_of(cmd: DynamoCommand, env: Mapping[str, str]) -> ExperimentConfig:
         assert config == CONFIG_MOUNT, (
             f"--config {config}: the experiment is mounted at {CONFIG_MOUNT}"
         )
-        path = EXPERIMENT
+        path = experiment
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
     flag_keys = {
         "--port": f"{cmd.subcommand}.port",
@@ -113,7 +117,9 @@ def config_of(cmd: DynamoCommand, env: Mapping[str, str]) -> ExperimentConfig:
     return load_config(path, overrides, env=dict(env))
 
 
-def check_command(argv: Sequence[str], env: Mapping[str, str]) -> DynamoCommand:
+def check_command(
+    argv: Sequence[str], env: Mapping[str, str], experiment: Path = EXPERIMENT
+) -> DynamoCommand:
     """Assert the argv runs a real subcommand with real flags and a valid config; return it."""
     cmd = dynamo_command(argv)
     assert cmd is not None, f"not a dynamo-rl command: {argv}"
@@ -126,17 +132,19 @@ def check_command(argv: Sequence[str], env: Mapping[str, str]) -> DynamoCommand:
                 f"dynamo-rl {cmd.subcommand} has no flag {flag}"
             )
     if "--config" in text or any("=" in a and not a.startswith("-") for a in cmd.args):
-        config_of(cmd, env)  # raises ConfigError on an unknown key or a bad value
+        config_of(cmd, env, experiment)  # raises ConfigError on an unknown key or a bad value
     return cmd
 
 
-def listen_ports(cmd: DynamoCommand, env: Mapping[str, str]) -> dict[str, int]:
+def listen_ports(
+    cmd: DynamoCommand, env: Mapping[str, str], experiment: Path = EXPERIMENT
+) -> dict[str, int]:
     """Kind of port ("port", "metrics_port") -> the port number the command binds."""
     args = [_substitute(a, env) for a in cmd.args]
     sub = cmd.subcommand
     if sub == "dashboard":
         return {"port": int(flag_value(args, "--port") or 8265)}
-    cfg = config_of(cmd, env)
+    cfg = config_of(cmd, env, experiment)
     section = getattr(cfg, sub)
     ports: dict[str, int] = {}
     for kind in ("port", "metrics_port"):
@@ -146,9 +154,11 @@ def listen_ports(cmd: DynamoCommand, env: Mapping[str, str]) -> dict[str, int]:
     return ports
 
 
-def bind_host(cmd: DynamoCommand, env: Mapping[str, str], kind: str) -> str:
+def bind_host(
+    cmd: DynamoCommand, env: Mapping[str, str], kind: str, experiment: Path = EXPERIMENT
+) -> str:
     """The address the command binds for ``kind`` ("port" or "metrics_port")."""
-    section = getattr(config_of(cmd, env), cmd.subcommand)
+    section = getattr(config_of(cmd, env, experiment), cmd.subcommand)
     if kind == "metrics_port" and hasattr(section, "metrics_host"):
         return section.metrics_host
     return section.host

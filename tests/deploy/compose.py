@@ -80,5 +80,4 @@ def load(env: Mapping[str, str], *files: Path) -> dict[str, Any]:
 REQUIRED_ENV = {
     "DYNAMO_CONTROL_TOKEN": "test-token",
     "GRAFANA_ADMIN_PASSWORD": "test-password",
-    "MODEL_DIR": "/models/test",
 }

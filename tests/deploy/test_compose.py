@@ -14,6 +14,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.deploy.commands import (
+    COMPOSE_EXPERIMENT,
     ENDPOINTS,
     bind_host,
     check_command,
@@ -86,7 +87,7 @@ def test_every_service_has_a_healthcheck_or_is_one_shot(compose: dict, name: str
 )
 def test_commands_are_real_subcommands_with_valid_config(compose: dict, name: str) -> None:
     service = compose["services"][name]
-    check_command(service["command"], service["environment"])
+    check_command(service["command"], service["environment"], COMPOSE_EXPERIMENT)
 
 
 @pytest.mark.parametrize(
@@ -100,8 +101,8 @@ def test_commands_are_real_subcommands_with_valid_config(compose: dict, name: st
 def test_healthchecks_hit_an_endpoint_the_service_serves(compose: dict, name: str) -> None:
     service = compose["services"][name]
     check = " ".join(service["healthcheck"]["test"][1:])
-    cmd = check_command(service["command"], service["environment"])
-    ports = listen_ports(cmd, service["environment"])
+    cmd = check_command(service["command"], service["environment"], COMPOSE_EXPERIMENT)
+    ports = listen_ports(cmd, service["environment"], COMPOSE_EXPERIMENT)
     if m := HEALTH_URL.search(check):
         port, path = int(m.group(1)), m.group(2)
     elif m := HEALTH_GRPC.search(check):
@@ -122,11 +123,15 @@ def test_dependencies_wait_for_health(compose: dict) -> None:
             condition = spec["condition"]
             if services[dep].get("restart") == "no":
                 assert condition == "service_completed_successfully", (name, dep)
+            elif condition == "service_completed_successfully":
+                # Only what runs to completion (the learner: restarted after a crash, not after
+                # reaching max_steps) can be waited for by completion.
+                assert services[dep].get("restart") == "on-failure", (name, dep)
             else:
                 assert condition == "service_healthy", (name, dep)
                 assert "healthcheck" in services[dep], dep
     rollout = services["rollout"]["depends_on"]
-    assert {"allocator", "reward", "engine", "task"} <= set(rollout)
+    assert {"allocator", "reward", "engine", "prepare", "eval-before"} <= set(rollout)
 
 
 def test_published_ports_bind_loopback_by_default(compose: dict) -> None:
@@ -157,9 +162,11 @@ def test_reward_is_sandbox_ready_and_has_no_route_out(compose: dict) -> None:
     assert reward["cap_drop"] == ["ALL"] and "cap_add" not in reward
     assert "privileged" not in reward
     assert "no-new-privileges:true" in reward["security_opt"]
-    assert {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"} <= set(
-        reward["security_opt"]
-    )
+    assert {"apparmor=unconfined", "systempaths=unconfined"} <= set(reward["security_opt"])
+    # Seccomp stays on: the shipped allowlist, not unconfined (tests/deploy/test_seccomp.py).
+    (seccomp,) = [o for o in reward["security_opt"] if o.startswith("seccomp=")]
+    assert seccomp == "seccomp=./deploy/seccomp/reward.json"
+    assert (REPO / seccomp.split("=", 1)[1]).is_file()
     assert reward["user"] == "10001:10001"
     # Everything that talks to the reward service is on its network.
     for peer in ("rollout", "dashboard", "prometheus"):
@@ -185,9 +192,9 @@ def test_gpu_override_reserves_gpus_and_keeps_real_commands() -> None:
         service = doc["services"][name]
         (device,) = service["deploy"]["resources"]["reservations"]["devices"]
         assert device["capabilities"] == ["gpu"]
-        cmd = check_command(service["command"], service["environment"])
+        cmd = check_command(service["command"], service["environment"], COMPOSE_EXPERIMENT)
         if name == "engine":
-            ports = listen_ports(cmd, service["environment"])
+            ports = listen_ports(cmd, service["environment"], COMPOSE_EXPERIMENT)
             assert ports["port"] == 8000
     engine = doc["services"]["engine"]["command"]
     assert "engine.device=cuda" in engine
@@ -216,12 +223,12 @@ def test_prometheus_scrapes_every_service_where_it_serves_metrics(compose: dict)
         service = services[host]
         if raw()["services"][host].get("image") != OUR_IMAGE:
             continue
-        cmd = check_command(service["command"], service["environment"])
-        ports = listen_ports(cmd, service["environment"])
+        cmd = check_command(service["command"], service["environment"], COMPOSE_EXPERIMENT)
+        ports = listen_ports(cmd, service["environment"], COMPOSE_EXPERIMENT)
         assert endpoint_ok(cmd.subcommand, int(port), "/metrics", ports), target
         # Scraped from another container: a loopback bind would answer only its own healthcheck.
         kind = next(k for k, v in ports.items() if v == int(port))
-        bound = bind_host(cmd, service["environment"], kind)
+        bound = bind_host(cmd, service["environment"], kind, COMPOSE_EXPERIMENT)
         assert bound not in ("127.0.0.1", "localhost", "::1"), f"{target}: binds {bound}"
         scraped_ours.add(cmd.subcommand)
     assert scraped_ours == {"allocator", "reward", "engine", "rollout", "learner"}
@@ -252,9 +259,12 @@ def test_dashboard_scrapes_what_the_services_serve(compose: dict) -> None:
     for url in urls:
         host, port, path = re.match(r"http://([^:/]+):(\d+)(/.*)", url).groups()
         service = services[host]
-        cmd = check_command(service["command"], service["environment"])
+        cmd = check_command(service["command"], service["environment"], COMPOSE_EXPERIMENT)
         assert endpoint_ok(
-            cmd.subcommand, int(port), path, listen_ports(cmd, service["environment"])
+            cmd.subcommand,
+            int(port),
+            path,
+            listen_ports(cmd, service["environment"], COMPOSE_EXPERIMENT),
         )
 
 

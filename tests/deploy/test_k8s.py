@@ -297,7 +297,11 @@ def test_reward_has_no_egress_and_a_sandbox_capable_pod(rendered, overlay: str) 
     assert policy["spec"].get("egress", []) == []
     spec = reward["spec"]
     assert spec["hostUsers"] is False
-    assert spec["securityContext"]["seccompProfile"]["type"] == "Unconfined"
+    # The shipped allowlist (deploy/seccomp/reward.json), as a node-local profile: never unconfined.
+    assert spec["securityContext"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "dynamo-rl/reward.json",
+    }
     (c,) = spec["containers"]
     assert c["securityContext"]["procMount"] == "Unmasked"
     # Every other pod keeps the runtime's seccomp profile.

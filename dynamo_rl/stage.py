@@ -1,0 +1,126 @@
+"""``dynamo-rl stage``: one stage of ``dynamo-rl up``'s recipe on its own, for deployments that
+start each service separately (docker-compose.yml's one-shot services).
+
+- ``prepare``: ``up``'s first two stages with the same config keys (``up.task*``,
+  ``up.tiny_model``, ``up.warm_start``, ``run.seed``) into ``run.dir``: the built-in task in
+  ``data/`` and a tiny Qwen2 model warm-started with ``dynamo-rl sft`` in ``model/sft``; then the
+  resolved config as ``config.yaml``, as ``up`` writes it. The experiment must point the services at
+  those paths (``rollout.dataset: <run.dir>/data/train.parquet``, ``engine.model`` and
+  ``learner.model``: ``<run.dir>/model/sft``); ``prepare`` refuses one whose paths are elsewhere, so
+  a typo cannot start the services on something it did not make. Steps whose output exists are
+  skipped: a restarted stack keeps its model.
+- ``eval-before`` / ``eval-after``: ``up``'s held-out evaluation (``up.eval``: avg@k on the task's
+  test split through the engines and the reward service) into ``<run.dir>/eval_<label>.json``;
+  ``eval-after`` also prints both figures and writes ``summary.json`` as ``up`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from dynamo_rl.cli import parse_config, service_parser
+from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.up import Launcher
+
+__all__ = ["STAGES", "expected_paths", "main"]
+
+STAGES = ("prepare", "eval-before", "eval-after")
+
+
+def expected_paths(cfg: ExperimentConfig) -> dict[str, str]:
+    """Config key -> the path ``prepare`` writes it to (what the experiment must name)."""
+    run_dir = Path(cfg.run.run_dir).resolve()
+    model = str(run_dir / "model" / ("sft" if cfg.up.warm_start.steps else "init"))
+    return {
+        "rollout.dataset": str(run_dir / "data" / "train.parquet"),
+        "engine.model": model,
+        "learner.model": model,
+    }
+
+
+def _check_paths(cfg: ExperimentConfig) -> bool:
+    want = expected_paths(cfg)
+    have = {
+        "rollout.dataset": cfg.rollout.dataset,
+        "engine.model": cfg.engine.model,
+        "learner.model": cfg.learner.model,
+    }
+    ok = True
+    for key, value in have.items():
+        if value != want[key]:
+            ok = False
+            print(f"dynamo-rl stage: {key} is {value!r}; it must be {want[key]!r} (what prepare "
+                  f"writes for run.dir {cfg.run.run_dir!r})", file=sys.stderr)  # fmt: skip
+    return ok
+
+
+def _dump(cfg: ExperimentConfig) -> dict:
+    return cfg.model_dump(mode="json", exclude={"endpoints": {"control_token"}})
+
+
+def prepare(cfg: ExperimentConfig) -> int:
+    # up's own stages, on the config without the paths (so that they build rather than reuse).
+    tree = _dump(cfg)
+    tree["rollout"]["dataset"] = None
+    tree["engine"]["model"] = None
+    tree["learner"]["model"] = None
+    launcher = Launcher(ExperimentConfig.model_validate(tree))
+    launcher.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        launcher.say(f"preparing {launcher.run_dir}")
+        dataset, _test = launcher.prepare_data()
+        model = launcher.prepare_model()
+    except RuntimeError as e:
+        launcher.say(f"error: {e}")
+        return 1
+    finally:
+        launcher.stop_all()
+    want = expected_paths(cfg)
+    assert (dataset, model) == (want["rollout.dataset"], want["engine.model"]), (dataset, model)
+    (launcher.run_dir / "config.yaml").write_text(yaml.safe_dump(_dump(cfg), sort_keys=False))
+    launcher.say(f"task data {dataset}, model {model}: ready")
+    return 0
+
+
+def evaluate(cfg: ExperimentConfig, label: str) -> int:
+    launcher = Launcher(cfg)
+    if not (launcher.run_dir / "config.yaml").exists():
+        launcher.say(f"error: no {launcher.run_dir / 'config.yaml'}: run `dynamo-rl stage prepare`")
+        return 1
+    test_data = str(Path(expected_paths(cfg)["rollout.dataset"]).with_name("test.parquet"))
+    try:
+        result = launcher.evaluate(test_data, label)
+        if label == "after" and result is not None:
+            before_file = launcher.run_dir / "eval_before.json"
+            before = json.loads(before_file.read_text()) if before_file.exists() else None
+            launcher.summary(before, result)
+    except RuntimeError as e:
+        launcher.say(f"error: {e}")
+        return 1
+    finally:
+        launcher.stop_all()
+    if result is None:
+        launcher.say("held-out evaluation off (up.eval.prompts=0)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # service_parser's flags and epilog, with the stage as the first positional (before overrides).
+    base = service_parser("stage", __doc__.splitlines()[0].split(": ", 1)[1])
+    parser = argparse.ArgumentParser(prog=base.prog, description=base.description,
+                                     epilog=base.epilog)  # fmt: skip
+    parser.add_argument("stage", choices=STAGES, help="the stage to run")
+    parser.add_argument("--config", metavar="FILE", help="experiment YAML (a section per service)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    args, cfg = parse_config(parser, argv)
+    if not _check_paths(cfg):
+        return 2
+    if args.stage == "prepare":
+        return prepare(cfg)
+    return evaluate(cfg, args.stage.removeprefix("eval-"))
