@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dynamo_rl.retry import Backoff
+
 __all__ = [
     "ServiceProcess",
     "free_port",
@@ -102,7 +104,8 @@ class ServiceProcess:
     def wait_ready(self, check: Callable[[], bool], timeout: float = 60.0) -> ServiceProcess:
         """Poll ``check`` until it is true; raise with the log tail if the process dies or time ends."""
         deadline = time.monotonic() + timeout
-        delay = 0.05
+        poll = Backoff(base_s=0.05, cap_s=0.5, jitter=0.0)
+        attempt = 0
         while True:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
@@ -117,8 +120,8 @@ class ServiceProcess:
                 raise TimeoutError(
                     f"{self.name} not ready after {timeout:.0f}s; last log lines:\n{self.log_tail()}"
                 )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            time.sleep(poll.delay(attempt))
+            attempt += 1
 
     def signal(self, sig: int) -> None:
         if self.alive():

@@ -58,15 +58,19 @@ class _RedisBackoff:
 
 
 def _options(
-    timeout_s: float | None, block_s: float, retries: int, backoff: Backoff | None
+    timeout_s: float | None, block_s: float, retries: int, backoff: Backoff | None, retry_cls: Any
 ) -> dict[str, Any]:
+    import redis
+
     opts: dict[str, Any] = {
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": (timeout_s if timeout_s is not None else TIMEOUT_S) + block_s,
         "health_check_interval": HEALTH_CHECK_INTERVAL_S,
     }
     if retries > 0:
-        opts["_retry"] = (retries, backoff or Backoff(base_s=0.25, cap_s=5.0))
+        policy = backoff or Backoff(base_s=0.25, cap_s=5.0)
+        opts["retry"] = retry_cls(_RedisBackoff(policy), retries=retries)
+        opts["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
     return opts
 
 
@@ -82,12 +86,7 @@ def sync_client(
     import redis
     from redis.retry import Retry
 
-    opts = _options(timeout_s, block_s, retries, backoff)
-    retry = opts.pop("_retry", None)
-    if retry is not None:
-        opts["retry"] = Retry(_RedisBackoff(retry[1]), retries=retry[0])
-        opts["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
-    return redis.Redis.from_url(url, **opts)
+    return redis.Redis.from_url(url, **_options(timeout_s, block_s, retries, backoff, Retry))
 
 
 def async_client(
@@ -99,13 +98,7 @@ def async_client(
     backoff: Backoff | None = None,
 ) -> Any:
     """A ``redis.asyncio.Redis`` for ``url`` with the project's timeouts."""
-    import redis
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
 
-    opts = _options(timeout_s, block_s, retries, backoff)
-    retry = opts.pop("_retry", None)
-    if retry is not None:
-        opts["retry"] = Retry(_RedisBackoff(retry[1]), retries=retry[0])
-        opts["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
-    return aioredis.Redis.from_url(url, **opts)
+    return aioredis.Redis.from_url(url, **_options(timeout_s, block_s, retries, backoff, Retry))

@@ -80,7 +80,7 @@ def prepare(cfg: ExperimentConfig) -> int:
         launcher.say(f"error: {e}")
         return 1
     finally:
-        launcher.stop_all()
+        launcher.sup.stop_all()
     want = expected_paths(cfg)
     assert (dataset, model) == (want["rollout.dataset"], want["engine.model"]), (dataset, model)
     (launcher.run_dir / "config.yaml").write_text(yaml.safe_dump(_dump(cfg), sort_keys=False))
@@ -104,7 +104,7 @@ def evaluate(cfg: ExperimentConfig, label: str) -> int:
         launcher.say(f"error: {e}")
         return 1
     finally:
-        launcher.stop_all()
+        launcher.sup.stop_all()
     if result is None:
         launcher.say("held-out evaluation off (up.eval.prompts=0)")
     return 0

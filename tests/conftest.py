@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from dynamo_rl.procs import ServiceProcess, start_redis
 from dynamo_rl.procs import free_port as _free_port
@@ -24,6 +25,12 @@ from dynamo_rl.services import cli_argv
 # Keep torch from oversubscribing the 2-core CI machine when several processes run.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# CI draws the same property-test examples every run (a failing draw is then reproducible, not a
+# one-in-N surprise); by hand each run explores new ones.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent

@@ -269,12 +269,11 @@ def test_a_failed_push_leaves_no_engine_paused(
     assert complete(url, prompt=PROMPT, max_tokens=2).status_code == 200
 
 
+@pytest.mark.parametrize("engine", ["vllm"], indirect=True)  # vLLM-shaped routes only
 def test_vllm_update_needs_a_pause_and_abort_cuts_running_requests(
     engine: tuple[str, str, str],
 ) -> None:
-    kind, url, _ns = engine
-    if kind != "vllm":
-        pytest.skip("vLLM-shaped routes only")
+    _kind, url, _ns = engine
     r = httpx.post(f"{url}/start_weight_update", headers=AUTH)
     assert r.status_code == 409 and "pause" in r.text
     assert httpx.post(f"{url}/pause", params={"mode": "soon"}, headers=AUTH).status_code == 422

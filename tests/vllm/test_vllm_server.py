@@ -93,7 +93,9 @@ def test_sampling_through_openai_client(vllm_servers: VLLMServers) -> None:
         assert all(lp <= 0.0 for lp in s.logprobs)
         assert s.finish_reason in ("stop", "length")
         assert s.engine_url == server.url
-        assert s.weight_version is None  # vLLM reports no per-response version
+        # vLLM's completions carry no version: the client stamps what /weight_info said before
+        # the request ("default", no update yet, reads as 0).
+        assert s.weight_version == 0
     # A random tiny model at T=1 over 259 tokens: four identical 16-token samples mean the seed
     # or n was ignored.
     assert len({tuple(s.token_ids) for s in sampled}) > 1
