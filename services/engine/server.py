@@ -26,7 +26,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -502,20 +502,24 @@ def create_app(engine: Engine) -> FastAPI:
         m.queued_sequences.set(engine.generator.pending())
         return Response(m.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> dict[str, Any]:
+    async def observed(route: str, call: Awaitable[Any]) -> Any:
+        """``call``'s answer, counted per route and status, timed, and in flight meanwhile."""
         t0 = time.perf_counter()
         m.requests_in_flight.inc()
         try:
-            body = await _completions(req)
+            body = await call
         except InvalidRequest:
-            m.requests.labels("/v1/completions", "422").inc()
+            m.requests.labels(route, "422").inc()
             raise
         finally:
             m.requests_in_flight.dec()
-        m.requests.labels("/v1/completions", "200").inc()
-        m.request_seconds.labels("/v1/completions").observe(time.perf_counter() - t0)
+        m.requests.labels(route, "200").inc()
+        m.request_seconds.labels(route).observe(time.perf_counter() - t0)
         return body
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> dict[str, Any]:
+        return await observed("/v1/completions", _completions(req))
 
     async def _completions(req: CompletionRequest) -> dict[str, Any]:
         prompts = engine.encode_prompts(req.prompt, "prompt")
@@ -591,18 +595,7 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.post("/generate")
     async def generate(req: GenerateRequest) -> Any:
-        t0 = time.perf_counter()
-        m.requests_in_flight.inc()
-        try:
-            body = await _generate(req)
-        except InvalidRequest:
-            m.requests.labels("/generate", "422").inc()
-            raise
-        finally:
-            m.requests_in_flight.dec()
-        m.requests.labels("/generate", "200").inc()
-        m.request_seconds.labels("/generate").observe(time.perf_counter() - t0)
-        return body
+        return await observed("/generate", _generate(req))
 
     async def _generate(req: GenerateRequest) -> Any:
         if (req.text is None) == (req.input_ids is None):

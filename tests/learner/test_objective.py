@@ -86,6 +86,25 @@ def inputs(x: dict[str, torch.Tensor], adv: torch.Tensor | None = None, **kw) ->
     )
 
 
+def modulated(x: dict, adv: torch.Tensor, preset: str) -> list[list[float]]:
+    """The loop twin's modulated advantages of batch ``x`` under ``preset``."""
+    p = dynamo_params(preset)
+    mod, _ = loop_modulate(
+        adv.tolist(),
+        x["logp"].tolist(),
+        x["old"].tolist(),
+        x["ent"].tolist(),
+        x["mask"].int().tolist(),
+        CLIP_LOW,
+        CLIP_HIGH,
+        p.lambda_min,
+        p.gamma,
+        p.tau,
+        p.mu_max,
+    )
+    return mod
+
+
 PPO = PpoLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
 
 
@@ -144,20 +163,7 @@ def test_modulation_alone_is_dynamo_over_this_micro_batch(seed: int):
     x = batch(seed)
     algo = AlgorithmConfig(policy_loss=PPO, modulation=ModulationConfig(enabled=True))
     out = rl_objective(inputs(x, entropy=x["ent"]), algo, normalizer=15.0)
-    p = dynamo_params("decay6")
-    mod, _ = loop_modulate(
-        x["adv"].tolist(),
-        x["logp"].tolist(),
-        x["old"].tolist(),
-        x["ent"].tolist(),
-        x["mask"].int().tolist(),
-        CLIP_LOW,
-        CLIP_HIGH,
-        p.lambda_min,
-        p.gamma,
-        p.tau,
-        p.mu_max,
-    )
+    mod = modulated(x, x["adv"], "decay6")
     per = {
         (i, k): loop_ppo_token(float(x["logp"][i, k]), float(x["old"][i, k]), mod[i][k], None)
         for i, k in cells(x["mask"])
@@ -267,20 +273,7 @@ def test_all_terms_together_add_up(seed: int):
         critic,
         normalizer=18.0,
     )
-    p = dynamo_params("decay5")
-    mod, _ = loop_modulate(
-        (x["adv"] * w).tolist(),
-        x["logp"].tolist(),
-        x["old"].tolist(),
-        x["ent"].tolist(),
-        x["mask"].int().tolist(),
-        CLIP_LOW,
-        CLIP_HIGH,
-        p.lambda_min,
-        p.gamma,
-        p.tau,
-        p.mu_max,
-    )
+    mod = modulated(x, x["adv"] * w, "decay5")
     total = 0.0
     for i, k in cells(x["mask"]):
         lp, old = float(x["logp"][i, k]), float(x["old"][i, k])

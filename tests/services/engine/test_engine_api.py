@@ -11,7 +11,6 @@ import httpx
 import pytest
 import torch
 
-from learner.tiny_model import build_tiny_model
 from tests.services.engine.engine_util import (
     complete,
     load_reference,
@@ -19,18 +18,6 @@ from tests.services.engine.engine_util import (
     reference_logprobs,
     start_engine,
 )
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("tiny") / "model",
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        max_positions=256,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -16,23 +16,10 @@ from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
 from learner.batch import collate, samples_from_groups
 from learner.model import load_policy
 from learner.rl import policy_forward
-from learner.tiny_model import build_tiny_model
 from tests.services.engine.engine_util import complete, start_engine
 
 PROMPTS = [[10, 20, 30], [40, 41, 42, 43, 44, 45, 46]]
 TEMPS = [0.7, 1.6]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("tiny") / "model",
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        max_positions=256,
-    )
 
 
 def _engine(model_dir: Path, log_dir: Path, *overrides: str) -> Iterator[str]:

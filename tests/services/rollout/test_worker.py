@@ -32,7 +32,6 @@ from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from dynamo_rl.services import SERVICES
-from learner.tiny_model import build_tiny_model
 from services.rollout.datasets import PromptRecord
 from services.rollout.engines import EnginePool, SGLangEngine
 from services.rollout.loop import (
@@ -50,11 +49,6 @@ from tests.services.engine.engine_util import load_reference, reference_logprobs
 
 NS = "wtest"
 N_PROMPTS = 6
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "m", seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,6 @@ from dynamo_rl.config import load_config
 from dynamo_rl.contracts.engine import send
 from dynamo_rl.keys import trajectory_stream
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
-from learner.tiny_model import build_tiny_model
 from services.rollout.engines import SGLangEngine
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
@@ -38,11 +37,6 @@ from tests.services.engine.engine_util import start_engine
 
 NS = "winv"
 NEWER = 3  # the weight version pushed to the second engine
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "m", seed=0)
 
 
 @pytest.fixture(scope="module")
