@@ -116,14 +116,19 @@ class Service:
         argv = self.argv(*args, *self.port_overrides(port))
         proc = ServiceProcess(name or self.name, argv, log_path, env=env, cwd=cwd).start()
         address = self.address(port)
-        check = self.health(address)
-        if wait and check is not None:
+        if wait:
             try:
-                proc.wait_ready(check, timeout)
+                self.wait_ready(proc, address, timeout)
             except BaseException:
                 proc.stop()
                 raise
         return proc, address
+
+    def wait_ready(self, proc: ServiceProcess, address: str, timeout: float) -> None:
+        """Wait until ``proc`` answers its probe at ``address`` (nothing to wait for without one)."""
+        check = self.health(address)
+        if check is not None:
+            proc.wait_ready(check, timeout)
 
 
 SERVICES: dict[str, Service] = {

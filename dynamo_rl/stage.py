@@ -82,7 +82,9 @@ def prepare(cfg: ExperimentConfig) -> int:
     finally:
         launcher.sup.stop_all()
     want = expected_paths(cfg)
-    assert (dataset, model) == (want["rollout.dataset"], want["engine.model"]), (dataset, model)
+    if (dataset, model) != (want["rollout.dataset"], want["engine.model"]):
+        launcher.say(f"error: prepared {dataset}, {model}; the config expects {want}")
+        return 1
     (launcher.run_dir / "config.yaml").write_text(yaml.safe_dump(_dump(cfg), sort_keys=False))
     launcher.say(f"task data {dataset}, model {model}: ready")
     return 0

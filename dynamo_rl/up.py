@@ -199,9 +199,7 @@ class Launcher:
                                                           strict=True)),
         ]  # fmt: skip
         for kind, proc, address in waits:
-            check = table[kind].health(address)
-            assert check is not None
-            proc.wait_ready(check, timeout)
+            table[kind].wait_ready(proc, address, timeout)
             what = {"allocator": "allocator", "reward": "reward service"}.get(kind, proc.name)
             self.say(f"{what} ready at {address}")
 

@@ -168,9 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             procs.append(engine)
             rewardp, reward_url = SERVICES["reward"].start(logs / "reward.log", timeout=180)
             procs.append(rewardp)
-            check = SERVICES["engine"].health(engine_url)
-            assert check is not None
-            engine.wait_ready(check, 180)
+            SERVICES["engine"].wait_ready(engine, engine_url, 180)
             cfg.endpoints.engine_urls = [engine_url]
             cfg.endpoints.reward_url = reward_url
         temperature = (
