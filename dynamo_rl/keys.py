@@ -26,7 +26,8 @@ def trajectory_stream(namespace: str) -> str:
 
 
 def dead_letter_stream(namespace: str) -> str:
-    """Stream of entries the learner could not decode, each with its reason."""
+    """Stream of entries the learner could not decode and prompts the engines refused, each with
+    its reason."""
     return f"{PREFIX}:traj-dead:{_check(namespace)}"
 
 

@@ -36,6 +36,7 @@ GAUGES: dict[str, str] = {
     "push_gb_per_s": "throughput of the last weight push in GB/s",
     "weight_version": "weight version after the last push",
     "step": "last completed train step",
+    "equal_reward_streak": "train steps in a row whose rewards were all equal (no signal)",
 }
 PHASES = ("read", "forward", "backward", "optimizer", "checkpoint", "push")
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -57,6 +58,10 @@ class LearnerMetrics:
         self.dead_letters = m.counter(
             "dead_letters_total", "stream entries sent to the dead-letter stream"
         )
+        self.equal_reward_warnings = m.counter(
+            "equal_reward_warnings_total",
+            "warnings: learner.equal_reward_warn_steps steps in a row with all rewards equal",
+        )
         self.pushes = m.counter("pushes_total", "weight pushes", ["transport", "outcome"])
         self.phase_seconds = m.histogram(
             "phase_seconds", "seconds per step phase", ["phase"], buckets=_STEP_BUCKETS
@@ -71,6 +76,8 @@ class LearnerMetrics:
             if isinstance(value, int | float):
                 gauge.set(float(value))
         self.steps.inc()
+        if record.get("equal_reward_warning"):
+            self.equal_reward_warnings.inc()
         self.groups.inc(float(record.get("groups", 0)))
         self.tokens.inc(float(record.get("tokens", 0)))
         for phase in PHASES:

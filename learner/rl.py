@@ -111,6 +111,7 @@ class RLTrainer(Trainer):
         self.uncommitted: list[str] = []  # stream ids consumed since the last checkpoint
         self.committed_ids: list[str] = []  # ids of the checkpoint we resumed from
         self.stop_after_batch = False
+        self.equal_reward_streak = 0  # steps in a row whose rewards were all equal
 
     # --- checkpoint hooks --------------------------------------------------------------------
 
@@ -286,7 +287,32 @@ class RLTrainer(Trainer):
                 record[_METRIC_NAMES.get(name, name)] = totals[k] / max(totals[f"w:{name}"], 1.0)
         elapsed = time.perf_counter() - t_start
         record["tokens_per_second"] = totals["tokens"] * lc.ppo_epochs / max(elapsed, 1e-9)
+        record.update(self._equal_rewards(samples))
         return record
+
+    def _equal_rewards(self, samples: list[Sample]) -> dict[str, Any]:
+        """Track steps whose rewards (as scored, before any shaping) were all equal — all 0 or
+        all 1: no group has a signal, often an answer format the reward service cannot read.
+        Every ``learner.equal_reward_warn_steps`` such steps in a row: a warning, counted
+        (``equal_reward_warning`` in the step record feeds the metric and the dashboard)."""
+        rewards = [s.reward for s in samples]
+        equal = bool(rewards) and max(rewards) == min(rewards)
+        self.equal_reward_streak = self.equal_reward_streak + 1 if equal else 0
+        k = self.lc.equal_reward_warn_steps
+        warn = bool(k) and equal and self.equal_reward_streak % k == 0
+        if warn and self.env.is_main:
+            log.warning(
+                "%d train steps in a row with every reward %g: no learning signal. Check that "
+                "the reward service scores this data (reward.routes for its data_source, the "
+                "answer format the prompts ask for)",
+                self.equal_reward_streak,
+                rewards[0],
+            )
+        return {
+            "rewards_all_equal": equal,
+            "equal_reward_streak": self.equal_reward_streak,
+            "equal_reward_warning": warn,
+        }
 
     def _plan(self, samples: list[Sample]) -> tuple[list[list[int]], list[list[MicroBatch]]]:
         """Mini-batches (row indices of whole groups) and this rank's micro-batches of each."""

@@ -343,6 +343,10 @@ class LearnerConfig(Section):
     push: PushConfig = PushConfig()
     data: DataConfig = DataConfig()
     dpo: DpoConfig = DpoConfig()
+    equal_reward_warn_steps: Annotated[int, Field(ge=0)] = 5
+    """rl: warn (log, ``dynamo_learner_equal_reward_steps_total``, ``equal_reward_streak`` in the
+    step log) when this many steps in a row trained on rewards that were all equal (all 0 or all
+    1: no learning signal, often an unscorable answer format); 0: off."""
     metrics_port: Port | None = 9103
     """Prometheus /metrics port on rank 0 (0: a free port; null: off)."""
     metrics_host: Host = "127.0.0.1"

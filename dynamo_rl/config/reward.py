@@ -18,7 +18,9 @@ another machine).
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -342,6 +344,7 @@ _MATH_BOXED = {"kind": "math", "extraction": "last_boxed"}
 _ANSWER_LINE = {"kind": "math", "extraction": "answer_line"}
 _CODE_CASES = {"kind": "code", "scoring": "fraction"}
 DEFAULT_ROUTES: dict[str, dict[str, str]] = {
+    "arith": _MATH_BOXED,  # the built-in task (dynamo-rl task arith)
     "openai/gsm8k": {"kind": "math", "extraction": "gsm8k"},
     "lighteval/MATH": _MATH_BOXED,
     "DigitalLearningGmbH/MATH-lighteval": _MATH_BOXED,
@@ -450,3 +453,47 @@ def _named(key: str, name: str | None, table: dict[str, object], table_key: str)
     if name not in table:
         return [f"{key}: {name!r} is not in {table_key} (known: {', '.join(table) or 'none'})"]
     return []
+
+
+_GLOB = frozenset("*?[")
+
+
+class RouteTable:
+    """Finds a data source's route: an exact key first, then the longest matching pattern. The
+    reward service applies what it finds (``services.reward.routes``); the rollout worker checks
+    its dataset's data sources against the same table before it starts (:func:`unrouted`)."""
+
+    def __init__(self, routes: Mapping[str, Route | None]) -> None:
+        self.exact = {k: r for k, r in routes.items() if r is not None and not _GLOB & set(k)}
+        self.patterns = sorted(
+            ((k, r) for k, r in routes.items() if r is not None and _GLOB & set(k)),
+            key=lambda kr: -len(kr[0]),
+        )
+
+    def find(self, data_source: str | None) -> tuple[str, Route] | None:
+        """``(key, route)`` for ``data_source``, or None."""
+        if data_source is None:
+            return None
+        if data_source in self.exact:
+            return data_source, self.exact[data_source]
+        for key, route in self.patterns:
+            if fnmatch.fnmatchcase(data_source, key):
+                return key, route
+        return None
+
+
+def unrouted(cfg: RewardConfig, sources: Mapping[str, str]) -> dict[str, str]:
+    """The data sources (``{data_source: kind}``, math and code rows) that nothing in ``cfg`` says
+    how to score: no composite spec and no route of their kind. Empty when a ``*`` route or a
+    ``*`` composite spec is configured (every data source is accepted as it is)."""
+    if cfg.routes.get("*") is not None or "*" in cfg.composite:
+        return {}
+    table = RouteTable(cfg.routes)
+    out: dict[str, str] = {}
+    for source, kind in sources.items():
+        if kind not in VERIFIERS or source in cfg.composite:
+            continue
+        found = table.find(source)
+        if found is None or found[1].kind != kind:
+            out[source] = kind
+    return out

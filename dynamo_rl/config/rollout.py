@@ -56,6 +56,15 @@ class RolloutConfig(Section):
     the messages' contents alone, for base models (raw)."""
     default_kind: Literal["math", "code"] = "math"
     """Reward kind for rows that do not name one (a row's 'kind' or extra_info.kind wins)."""
+    max_prompt_len: Annotated[int, Field(ge=1)] | None = None
+    """Longest prompt in tokens (after rendering) sent to the engines; longer ones are handled by
+    ``prompt_len_policy`` when the data loads (None: the model's context, ``max_position_embeddings``
+    in the tokenizer directory's config.json, minus ``sampling.max_tokens``; no limit when the
+    config does not tell)."""
+    prompt_len_policy: Literal["drop", "truncate_left", "truncate_right", "error"] = "drop"
+    """What to do with a prompt longer than ``max_prompt_len``: leave it out (drop), keep its last
+    (truncate_left) or first (truncate_right) ``max_prompt_len`` tokens, or refuse the dataset
+    (error)."""
     shuffle: bool = True
     """Shuffle the prompts each epoch (seeded by run.seed and the epoch)."""
     num_workers: Annotated[int, Field(ge=1)] = 1

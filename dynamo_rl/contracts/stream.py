@@ -14,6 +14,10 @@ Entries are ``dynamo_rl.codec`` entries (fields ``v`` and ``g``). The rest of th
   expiry so a lapsed one stays claimable; :meth:`~TrajectoryWriter.claim_lapsed` takes every
   lapsed lease — and the worker's own id's at once, which can only be a dead earlier run — with
   :data:`CLAIM_SCRIPT`, so each lease is taken by one claimant only.
+- A prompt an engine refuses (HTTP 4xx: bad input, not a reason to stop) goes to the learner's
+  dead-letter stream, ``dead_letter_stream(ns)``, with the same fields: ``id`` is
+  ``prompt:<prompt id>``, ``reason`` the engine's answer, ``payload`` JSON (``prompt_id``,
+  ``data_source``, ``prompt_tokens``, ``worker_id``) — :meth:`~TrajectoryWriter.dead_letter`.
 - Backpressure: :meth:`~TrajectoryWriter.lag` is the number of entries the learner's group has not
   read yet (all of them before the group exists, or when Redis cannot tell after deletions).
   Entries read but not acknowledged are not counted: the learner acknowledges only when a
@@ -175,6 +179,27 @@ class TrajectoryWriter:
             lambda: self.client.eval(PUSH_SCRIPT, len(script_keys), *script_keys, *args)
         )
         return [_str(i) for i in ids]
+
+    async def dead_letter(
+        self, prompt_id: str, reason: str, *, data_source: str = "", prompt_tokens: int = 0
+    ) -> str:
+        """Record a prompt that cannot be sampled in ``dead_letter_stream(ns)``; its entry id."""
+        payload = json.dumps(
+            {
+                "prompt_id": prompt_id,
+                "data_source": data_source,
+                "prompt_tokens": prompt_tokens,
+                "worker_id": self.worker_id,
+            }
+        )
+        fields = {
+            "id": f"prompt:{prompt_id}",
+            "reason": reason,
+            "payload": payload,
+            "time_unix": str(time.time()),
+        }
+        dead = keys.dead_letter_stream(self.namespace)
+        return _str(await self._guard(lambda: self.client.xadd(dead, fields)))
 
     async def hold_lease(self, prompt_ids: Sequence[str], batch_id: str, ttl_s: float) -> None:
         """Write (or renew) this worker's lease on ``prompt_ids`` for ``ttl_s`` from now."""

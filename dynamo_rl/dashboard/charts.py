@@ -78,6 +78,14 @@ CHARTS: tuple[Chart, ...] = (
         (_learner("reward mean", "reward_mean"), _learner("accuracy", "accuracy_mean")),
     ),
     Chart(
+        "equal_reward",
+        "Steps in a row with all rewards equal (no learning signal; warned every "
+        "learner.equal_reward_warn_steps)",
+        "training",
+        "steps",
+        (_learner("equal-reward streak", "equal_reward_streak"),),
+    ),
+    Chart(
         "loss",
         "Loss",
         "training",

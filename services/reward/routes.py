@@ -8,34 +8,14 @@ components then score with the filled-in options.
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Any
 
-from dynamo_rl.config.reward import Route
-
-_GLOB = frozenset("*?[")
+from dynamo_rl.config.reward import RouteTable
 
 
-class Routes:
-    """Finds a data source's route: an exact key first, then the longest matching pattern."""
-
-    def __init__(self, routes: dict[str, Route | None]) -> None:
-        self.exact = {k: r for k, r in routes.items() if r is not None and not _GLOB & set(k)}
-        self.patterns = sorted(
-            ((k, r) for k, r in routes.items() if r is not None and _GLOB & set(k)),
-            key=lambda kr: -len(kr[0]),
-        )
-
-    def find(self, data_source: str | None) -> tuple[str, Route] | None:
-        """``(key, route)`` for ``data_source``, or None."""
-        if data_source is None:
-            return None
-        if data_source in self.exact:
-            return data_source, self.exact[data_source]
-        for key, route in self.patterns:
-            if fnmatch.fnmatchcase(data_source, key):
-                return key, route
-        return None
+class Routes(RouteTable):
+    """Finds a data source's route (:class:`RouteTable`: an exact key first, then the longest
+    matching pattern) and fills its options into items."""
 
     def apply(self, item: Any) -> Any:
         """The item with its route's options filled in where the item has none."""

@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except asyncio.CancelledError:
             log.info("stopped after %d batches", worker.batches_done)
             return 0
-        except (EngineError, RewardRequestError, RewardUnavailable) as e:
+        except (EngineError, RewardRequestError, RewardUnavailable, DatasetError) as e:
             log.error("stopping: %s", e)
             return 1
         finally:

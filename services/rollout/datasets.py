@@ -23,6 +23,11 @@ workers: the row's ``id`` if it has one, else ``<data_source>-<extra_info.index>
 
 Chat messages become text with the tokenizer's chat template when it has one (``auto``/``chat``) or
 with a plain template (``Role: content`` lines, then ``Assistant:``) otherwise.
+
+Prompt lengths are checked when the data loads (:func:`check_prompt_lengths`, used by the rollout
+worker and ``dynamo-rl eval`` alike): a prompt longer than ``rollout.max_prompt_len`` tokens is
+dropped, truncated on the left or the right, or refuses the dataset, by
+``rollout.prompt_len_policy``.
 """
 
 from __future__ import annotations
@@ -40,10 +45,13 @@ from dynamo_rl.contracts.reward import KINDS, VerifyItem
 from dynamo_rl.prompts import render_prompt, uses_chat_template
 
 __all__ = [
+    "LENGTH_POLICIES",
     "DatasetError",
+    "LengthCheck",
     "PromptRecord",
     "PromptRenderer",
     "PromptSampler",
+    "check_prompt_lengths",
     "load_records",
     "record_from_row",
     "reward_item",
@@ -251,6 +259,76 @@ class PromptRenderer:
         return render_prompt(self.tokenizer, prompt, self.template)
 
 
+LENGTH_POLICIES = ("drop", "truncate_left", "truncate_right", "error")
+_DONE = {"drop": "dropped", "truncate_left": "truncated on the left",
+         "truncate_right": "truncated on the right", "error": "refused"}  # fmt: skip
+
+
+@dataclass
+class LengthCheck:
+    """What :func:`check_prompt_lengths` kept: the records to sample, each one's rendering (text,
+    token ids; truncated where the policy truncates), and the counts to report."""
+
+    records: list[PromptRecord]
+    rendered: dict[str, tuple[str, list[int]]]
+    total: int
+    over: int
+    limit: int | None
+    policy: str
+
+    def line(self) -> str:
+        """One line for the log: ``12 of 1,319 prompts exceed 256 tokens: dropped``."""
+        if self.limit is None:
+            return f"{self.total:,} prompts, no length limit (the model's context is unknown)"
+        return (
+            f"{self.over:,} of {self.total:,} prompts exceed {self.limit:,} tokens: "
+            f"{_DONE[self.policy] if self.over else 'none to handle'}"
+        )
+
+
+def check_prompt_lengths(
+    records: Sequence[PromptRecord],
+    renderer: PromptRenderer,
+    max_len: int | None,
+    policy: str = "drop",
+) -> LengthCheck:
+    """Render every prompt once and apply ``policy`` to those longer than ``max_len`` tokens
+    (None: no limit): ``drop`` leaves them out, ``truncate_left`` keeps the last ``max_len``
+    tokens, ``truncate_right`` the first, ``error`` raises :class:`DatasetError` with the counts.
+    The rollout worker and ``dynamo-rl eval`` both load their prompts through this."""
+    if policy not in LENGTH_POLICIES:
+        raise DatasetError(
+            f"rollout.prompt_len_policy must be one of {', '.join(LENGTH_POLICIES)}, got {policy!r}"
+        )
+    kept: list[PromptRecord] = []
+    rendered: dict[str, tuple[str, list[int]]] = {}
+    longest: list[tuple[int, str]] = []
+    for r in records:
+        text, ids = renderer.render(r.prompt)
+        if max_len is None or len(ids) <= max_len:
+            kept.append(r)
+            rendered[r.prompt_id] = (text, ids)
+            continue
+        longest.append((len(ids), r.prompt_id))
+        if policy in ("truncate_left", "truncate_right"):
+            ids = ids[-max_len:] if policy == "truncate_left" else ids[:max_len]
+            kept.append(r)
+            rendered[r.prompt_id] = (renderer.tokenizer.decode(ids), ids)
+    check = LengthCheck(kept, rendered, len(records), len(longest), max_len, policy)
+    if longest and policy == "error":
+        worst = ", ".join(f"{pid} ({n} tokens)" for n, pid in sorted(longest, reverse=True)[:3])
+        raise DatasetError(
+            f"{check.line()} by rollout.prompt_len_policy=error (longest: {worst}); raise "
+            "rollout.max_prompt_len or choose drop, truncate_left or truncate_right"
+        )
+    if not kept:
+        raise DatasetError(
+            f"{check.line()}: no prompt is left (raise rollout.max_prompt_len, or truncate with "
+            "rollout.prompt_len_policy=truncate_left or truncate_right)"
+        )
+    return check
+
+
 def prompt_text(prompt: str | list[dict[str, str]]) -> str:
     """The prompt as plain text for a reward model or a judge: the text itself, or the user
     messages' contents (no chat template: the scorer applies its own)."""
@@ -307,6 +385,17 @@ class PromptSampler:
         self.epoch = 0
         self._order: list[int] = []
         self._pos = 0
+        self.discarded: set[str] = set()
+
+    def discard(self, prompt_id: str) -> None:
+        """Serve ``prompt_id`` no more (an engine refused it); raises :class:`DatasetError` when
+        no prompt is left."""
+        self.discarded.add(prompt_id)
+        if all(r.prompt_id in self.discarded for r in self.records):
+            raise DatasetError(
+                f"every prompt of this worker's shard ({len(self.records)}) was refused by the "
+                "engines (see the dead-letter stream)"
+            )
 
     def _new_epoch(self) -> None:
         self._order = list(range(len(self.records)))
@@ -317,7 +406,7 @@ class PromptSampler:
 
     def next_batch(self, size: int) -> list[PromptRecord]:
         """``size`` distinct records while the shard holds that many; wraps into the next epoch."""
-        size = min(size, len(self.records))
+        size = min(size, len(self.records) - len(self.discarded))
         batch: list[PromptRecord] = []
         taken: set[str] = set()
         while len(batch) < size:
@@ -326,6 +415,8 @@ class PromptSampler:
             index = self._order[self._pos]
             self._pos += 1
             r = self.records[index]
+            if r.prompt_id in self.discarded:
+                continue
             if r.prompt_id in taken:
                 # Across an epoch boundary a prompt could come twice in one batch; serve it later
                 # in this epoch instead, so every epoch still covers every prompt exactly once.

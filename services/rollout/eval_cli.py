@@ -62,11 +62,12 @@ async def evaluate(
 ) -> dict[str, Any]:
     import asyncio
 
-    from services.rollout.datasets import PromptRenderer, load_records
-    from services.rollout.engines import EnginePool
+    from services.rollout.datasets import PromptRenderer, check_prompt_lengths, load_records
+    from services.rollout.engines import EnginePool, EngineRequestError
     from services.rollout.loop import (
         load_tokenizer,
         make_engine_factory,
+        prompt_limit,
         request_seed,
         sample_prompt,
         sampling_of,
@@ -79,15 +80,21 @@ async def evaluate(
     if limit:
         records = records[:limit]
     renderer = PromptRenderer(load_tokenizer(tokenizer_dir), rc.prompt_template)
+    # The worker's length policy, before any sampling (DatasetError, a ValueError, under error).
+    lengths = check_prompt_lengths(
+        records, renderer, prompt_limit(cfg, tokenizer_dir), rc.prompt_len_policy
+    )
+    print(f"dynamo-rl eval: {data}: {lengths.line()}", file=sys.stderr)
+    records = lengths.records
     factory = make_engine_factory(cfg)
     pool = EnginePool([factory(u) for u in cfg.endpoints.engine_urls], max_wait_s=60.0)
     reward = RewardClient(cfg.endpoints.reward_url, timeout_s=rc.reward_timeout_s, max_wait_s=60.0)
     sampling = sampling_of(rc.sampling, temperature=temperature, seed=cfg.run.seed)
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(record) -> tuple[list[float], list[str]]:
+    async def one(record) -> tuple[list[float], list[str]] | str:
         async with gate:
-            _text, ids = renderer.render(record.prompt)
+            _text, ids = lengths.rendered[record.prompt_id]
 
             # A seed of its own per prompt: with one seed for all, every prompt would share the
             # same n noise streams, and one unlucky draw would fail the same sample everywhere.
@@ -96,9 +103,12 @@ async def evaluate(
                 extra = (chunk,) if chunk else ()
                 return request_seed(cfg.run.seed, "eval", record.prompt_id, *extra)
 
-            samples = await sample_prompt(
-                pool, ids, n, sampling, max_per_request=rc.max_n_per_request, seed_of=seed_of
-            )
+            try:
+                samples = await sample_prompt(
+                    pool, ids, n, sampling, max_per_request=rc.max_n_per_request, seed_of=seed_of
+                )
+            except EngineRequestError as e:  # bad input, as in the worker: left out, counted
+                return str(e)
             [results] = await verify_groups(
                 reward, [record], [samples], lambda _p, j: f"{record.prompt_id}/{j}"
             )
@@ -110,6 +120,16 @@ async def evaluate(
     finally:
         await pool.aclose()
         await reward.aclose()
+    refused = [
+        (r.prompt_id, a) for r, a in zip(records, answers, strict=True) if isinstance(a, str)
+    ]
+    if refused:
+        print(f"dynamo-rl eval: {len(refused)} of {len(records)} prompts refused by the engine, "
+              f"left out (first: {refused[0][0]}: {refused[0][1]})", file=sys.stderr)  # fmt: skip
+        if len(refused) == len(records):
+            raise RuntimeError(f"every prompt was refused by the engine ({refused[0][1]})")
+        kept = [(r, a) for r, a in zip(records, answers, strict=True) if not isinstance(a, str)]
+        records, answers = [r for r, _ in kept], [a for _, a in kept]
     scores = [sc for sc, _ in answers]
     if samples_path:
         with open(samples_path, "w") as f:
@@ -135,6 +155,12 @@ async def evaluate(
         "temperature": temperature,
         "data": str(data),
         "weight_versions": versions,
+        "prompts_over_length": {
+            "limit": lengths.limit,
+            "over": lengths.over,
+            "policy": lengths.policy,
+        },
+        "prompts_refused": len(refused),
         "by_data_source": {k: summary(v) for k, v in sorted(by_source.items())},
     }
 
@@ -147,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import asyncio
 
     from dynamo_rl.procs import ServiceProcess
+    from services.rollout.engines import EngineError
 
     procs: list[ServiceProcess] = []
     tokenizer_dir = cfg.rollout.tokenizer or args.model or cfg.engine.model
@@ -179,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      concurrency=args.concurrency, tokenizer_dir=tokenizer_dir,
                      samples_path=args.samples)
         )  # fmt: skip
-    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+    except (RuntimeError, TimeoutError, ValueError, OSError, EngineError) as e:
         print(f"dynamo-rl eval: {e}", file=sys.stderr)
         return 1
     finally:

@@ -7,6 +7,9 @@
 - :func:`sample_prompt` draws ``count`` samples of one prompt, split into requests of at most
   ``max_per_request`` samples that run concurrently over the pool, each with its own seed
   (the same seed for every request would give every chunk the same samples);
+- :func:`prompt_limit` resolves ``rollout.max_prompt_len`` (default: the model's context minus
+  ``sampling.max_tokens``) for :func:`~services.rollout.datasets.check_prompt_lengths`, which both
+  apply when the data loads;
 - :func:`verify_groups` scores every sample of a batch in one ``/v1/verify`` call and hands the
   verdicts back per prompt, matched by id.
 
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import zlib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from dynamo_rl.config import ExperimentConfig
@@ -31,6 +36,8 @@ from services.rollout.reward_client import RewardClient
 __all__ = [
     "load_tokenizer",
     "make_engine_factory",
+    "model_context",
+    "prompt_limit",
     "request_seed",
     "sample_prompt",
     "sampling_of",
@@ -55,6 +62,41 @@ def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def model_context(model_dir: str | None) -> int | None:
+    """The model's context in tokens, from ``config.json`` in its directory (what the embedded
+    engine serves; a vLLM ``--max-model-len`` below it is not known here); None when unknown."""
+    if not model_dir:
+        return None
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key in _CONTEXT_KEYS:
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return int(config[key])
+    return None
+
+
+def prompt_limit(cfg: ExperimentConfig, model_dir: str | None) -> int | None:
+    """``rollout.max_prompt_len``, or the model's context minus ``rollout.sampling.max_tokens``
+    (None: neither is known, no limit). Raises ValueError when ``max_tokens`` leaves no room."""
+    rc = cfg.rollout
+    if rc.max_prompt_len is not None:
+        return rc.max_prompt_len
+    context = model_context(model_dir)
+    if context is None:
+        return None
+    if context <= rc.sampling.max_tokens:
+        raise ValueError(
+            f"rollout.sampling.max_tokens ({rc.sampling.max_tokens}) leaves no room for a prompt "
+            f"in the model's context of {context} tokens; lower it or set rollout.max_prompt_len"
+        )
+    return context - rc.sampling.max_tokens
 
 
 def sampling_of(

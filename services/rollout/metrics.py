@@ -57,6 +57,16 @@ class WorkerMetrics:
         self.reward_retries = m.counter(
             "reward_retries_total", "Retried /v1/verify requests (reward service down or busy)"
         )
+        self.prompts_over_length = m.counter(
+            "prompts_over_length_total",
+            "Dataset prompts longer than rollout.max_prompt_len at load, by what was done "
+            "(dropped, truncated, refused)",
+            ["action"],
+        )
+        self.prompts_refused = m.counter(
+            "prompts_refused_total",
+            "Prompts an engine refused (HTTP 4xx), dead-lettered and served no more",
+        )
         self.batch_seconds = m.histogram(
             "batch_seconds",
             "Wall time of one batch, by phase (allocate, generate, verify, push, total)",

@@ -29,6 +29,12 @@ prompts first. The stream protocol (push script, leases, lag) is
 Each prompt's responses are gathered by that prompt's own task, so a group can only ever hold its
 own prompt's responses: counts and metadata cannot misalign (the reference code's repeat/metadata
 bug). A prompt allocated 0 responses gets no group.
+
+**Bad input is not a crash.** Prompts longer than ``rollout.max_prompt_len`` are dropped, truncated
+or refuse the dataset when it loads (``rollout.prompt_len_policy``), and a dataset whose
+``data_source`` has no reward route refuses to start (:func:`build_worker`). A prompt an engine
+still refuses (HTTP 4xx) is dead-lettered with the engine's reason, counted, and not served again;
+the batch goes on without it (connection errors and 5xx are retried as before).
 """
 
 from __future__ import annotations
@@ -48,16 +54,23 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
+from dynamo_rl.config.reward import unrouted
 from dynamo_rl.contracts.engine import alist_engines
 from dynamo_rl.contracts.stream import TrajectoryWriter
 from dynamo_rl.keys import weight_version_key
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
-from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler
-from services.rollout.engines import Engine, EnginePool, Sample
+from services.rollout.datasets import (
+    PromptRecord,
+    PromptRenderer,
+    PromptSampler,
+    check_prompt_lengths,
+)
+from services.rollout.engines import Engine, EnginePool, EngineRequestError, Sample
 from services.rollout.loop import (
     load_tokenizer,
     make_engine_factory,
+    prompt_limit,
     request_seed,
     sample_prompt,
     sampling_of,
@@ -67,7 +80,7 @@ from services.rollout.loop import (
 from services.rollout.metrics import WorkerMetrics
 from services.rollout.reward_client import RewardClient
 
-__all__ = ["BatchResult", "RolloutWorker", "build_worker", "split_count"]
+__all__ = ["BatchResult", "RolloutWorker", "build_worker", "check_routes", "split_count"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,6 +113,7 @@ class RolloutWorker:
         engine_factory: Callable[[str], Engine] | None = None,
         engines_namespace: str | None = None,
         allocator_factory: Callable[[], Any] | None = None,
+        rendered: dict[str, tuple[str, list[int]]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.namespace = namespace
@@ -117,7 +131,9 @@ class RolloutWorker:
         self.writer = TrajectoryWriter(redis, namespace, worker_id, guard=self._redis)
         self.sampling = sampling_of(cfg.sampling)
         self._unreported: dict[str, list[int]] = {}
-        self._rendered: dict[str, tuple[str, list[int]]] = {}
+        # Prompt renderings (text, token ids), as the length check at load left them.
+        self._rendered: dict[str, tuple[str, list[int]]] = dict(rendered or {})
+        self.refused = 0  # prompts dead-lettered because an engine refused them
         self.batches_done = 0
         # Tells this run's batches from an earlier run of a worker with the same id.
         self.session = secrets.token_hex(4)
@@ -313,14 +329,31 @@ class RolloutWorker:
         return cached
 
     async def generate_prompt(
-        self, tokens: list[int], count: int, batch_index: int, prompt_id: str
+        self, tokens: list[int], count: int, batch_index: int, record: PromptRecord
     ) -> list[Sample]:
-        return await sample_prompt(
-            self.pool, tokens, count, self.sampling, max_per_request=self.cfg.max_n_per_request,
-            seed_of=lambda chunk: request_seed(
-                self.sampling.seed, self.worker_id, batch_index, prompt_id, chunk
-            ),
-        )  # fmt: skip
+        """``count`` samples of one prompt; none when an engine refuses the prompt (HTTP 4xx):
+        it is dead-lettered with the engine's reason and served no more."""
+        try:
+            return await sample_prompt(
+                self.pool, tokens, count, self.sampling,
+                max_per_request=self.cfg.max_n_per_request,
+                seed_of=lambda chunk: request_seed(
+                    self.sampling.seed, self.worker_id, batch_index, record.prompt_id, chunk
+                ),
+            )  # fmt: skip
+        except EngineRequestError as e:
+            await self.refuse(record, len(tokens), str(e))
+            return []
+
+    async def refuse(self, record: PromptRecord, prompt_tokens: int, reason: str) -> None:
+        """Dead-letter a prompt an engine refused, count it, and serve it no more."""
+        log.warning("prompt %s refused by the engine, dead-lettered: %s", record.prompt_id, reason)
+        await self.writer.dead_letter(
+            record.prompt_id, reason, data_source=record.data_source, prompt_tokens=prompt_tokens
+        )
+        self.refused += 1
+        self.metrics.prompts_refused.inc()
+        self.sampler.discard(record.prompt_id)
 
     async def run_batch(self, batch_index: int) -> BatchResult:
         t0 = time.monotonic()
@@ -358,7 +391,7 @@ class RolloutWorker:
         t_gen = time.monotonic()
         samples = await asyncio.gather(
             *(
-                self.generate_prompt(tokens, count, batch_index, r.prompt_id)
+                self.generate_prompt(tokens, count, batch_index, r)
                 for r, (_text, tokens), count in zip(records, rendered, counts, strict=True)
             )
         )
@@ -511,14 +544,22 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         )
     metrics = metrics or WorkerMetrics()
     records = load_records(rc.dataset, rc.dataset_format, rc.default_kind)
+    check_routes(records, cfg)
+    renderer = PromptRenderer(load_tokenizer(tokenizer_path), rc.prompt_template)
+    lengths = check_prompt_lengths(
+        records, renderer, prompt_limit(cfg, tokenizer_path), rc.prompt_len_policy
+    )
+    (log.warning if lengths.over else log.info)("%s: %s", rc.dataset, lengths.line())
+    if lengths.over:
+        action = "truncated" if rc.prompt_len_policy.startswith("truncate") else "dropped"
+        metrics.prompts_over_length.labels(action).inc(lengths.over)
     sampler = PromptSampler(
-        records,
+        lengths.records,
         shuffle=rc.shuffle,
         seed=cfg.run.seed,
         num_shards=rc.num_workers,
         shard=rc.worker_index,
     )
-    renderer = PromptRenderer(load_tokenizer(tokenizer_path), rc.prompt_template)
     token = cfg.endpoints.control_token.get_secret_value() if cfg.endpoints.control_token else None
 
     engine_factory = make_engine_factory(cfg)
@@ -576,4 +617,27 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         metrics=metrics,
         engine_factory=engine_factory,
         engines_namespace=cfg.run.name,
+        rendered=lengths.rendered,
+    )
+
+
+def check_routes(records: Sequence[PromptRecord], cfg: ExperimentConfig) -> None:
+    """Refuse a dataset with a math or code ``data_source`` the reward service has no route (of
+    its kind) or composite spec for (``reward.routes``, ``reward.composite``: the same table the
+    service scores by) — it would be scored by the default extraction, quite possibly 0 for every
+    sample. A ``*`` route or composite spec accepts every source. Raises ValueError naming them."""
+    sources: dict[str, str] = {}
+    for r in records:
+        sources.setdefault(r.data_source, r.kind)
+    missing = unrouted(cfg.reward, sources)
+    if not missing:
+        return
+    named = ", ".join(f"{s!r} ({k})" for s, k in sorted(missing.items()))
+    routes = ", ".join(f"{k} ({r.kind})" for k, r in cfg.reward.routes.items() if r is not None)
+    composite = ", ".join(cfg.reward.composite) or "none"
+    raise ValueError(
+        f"{cfg.rollout.dataset}: no reward route for data_source {named}: its answers would be "
+        f"scored by the default extraction, perhaps 0 for every sample. Routes: {routes}; "
+        f"composite specs: {composite}. Add reward.routes.<data_source> (e.g. "
+        "{kind: math, extraction: last_boxed}), a reward.composite spec, or a '*' route"
     )
