@@ -633,6 +633,8 @@ def check_routes(records: Sequence[PromptRecord], cfg: ExperimentConfig) -> None
     if not missing:
         return
     named = ", ".join(f"{s!r} ({k})" for s, k in sorted(missing.items()))
+    if "data" in missing:
+        named += " ('data' is what rows without a data_source get)"
     routes = ", ".join(f"{k} ({r.kind})" for k, r in cfg.reward.routes.items() if r is not None)
     composite = ", ".join(cfg.reward.composite) or "none"
     raise ValueError(
