@@ -332,3 +332,23 @@ def test_eval_on_long_prompts_prints_a_result_not_a_traceback(model: Path, tmp_p
     result, err = evaluate("rollout.max_prompt_len=100000")
     assert "2 of 6 prompts refused by the engine, left out" in err
     assert result["prompts"] == 4 and result["prompts_refused"] == 2
+
+
+@pytest.mark.slow
+def test_truncated_prompts_train_in_the_learner(make_worker, redis_url, model, tmp_path) -> None:
+    """The worker's groups of truncated prompts train: one learner step (torchrun, the same
+    model) on all six, none dead-lettered."""
+    from learner.steplog import read_log
+    from tests.learner.helpers import base_overrides, run_learner
+
+    assert run(make_worker("rollout.prompt_len_policy=truncate_left"), 1) == 1
+    overrides = base_overrides(model, tmp_path / "run", redis_url, NS)
+    run_learner(1, [*overrides, "learner.train_batch_size=6", "learner.max_steps=1",
+                    f"learner.max_seq_len={CONTEXT}"], tmp_path / "learner.log")  # fmt: skip
+    [step] = read_log(tmp_path / "run" / "metrics.jsonl")
+    assert step["groups"] == 6 and step["groups_skipped"] == 0
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.xlen(dead_letter_stream(NS)) == 0
+    finally:
+        client.close()
