@@ -197,7 +197,9 @@ def _boxed_answer(row: Mapping[str, Any], *ids: str) -> dict[str, Any]:
     reference = f"The final answer is \\boxed{{{truth}}}."
     if solution and last_boxed(str(solution)) is not None:
         reference = str(solution)
-    return _math_row(_boxed_problem(str(problem)), truth, reference, _first(row, *ids, required=False))
+    return _math_row(
+        _boxed_problem(str(problem)), truth, reference, _first(row, *ids, required=False)
+    )
 
 
 def _answer_line_problem(problem: str) -> str:
@@ -404,7 +406,9 @@ def convert_rows(
             skipped[str(e)] += 1
             continue
         except ConvertError as e:
-            raise ConvertError(f"{where}: row {index}: {e} ({fmt.name} layout: {fmt.fields})")
+            raise ConvertError(
+                f"{where}: row {index}: {e} ({fmt.name} layout: {fmt.fields})"
+            ) from None
         key = (got["prompt"][0]["content"], got["ground_truth"])
         if key in seen:
             skipped["duplicate of an earlier row"] += 1

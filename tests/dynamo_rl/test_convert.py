@@ -31,7 +31,7 @@ GSM8K_ANSWER = (
 DAPO_PROMPT = (
     "Solve the following math problem step by step. The last line of your response should be of "
     "the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
-    "What is $17 \\cdot 2$?\n\nRemember to put your answer on its own line after \"Answer:\"."
+    'What is $17 \\cdot 2$?\n\nRemember to put your answer on its own line after "Answer:".'
 )
 
 # format -> (rows in the published layout, rows expected after conversion, skip reasons)
