@@ -246,6 +246,8 @@ def test_converter_writes_our_layout_and_its_reference_scores_correct(
                               for it in items + wrong))  # fmt: skip
     for res in results[: len(items)]:
         assert (res["correct"], res["reason"]) == (True, "ok"), (fmt, res)
+        # The extracted answer comes back with the verdict: what eval's maj@k votes on.
+        assert ("answer" in res) == (spec.scorer != "code"), (fmt, res)
     for res in results[len(items) :]:
         assert not res["correct"], (fmt, res)
 
