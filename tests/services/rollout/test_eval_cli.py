@@ -114,3 +114,21 @@ def test_eval_on_two_benchmarks_prints_one_table_and_records_how_it_sampled(
     assert (s["n"], s["temperature"], s["max_tokens"]) == (4, 1.0, 8)
     assert result["prompt_template"]["setting"] == "auto"
     assert result["bootstrap"] == {"resamples": 200, "seed": 3, "confidence": 0.95}
+
+
+def test_benchmarks_are_named_by_file_or_given_names() -> None:
+    from services.rollout.eval_cli import benchmark_files
+
+    got = benchmark_files(["data/gsm8k.parquet", "AIME=x/aime.parquet", "math/test.parquet",
+                           "code/test.parquet"])  # fmt: skip
+    assert got == {"gsm8k": "data/gsm8k.parquet", "AIME": "x/aime.parquet",
+                   "math/test": "math/test.parquet", "code/test": "code/test.parquet"}  # fmt: skip
+    with pytest.raises(ValueError, match="two benchmarks named 'A'"):
+        benchmark_files(["A=a.jsonl", "A=b.jsonl"])
+
+
+def test_eval_refuses_a_k_above_the_samples_before_starting_anything(tmp_path: Path) -> None:
+    argv = dynamo_rl_argv("eval", "--model", str(tmp_path / "none"), "--data", "x.jsonl",
+                          "--n", "4", "--k", "1,8")  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--k: each k must be in 1..4" in done.stderr, done.stderr
