@@ -368,7 +368,9 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any]]:
     if p.suffix.lower() in (".parquet", ".pq"):
         import pyarrow.parquet as pq
 
-        yield from pq.read_table(p).to_pylist()
+        # Batch by batch: DAPO-Math-17k's file holds 1.8M rows (its problems repeated).
+        for batch in pq.ParquetFile(p).iter_batches(batch_size=4096):
+            yield from batch.to_pylist()
         return
     text = p.read_text()
     if text.lstrip().startswith("["):

@@ -304,3 +304,17 @@ def test_help_lists_every_format() -> None:
     top = subprocess.run(dynamo_rl_argv("--help"), cwd=REPO, capture_output=True, text=True,
                          timeout=60, check=True)  # fmt: skip
     assert "data" in top.stdout
+
+
+def test_parquet_input_as_published(tmp_path: Path) -> None:
+    """CodeContests ships parquet with nested test and solution structs: read batch by batch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "test-00000-of-00001.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS["codecontests"] * 3), src, row_group_size=1)
+    rows = list(read_rows(src))
+    assert len(rows) == 3 and rows[0]["public_tests"] == {"input": ["1 2\n"], "output": ["3\n"]}
+    out = tmp_path / "cc.jsonl"
+    assert main(["codecontests", str(src), "--out", str(out)]) == 0
+    assert [r.prompt_id for r in load_records(out)] == EXPECTED_IDS["codecontests"]  # kept once
