@@ -166,6 +166,12 @@ async def evaluate(
     }
 
 
+def is_override(spec: str) -> bool:
+    """Whether a ``--data`` entry is a config override (``run.seed=1``), not ``NAME=FILE``."""
+    key, sep, _ = spec.partition("=")
+    return bool(sep) and "." in key and key.split(".")[0] in ExperimentConfig.model_fields
+
+
 def benchmark_files(specs: Sequence[str]) -> dict[str, str]:
     """``--data`` entries as benchmark name -> file: ``NAME=FILE``, else the file's name without
     its extension (``test.parquet`` in a folder ``gsm8k``: ``gsm8k/test``, to stay unique)."""
@@ -236,6 +242,11 @@ async def evaluate_all(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, cfg = parse_config(parser, argv)
+    moved = [d for d in args.data if is_override(d)]
+    if moved:
+        # `--data a b run.seed=1`: --data took the overrides too; parse them as overrides.
+        rest = [a for a in (argv or []) if a not in moved]
+        args, cfg = parse_config(parser, [*moved, *rest])
     if args.n < 1 or args.limit < 0 or args.concurrency < 1 or args.bootstrap < 0:
         parser.error("--n and --concurrency must be >= 1, --limit and --bootstrap >= 0")
     try:

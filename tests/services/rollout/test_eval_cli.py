@@ -132,3 +132,15 @@ def test_eval_refuses_a_k_above_the_samples_before_starting_anything(tmp_path: P
                           "--n", "4", "--k", "1,8")  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--k: each k must be in 1..4" in done.stderr, done.stderr
+
+
+def test_overrides_after_the_data_files_are_overrides(tmp_path: Path) -> None:
+    from services.rollout.eval_cli import is_override
+
+    assert is_override("run.seed=1") and is_override("rollout.sampling.max_tokens=8")
+    assert not is_override("AIME=aime.parquet") and not is_override("data/x.v2=y.jsonl")
+    # --data is greedy: the override after the files reaches the config (and is refused there).
+    argv = dynamo_rl_argv("eval", "--model", str(tmp_path / "none"), "--data", "a.jsonl",
+                          "b.jsonl", "rollout.batch_size=0")  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "rollout.batch_size" in done.stderr, done.stderr
