@@ -41,6 +41,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "run one stage of up's recipe on its own: prepare | eval-before | eval-after (compose)",
     ),
     "task": ("dynamo_rl.task_cli", "write a built-in task's train/test data (verl parquet layout)"),
+    "data": (
+        "dynamo_rl.convert",
+        "convert a published dataset (GSM8K, MATH, AIME, APPS, ...) into the verl layout",
+    ),
 }
 
 EXIT_CONFIG = 2

@@ -6,7 +6,9 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 2. **Model.** Without ``engine.model``/``learner.model`` it builds a tiny Qwen2 model
    (``dynamo-rl init-model``) and warm-starts it on the task's reference answers
    (``dynamo-rl sft``, the learner's supervised mode) so that RL starts from a model that solves
-   some problems but not all. Both steps are skipped when their output already exists.
+   some problems but not all; with ``rollout.dataset`` set, on that dataset's reference responses
+   (``extra_info.answer``, which ``dynamo-rl data`` writes). Both steps are skipped when their
+   output already exists.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` embedded engines, each on a free port, each waited for until its health check
@@ -111,13 +113,17 @@ class Launcher:
         sft = self.run_dir / "model" / "sft"
         if not (sft / "config.json").exists():
             ws = up.warm_start
-            self.say(f"supervised warm start: {ws.steps} steps")
+            # The built-in task's tiers, or the user's dataset as it is: its rows' reference
+            # responses (extra_info.answer, as `dynamo-rl data` writes them) are the targets.
+            given = self.cfg.rollout.dataset
+            data = given or str(self.run_dir / "data" / "train.parquet")
+            tiers = [] if given else ["--tiers", ",".join(ws.tiers)]
+            self.say(f"supervised warm start: {ws.steps} steps on {data}")
             self.sup.run_step(
                 "sft",
-                cli_argv("sft", "--model", str(init),
-                         "--data", str(self.run_dir / "data" / "train.parquet"),
+                cli_argv("sft", "--model", str(init), "--data", data,
                          "--out", str(sft), "--steps", str(ws.steps), "--lr", str(ws.lr),
-                         "--batch-size", str(ws.batch_size), "--tiers", ",".join(ws.tiers),
+                         "--batch-size", str(ws.batch_size), *tiers,
                          "--seed", str(self.cfg.run.seed),
                          f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
                          f"learner.optim.weight_decay={ws.weight_decay}",

@@ -352,6 +352,12 @@ DEFAULT_ROUTES: dict[str, dict[str, str]] = {
     "math_dapo": _ANSWER_LINE,
     "aime*": _ANSWER_LINE,
     "numina_*": {"kind": "math", "extraction": "math_verify"},
+    # The benchmarks and sets `dynamo-rl data` converts (dynamo_rl/convert.py), with the boxed
+    # instruction; OlympiadBench's multi-answer problems need several boxes combined.
+    "amc*": _MATH_BOXED,
+    "minerva_math": _MATH_BOXED,
+    "deepscaler": _MATH_BOXED,
+    "olympiadbench": {"kind": "math", "extraction": "math_verify"},
     "codecontests": _CODE_CASES,
     "apps": _CODE_CASES,
     "codeforces": _CODE_CASES,

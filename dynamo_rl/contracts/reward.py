@@ -230,6 +230,9 @@ class ItemResult(BaseModel):
     format_ok: bool = Field(description="an answer (math) or a program (code) was found")
     reason: Reason
     detail: str = ""
+    answer: str | None = Field(
+        None, description="math: the final answer extracted from the response (maj@k votes on it)"
+    )
     raw_score: float | None = Field(
         None, description="model kind: the reward model's raw output (score is normalised)"
     )

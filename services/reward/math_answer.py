@@ -123,6 +123,7 @@ def score_gsm8k(response: str, ground_truth: str, flexible: bool) -> dict[str, A
         "format_ok": True,
         "reason": "ok" if correct else "wrong_answer",
         "detail": f"answer {answer[:200]!r}",
+        "answer": answer,
     }
 
 
@@ -131,7 +132,8 @@ def _boxed(text: str) -> str:
 
 
 def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[str, Any]:
-    """Score one answer: ``{"correct", "format_ok", "reason", "detail"}``. Main thread only."""
+    """Score one answer: ``{"correct", "format_ok", "reason", "detail"}`` and, when one was found,
+    ``"answer"`` (the extracted text). Main thread only."""
     if mode in ("gsm8k", "gsm8k_flexible"):
         return score_gsm8k(response, ground_truth, flexible=mode == "gsm8k_flexible")
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -165,6 +167,7 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
             "format_ok": True,
             "reason": "wrong_answer",
             "detail": f"answer {answer[:200]!r} could not be parsed",
+            "answer": answer,
         }
     correct = bool(verify(gold, pred, timeout_seconds=None))
     return {
@@ -172,6 +175,7 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
         "format_ok": True,
         "reason": "ok" if correct else "wrong_answer",
         "detail": f"answer {str(answer)[:200]!r}",
+        "answer": None if answer is None else str(answer),
     }
 
 

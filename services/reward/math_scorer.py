@@ -63,4 +63,5 @@ class MathScorer(Scorer):
             format_ok=bool(out["format_ok"]),
             reason=out["reason"],
             detail=out["detail"],
+            answer=out.get("answer"),
         )

@@ -2,23 +2,28 @@
 
 Two ways to run it:
 
-- ``dynamo-rl eval --model DIR --data FILE``: self-contained; it starts an embedded engine on the
-  model and a reward service on free ports, evaluates, and stops them.
-- ``dynamo-rl eval --config run.yaml --data FILE``: against the running engines
+- ``dynamo-rl eval --model DIR --data FILE [FILE ...]``: self-contained; it starts an embedded
+  engine on the model and a reward service on free ports, evaluates, and stops them.
+- ``dynamo-rl eval --config run.yaml --data FILE [FILE ...]``: against the running engines
   (``endpoints.engine_urls``) and reward service (``endpoints.reward_url``) — what ``dynamo-rl up``
   does before and after RL.
 
-For each of the first ``--limit`` prompts it samples ``--n`` responses and reports
-``avg@n`` (the mean fraction of correct samples per prompt: pass@1 estimated from n samples;
-``accuracy`` in the output), ``pass@n`` (any sample correct) and the same by ``data_source``.
-With ``--temperature 0`` and ``--n 1`` it is greedy pass@1. Each prompt is sampled with a seed of
-its own derived from ``run.seed`` and its id (reproducible, independent across prompts);
-``--samples FILE`` writes every sample with its verdict as JSONL.
+Each ``--data`` file is one benchmark (named by its file name, or ``NAME=FILE``). For each of its
+first ``--limit`` prompts it samples ``--n`` responses and prints one table, a row per benchmark:
+``avg@n`` (pass@1 averaged over the n samples; ``accuracy`` in the JSON), the unbiased ``pass@k``
+for each ``--k`` (the Codex estimator 1 − C(n−c, k)/C(n, k)), ``maj@n`` (majority vote over the
+samples' extracted answers), each with a seeded bootstrap 95% interval over prompts
+(:mod:`dynamo_rl.eval_metrics`). ``--out FILE`` writes the figures as JSON with the sampling
+settings and the prompt template they were measured under. With ``--temperature 0`` and ``--n 1``
+it is greedy pass@1. Each prompt is sampled with a seed of its own derived from ``run.seed`` and
+its id (reproducible, independent across prompts); ``--samples FILE`` writes every sample with its
+verdict as JSONL.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -28,22 +33,31 @@ from typing import Any
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.contracts.reward import ItemResult
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = service_parser("eval", __doc__.splitlines()[0].split(": ", 1)[1])
-    parser.add_argument("--data", required=True, metavar="FILE",
-                        help="held-out prompts (JSONL or verl parquet)")  # fmt: skip
+    parser.add_argument("--data", required=True, nargs="+", metavar="FILE",
+                        help="benchmarks: held-out prompts (JSONL or verl parquet), one file each, "
+                        "optionally named NAME=FILE")  # fmt: skip
     parser.add_argument("--model", metavar="DIR",
                         help="evaluate this model on engine and reward processes of its own")  # fmt: skip
     parser.add_argument("--n", type=int, default=4, help="samples per prompt (default 4)")
+    parser.add_argument("--k", metavar="K,K", help="pass@k reported for these k (each 1..n; "
+                        "default 1 and n)")  # fmt: skip
+    parser.add_argument("--bootstrap", type=int, default=1000, metavar="B",
+                        help="bootstrap resamples of the 95%% intervals, seeded with run.seed "
+                        "(default 1000; 0: none)")  # fmt: skip
     parser.add_argument("--limit", type=int, default=0,
                         help="evaluate the first N prompts only (0: all)")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=None,
                         help="sampling temperature (default: rollout.sampling.temperature)")  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=16,
                         help="prompts in flight at once (default 16)")  # fmt: skip
-    parser.add_argument("--out", metavar="FILE", help="also write the result as JSON here")
+    parser.add_argument("--out", metavar="FILE",
+                        help="write the result as JSON here (figures, intervals, sampling "
+                        "settings, prompt template)")  # fmt: skip
     parser.add_argument("--samples", metavar="FILE",
                         help="write every sample (prompt_id, index, text, correct) as JSONL here")  # fmt: skip
     return parser
@@ -59,9 +73,15 @@ async def evaluate(
     concurrency: int,
     tokenizer_dir: str,
     samples_path: str | None = None,
+    ks: list[int] | None = None,
+    bootstrap: int = 1000,
+    benchmark: str | None = None,
 ) -> dict[str, Any]:
+    """One benchmark file: its figures (``metrics``: avg@n, pass@k, maj@n with intervals), the
+    accuracy and pass@n also by ``data_source``, and the first prompt as rendered."""
     import asyncio
 
+    from dynamo_rl.eval_metrics import PromptOutcome, summarize
     from services.rollout.datasets import PromptRenderer, check_prompt_lengths, load_records
     from services.rollout.engines import EnginePool, EngineRequestError
     from services.rollout.loop import (
@@ -92,7 +112,7 @@ async def evaluate(
     sampling = sampling_of(rc.sampling, temperature=temperature, seed=cfg.run.seed)
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(record) -> tuple[list[float], list[str]] | str:
+    async def one(record) -> tuple[list[ItemResult], list[str]] | str:
         async with gate:
             _text, ids = lengths.rendered[record.prompt_id]
 
@@ -112,7 +132,7 @@ async def evaluate(
             [results] = await verify_groups(
                 reward, [record], [samples], lambda _p, j: f"{record.prompt_id}/{j}"
             )
-            return [1.0 if r.correct else 0.0 for r in results], [x.text for x in samples]
+            return results, [x.text for x in samples]
 
     try:
         answers = await asyncio.gather(*(one(r) for r in records))
@@ -130,13 +150,16 @@ async def evaluate(
             raise RuntimeError(f"every prompt was refused by the engine ({refused[0][1]})")
         kept = [(r, a) for r, a in zip(records, answers, strict=True) if not isinstance(a, str)]
         records, answers = [r for r, _ in kept], [a for _, a in kept]
-    scores = [sc for sc, _ in answers]
+    scores = [[1.0 if r.correct else 0.0 for r in res] for res, _ in answers]
     if samples_path:
-        with open(samples_path, "w") as f:
-            for record, (sc, texts) in zip(records, answers, strict=True):
+        # Appended: evaluate_all empties the file and gives every benchmark's samples in turn.
+        with open(samples_path, "a" if benchmark else "w") as f:
+            for record, sc, (_, texts) in zip(records, scores, answers, strict=True):
                 for j, (score, text) in enumerate(zip(sc, texts, strict=True)):
                     row = {"prompt_id": record.prompt_id, "index": j, "text": text,
                            "correct": bool(score)}  # fmt: skip
+                    if benchmark:
+                        row["benchmark"] = benchmark
                     f.write(json.dumps(row) + "\n")
     by_source: dict[str, list[list[float]]] = {}
     for record, sc in zip(records, scores, strict=True):
@@ -149,6 +172,8 @@ async def evaluate(
             "prompts": len(groups),
         }
 
+    outcomes = [PromptOutcome([r.correct for r in res], [r.answer for r in res])
+                for res, _ in answers]  # fmt: skip
     return {
         **summary(scores),
         "n": n,
@@ -162,14 +187,104 @@ async def evaluate(
         },
         "prompts_refused": len(refused),
         "by_data_source": {k: summary(v) for k, v in sorted(by_source.items())},
+        "metrics": summarize(outcomes, ks, resamples=bootstrap, seed=cfg.run.seed)["metrics"],
+        "example_prompt": renderer.render(records[0].prompt)[0],
+    }
+
+
+def is_override(spec: str) -> bool:
+    """Whether a ``--data`` entry is a config override (``run.seed=1``), not ``NAME=FILE``."""
+    key, sep, _ = spec.partition("=")
+    return bool(sep) and "." in key and key.split(".")[0] in ExperimentConfig.model_fields
+
+
+def benchmark_files(specs: Sequence[str]) -> dict[str, str]:
+    """``--data`` entries as benchmark name -> file: ``NAME=FILE``, else the file's name without
+    its extension (``test.parquet`` in a folder ``gsm8k``: ``gsm8k/test``, to stay unique)."""
+    named: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or "/" in name:
+            path, name = spec, Path(spec).stem
+            if name in named or name in ("test", "train", "validation"):
+                name = f"{Path(spec).parent.name}/{name}"
+        if name in named:
+            raise ValueError(f"--data: two benchmarks named {name!r}; name them NAME=FILE")
+        named[name] = path
+    return named
+
+
+async def evaluate_all(
+    cfg: ExperimentConfig, benchmarks: dict[str, str], *, n: int, limit: int, temperature: float,
+    concurrency: int, tokenizer_dir: str, samples_path: str | None, ks: list[int] | None,
+    bootstrap: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Every benchmark in turn, and what they were measured under. The top-level ``accuracy``,
+    ``pass@n`` and ``prompts`` are over all benchmarks' prompts together (``up`` reads them)."""
+    from dynamo_rl.prompts import uses_chat_template
+    from services.rollout.loop import load_tokenizer, sampling_of
+
+    results: dict[str, dict[str, Any]] = {}
+    if samples_path:
+        Path(samples_path).write_text("")  # every benchmark's samples follow, each row named
+    for name, path in benchmarks.items():
+        results[name] = await evaluate(
+            cfg, path, n=n, limit=limit, temperature=temperature, concurrency=concurrency,
+            tokenizer_dir=tokenizer_dir, samples_path=samples_path, ks=ks, bootstrap=bootstrap,
+            benchmark=name,
+        )  # fmt: skip
+    prompts = sum(r["prompts"] for r in results.values())
+    rc = cfg.rollout
+    tokenizer = load_tokenizer(tokenizer_dir)
+    chat = uses_chat_template(tokenizer, rc.prompt_template)
+    sampling = sampling_of(rc.sampling, temperature=temperature, seed=cfg.run.seed)
+    last = list(results.values())[-1]
+    return {
+        "accuracy": sum(r["accuracy"] * r["prompts"] for r in results.values()) / prompts,
+        f"pass@{n}": sum(r[f"pass@{n}"] * r["prompts"] for r in results.values()) / prompts,
+        "prompts": prompts,
+        "n": n,
+        "temperature": temperature,
+        "weight_versions": last["weight_versions"],
+        "benchmarks": results,
+        "sampling": {
+            **dataclasses.asdict(sampling),
+            "n": n,
+            "max_n_per_request": rc.max_n_per_request,
+            "seeds": "per prompt: run.seed, 'eval', prompt id (and request chunk)",
+        },
+        "prompt_template": {
+            "setting": rc.prompt_template,
+            "rendered_with": "tokenizer chat template"
+            if chat
+            else ("raw" if rc.prompt_template == "raw" else "plain (Role: content, Assistant:)"),
+            "chat_template": getattr(tokenizer, "chat_template", None) if chat else None,
+            "tokenizer": tokenizer_dir,
+        },
+        "bootstrap": {"resamples": bootstrap, "seed": cfg.run.seed, "confidence": 0.95},
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, cfg = parse_config(parser, argv)
-    if args.n < 1 or args.limit < 0 or args.concurrency < 1:
-        parser.error("--n and --concurrency must be >= 1 and --limit >= 0")
+    moved = [d for d in args.data if is_override(d)]
+    if moved:
+        # `--data a b run.seed=1`: --data took the overrides too; parse them as overrides.
+        rest = [a for a in (argv or []) if a not in moved]
+        args, cfg = parse_config(parser, [*moved, *rest])
+    if args.n < 1 or args.limit < 0 or args.concurrency < 1 or args.bootstrap < 0:
+        parser.error("--n and --concurrency must be >= 1, --limit and --bootstrap >= 0")
+    try:
+        ks = sorted({int(k) for k in args.k.split(",") if k.strip()}) if args.k else None
+    except ValueError:
+        parser.error(f"--k: comma-separated integers, got {args.k!r}")
+    if ks is not None and not all(1 <= k <= args.n for k in ks):
+        parser.error(f"--k: each k must be in 1..{args.n} (--n, the samples per prompt)")
+    try:
+        benchmarks = benchmark_files(args.data)
+    except ValueError as e:
+        parser.error(str(e))
     import asyncio
 
     from dynamo_rl.procs import ServiceProcess
@@ -202,9 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.temperature if args.temperature is not None else cfg.rollout.sampling.temperature
         )
         result = asyncio.run(
-            evaluate(cfg, args.data, n=args.n, limit=args.limit, temperature=temperature,
-                     concurrency=args.concurrency, tokenizer_dir=tokenizer_dir,
-                     samples_path=args.samples)
+            evaluate_all(cfg, benchmarks, n=args.n, limit=args.limit, temperature=temperature,
+                         concurrency=args.concurrency, tokenizer_dir=tokenizer_dir,
+                         samples_path=args.samples, ks=ks, bootstrap=args.bootstrap)
         )  # fmt: skip
     except (RuntimeError, TimeoutError, ValueError, OSError, EngineError) as e:
         print(f"dynamo-rl eval: {e}", file=sys.stderr)
@@ -212,8 +327,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for p in procs:
             p.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
+    from dynamo_rl.eval_metrics import format_table
+
+    sampling = result["sampling"]
+    print(format_table(result["benchmarks"]))
+    print(f"(percent, [bootstrap 95% interval]; n={args.n} samples per prompt at temperature "
+          f"{sampling['temperature']:g}, top_p {sampling['top_p']:g}, max_tokens "
+          f"{sampling['max_tokens']}, seed {cfg.run.seed}; prompts rendered with "
+          f"{result['prompt_template']['rendered_with']})")  # fmt: skip
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
     return 0

@@ -227,7 +227,7 @@ def test_routing_weights_and_gates(servers: RewardServer) -> None:
     assert "model: gated off (math not correct)" in wrong["detail"]
     # No spec for the data source, or none given: the kind alone, the old response shape.
     assert elsewhere == {"id": "elsewhere", "score": 1.0, "correct": True, "format_ok": True,
-                         "reason": "ok", "detail": "answer '2'"}  # fmt: skip
+                         "reason": "ok", "detail": "answer '2'", "answer": "2"}  # fmt: skip
     assert plain["score"] == 0.0 and "components" not in plain
     gated = 'dynamo_reward_components_total{component="model",data_source="gsm",outcome="gated"}'
     assert metric(servers, gated) >= 1

@@ -52,3 +52,95 @@ def test_eval_samples_each_prompt_with_its_own_seed_and_reports_what_it_scored(
     # Seeded: the same command gives the same samples.
     _eval(model, data, tmp_path / "b.json", tmp_path / "b.jsonl")
     assert (tmp_path / "b.jsonl").read_text() == (tmp_path / "a.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_eval_on_two_benchmarks_prints_one_table_and_records_how_it_sampled(
+    tmp_path: Path,
+) -> None:
+    """Two converted benchmark files in one call: a table row each, figures that agree with the
+    samples written (avg@n their mean, pass@k the share of k-subsets holding a correct sample),
+    the sampling settings and the prompt template in the JSON."""
+    import itertools
+
+    from dynamo_rl.convert import FORMATS, convert_rows, write_rows
+    from learner.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
+                             num_kv_heads=1)  # fmt: skip
+    gsm = [{"question": f"{a}+{a}=", "answer": f"#### {2 * a}"} for a in range(6)]
+    aime = [{"id": i, "problem": f"{i}*1=", "answer": str(i)} for i in range(5)]
+    files = {}
+    for name, fmt, rows in (("gsm8k", "gsm8k", gsm), ("aime", "aime2024", aime)):
+        converted, _ = convert_rows(FORMATS[fmt], rows)
+        files[name] = write_rows(converted, tmp_path / f"{name}.parquet")
+    out, samples = tmp_path / "eval.json", tmp_path / "samples.jsonl"
+    argv = dynamo_rl_argv(
+        "eval", "--model", str(model), "--data", str(files["gsm8k"]), f"AIME={files['aime']}",
+        "--n", "4", "--k", "1,2,4", "--temperature", "1.0", "--bootstrap", "200", "--out",
+        str(out), "--samples", str(samples), "run.seed=3", "rollout.sampling.max_tokens=8",
+    )  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = done.stdout.splitlines()
+    assert table[0].split() == ["benchmark", "prompts", "avg@4", "pass@1", "pass@2", "pass@4",
+                                "maj@4"]  # fmt: skip
+    assert table[2].split()[:2] == ["gsm8k", "6"] and table[3].split()[:2] == ["AIME", "5"]
+    result = json.loads(out.read_text())
+    assert list(result["benchmarks"]) == ["gsm8k", "AIME"] and result["prompts"] == 11
+    lines = [json.loads(x) for x in samples.read_text().splitlines()]
+    for name, bench in result["benchmarks"].items():
+        by_prompt: dict[str, list[bool]] = defaultdict(list)
+        for line in lines:
+            if line["benchmark"] == name:
+                by_prompt[line["prompt_id"]].append(line["correct"])
+        assert len(by_prompt) == bench["prompts"]
+        m = bench["metrics"]
+        flat = [c for v in by_prompt.values() for c in v]
+        assert m["avg@4"]["mean"] == pytest.approx(sum(flat) / len(flat))
+        for k in (1, 2, 4):
+            share = [
+                sum(any(s) for s in itertools.combinations(v, k))
+                / len(list(itertools.combinations(v, k)))
+                for v in by_prompt.values()
+            ]
+            assert m[f"pass@{k}"]["mean"] == pytest.approx(sum(share) / len(share))
+            lo, hi = m[f"pass@{k}"]["ci"]
+            assert lo <= m[f"pass@{k}"]["mean"] <= hi
+        assert m["maj@4"] is None or 0.0 <= m["maj@4"]["mean"] <= 1.0
+    gsm_prompt = result["benchmarks"]["gsm8k"]["example_prompt"]
+    assert '"####"' in gsm_prompt and "Answer:" in result["benchmarks"]["AIME"]["example_prompt"]
+    s = result["sampling"]
+    assert (s["n"], s["temperature"], s["max_tokens"]) == (4, 1.0, 8)
+    assert result["prompt_template"]["setting"] == "auto"
+    assert result["bootstrap"] == {"resamples": 200, "seed": 3, "confidence": 0.95}
+
+
+def test_benchmarks_are_named_by_file_or_given_names() -> None:
+    from services.rollout.eval_cli import benchmark_files
+
+    got = benchmark_files(["data/gsm8k.parquet", "AIME=x/aime.parquet", "math/test.parquet",
+                           "code/test.parquet"])  # fmt: skip
+    assert got == {"gsm8k": "data/gsm8k.parquet", "AIME": "x/aime.parquet",
+                   "math/test": "math/test.parquet", "code/test": "code/test.parquet"}  # fmt: skip
+    with pytest.raises(ValueError, match="two benchmarks named 'A'"):
+        benchmark_files(["A=a.jsonl", "A=b.jsonl"])
+
+
+def test_eval_refuses_a_k_above_the_samples_before_starting_anything(tmp_path: Path) -> None:
+    argv = dynamo_rl_argv("eval", "--model", str(tmp_path / "none"), "--data", "x.jsonl",
+                          "--n", "4", "--k", "1,8")  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--k: each k must be in 1..4" in done.stderr, done.stderr
+
+
+def test_overrides_after_the_data_files_are_overrides(tmp_path: Path) -> None:
+    from services.rollout.eval_cli import is_override
+
+    assert is_override("run.seed=1") and is_override("rollout.sampling.max_tokens=8")
+    assert not is_override("AIME=aime.parquet") and not is_override("data/x.v2=y.jsonl")
+    # --data is greedy: the override after the files reaches the config (and is refused there).
+    argv = dynamo_rl_argv("eval", "--model", str(tmp_path / "none"), "--data", "a.jsonl",
+                          "b.jsonl", "rollout.batch_size=0")  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "rollout.batch_size" in done.stderr, done.stderr
