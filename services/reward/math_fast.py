@@ -13,12 +13,22 @@ answer is extracted by the same functions ``score_math`` uses):
    :data:`MAX_DIGITS` digits and at most :data:`MAX_FRACTION_DIGITS` after the point — then:
 
    a. no answer found: ``no_answer`` (the ground truth parses, so math-verify would say the same);
-   b. the answer is a canonical number too: correct iff the two are equal as decimals
-      (``2.50`` = ``2.5``, ``2.0`` = ``2``). math-verify compares an integer with an integer
-      exactly and a decimal with anything after rounding both to 6 places; with at most 6
-      fractional digits and 15 significant ones that rounding changes nothing, so decimal
-      equality is its verdict;
-   c. anything else (``\\frac{1}{2}``, ``50\\%``, ``1,000``, ``+3``, ``007``): not decided here.
+   b. the answer is a canonical number too, or one after a dollar sign (``\\$ 12``, ``\\$12``):
+      correct iff the two are equal as decimals (``2.50`` = ``2.5``, ``2.0`` = ``2``).
+      math-verify compares an integer with an integer exactly and a decimal with anything after
+      rounding both to 6 places; with at most 6 fractional digits and 15 significant ones that
+      rounding changes nothing, so decimal equality is its verdict;
+   c. the answer is a percentage ``N\\%`` (N canonical, at most 4 fractional digits): correct
+      when N/100 equals the ground truth (``50\\%`` = ``0.5``), and when N does and both are
+      non-negative integers (``50\\%`` = ``50``: math-verify accepts that, but not
+      ``12.5\\%`` = ``12.5`` or ``-5\\%`` = ``-5``, which are left to it); wrong otherwise;
+   d. the answer is a fraction ``\\frac{a}{b}`` (or ``\\dfrac``, ``\\tfrac``, with an optional
+      minus sign; a, b positive integers of at most 9 digits): against an integer, correct iff
+      a/b equals it exactly (math-verify compares rationals and integers exactly); against a
+      decimal, correct iff a/b rounded to 6 places equals it (math-verify rounds both sides when
+      one is a float) — except when |a/b| >= 10^8 or a/b lies within a relative 10^-12 of a
+      rounding tie: those are left to math-verify;
+   e. anything else (``1,000``, ``+3``, ``007``, ``\\frac{x}{2}``): not decided here.
 
 2. **exact match of a simple form**: answer and ground truth are the same string and that string
    is a signed canonical integer fraction, square root or multiple of pi (``\\frac{3}{4}``,
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from services.reward.math_answer import answer_line, extract_last_boxed, score_gsm8k
@@ -50,6 +61,12 @@ MAX_FRACTION_DIGITS = 6
 """Digits after the point (math-verify rounds floats to 6 places before comparing)."""
 
 _CANONICAL = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+_DOLLAR = re.compile(r"\\\$ ?(?P<n>\S+)")
+_PERCENT = re.compile(r"(?P<n>\S+?)\\%")
+_FRACTION = re.compile(
+    r"(?P<sign>-?)\\[dt]?frac\{(?P<a>[1-9][0-9]{0,8})\}\{(?P<b>[1-9][0-9]{0,8})\}"
+)
+_TIE_MARGIN = Fraction(1, 10**12)
 _INT = r"[1-9][0-9]{0,14}"
 _SIMPLE = re.compile(
     rf"-?(?:\\frac\{{{_INT}\}}\{{{_INT}\}}|(?:{_INT})?\\sqrt\{{{_INT}\}}|(?:{_INT})?\\pi)"
@@ -98,12 +115,46 @@ def fast_verdict(response: str, ground_truth: str, mode: str) -> dict[str, Any] 
     if gold is not None:
         if answer is None:
             return {"correct": False, "format_ok": False, "reason": "no_answer", "detail": missing}
-        pred = canonical_number(answer)
-        if pred is not None:
-            return _verdict(pred == gold, answer)
-        return None
+        correct = _compare(answer, ground_truth.strip(), gold)
+        return None if correct is None else _verdict(correct, answer)
     if answer is not None and answer == ground_truth and _SIMPLE.fullmatch(answer):
         return _verdict(True, answer)
+    return None
+
+
+def _compare(answer: str, truth: str, gold: Decimal) -> bool | None:
+    """Rules 1b-1d: whether ``answer`` equals the canonical ground truth, or None (undecided)."""
+    dollar = _DOLLAR.fullmatch(answer)
+    pred = canonical_number(dollar.group("n") if dollar else answer)
+    if pred is not None:
+        return pred == gold
+    percent = _PERCENT.fullmatch(answer)
+    if percent:
+        n = canonical_number(percent.group("n"))
+        if n is None or len(percent.group("n").partition(".")[2]) > MAX_FRACTION_DIGITS - 2:
+            return None
+        if n / 100 == gold:
+            return True
+        if n == gold:  # math-verify takes "50\\%" for 50 only for whole numbers
+            plain = "." not in truth and not percent.group("n").startswith("-")
+            return True if plain and "." not in percent.group("n") else None
+        return False
+    fraction = _FRACTION.fullmatch(answer)
+    if fraction:
+        value = Fraction(int(fraction.group("a")), int(fraction.group("b")))
+        if fraction.group("sign"):
+            value = -value
+        if "." not in truth:
+            return value == Fraction(gold)
+        if abs(value) >= 10**8:  # 6 decimals would lie past math-verify's 15 digits
+            return None
+        scaled = value * 10**MAX_FRACTION_DIGITS
+        whole = scaled.numerator // scaled.denominator
+        rest = scaled - whole
+        if abs(rest - Fraction(1, 2)) < _TIE_MARGIN * max(1, abs(scaled)):
+            return None
+        rounded = whole + (1 if rest > Fraction(1, 2) else 0)
+        return Fraction(rounded, 10**MAX_FRACTION_DIGITS) == Fraction(gold)
     return None
 
 

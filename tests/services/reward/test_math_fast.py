@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+from decimal import Decimal
 
 import pytest
 from hypothesis import given
@@ -40,10 +41,30 @@ RULES = [
     ("work\nFinal answer: $42$.", "42.0", A, True, True),
     (r"\boxed{123456789012345}", "123456789012345", B, True, True),
     (r"\boxed{123456789012345}", "123456789012346", B, True, False),
-    # 1c: outside the canonical forms or the limits -> math-verify decides
-    (r"\boxed{\frac{1}{2}}", "0.5", B, False, True),
+    # 1b: after a dollar sign
+    (r"\boxed{\$ 5}", "5", B, True, True),
+    (r"\boxed{\$5.50}", "5.5", B, True, True),
+    (r"\boxed{\$5}", "6", B, True, False),
+    # 1c: percentages: N or N/100
+    (r"\boxed{50\%}", "0.5", B, True, True),
+    (r"\boxed{50\%}", "50", B, True, True),
+    (r"\boxed{50\%}", "1", B, True, False),
+    (r"\boxed{12.5\%}", "0.125", B, True, True),
+    (r"\boxed{0.12345\%}", "0.0012345", B, False, True),
+    (r"\boxed{12.5\%}", "12.5", B, False, False),
+    (r"\boxed{-5\%}", "-5", B, False, False),
+    # 1d: fractions: exact against integers, rounded to 6 places against decimals
+    (r"\boxed{\frac{1}{2}}", "0.5", B, True, True),
+    (r"\boxed{\dfrac{4}{2}}", "2", B, True, True),
+    (r"\boxed{\frac{1}{3}}", "0", B, True, False),
+    (r"\boxed{\frac{1}{3}}", "0.333333", B, True, True),
+    (r"\boxed{\frac{2}{3}}", "0.666667", B, True, True),
+    (r"\boxed{\frac{1}{3}}", "0.333334", B, True, False),
+    (r"\boxed{-\tfrac{5}{2}}", "-2.5", B, True, True),
+    (r"\boxed{\frac{1}{2000000}}", "0.000001", B, False, False),  # a rounding tie
+    (r"\boxed{\frac{x}{2}}", "0.5", B, False, False),
+    # 1e: outside these forms or the limits -> math-verify decides
     (r"\boxed{1,000}", "1000", B, False, True),
-    (r"\boxed{50\%}", "0.5", B, False, True),
     (r"\boxed{007}", "7", B, False, True),
     (r"\boxed{+3}", "3", B, False, True),
     (r"\boxed{-0}", "0", B, False, True),
@@ -105,8 +126,23 @@ def _variant(rng: random.Random, truth: str) -> str:
         return str(float(truth) + float(step)) if rng.random() < 0.5 else f"{truth}{step[-1]}"
     if roll < 0.8:
         return rng.choice(["-" + truth.lstrip("-"), "0" + truth.lstrip("-"), "+" + truth,
-                           truth.replace(".", ","), truth + r"\%", f"{truth}e0"])  # fmt: skip
+                           truth.replace(".", ","), truth + r"\%", f"{truth}e0",
+                           rf"\${truth}", rf"\$ {truth}", f"{Decimal(truth) * 100}\\%",
+                           f"{Decimal(truth) * 100:f}\\%"])  # fmt: skip
+    if roll < 0.9:
+        return _fraction(rng, truth)
     return _number(rng)
+
+
+def _fraction(rng: random.Random, truth: str) -> str:
+    """A fraction near or equal to ``truth``, or one that rounds to it (1/3 for 0.333333)."""
+    b = rng.choice([2, 3, 4, 6, 7, 8, 9, 11, 16, 125, 2000000, rng.randint(1, 10**6)])
+    value = abs(Decimal(truth)) if abs(Decimal(truth)) < 10**9 else Decimal(rng.randint(0, 99))
+    a = int((value * b).to_integral_value()) + rng.choice([0, 0, 0, 1, -1])
+    if a <= 0:
+        a = rng.randint(1, 9)
+    sign = "-" if truth.startswith("-") and rng.random() < 0.8 else ""
+    return rf"{sign}\{rng.choice(['frac', 'dfrac', 'tfrac'])}{{{a}}}{{{b}}}"
 
 
 def _response(rng: random.Random, answer: str, mode: str) -> str:
