@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import subprocess
 import sys
@@ -145,6 +146,20 @@ def bench_math(url: str, items: list[dict[str, object]], per_request: int, clien
     return asyncio.run(run())
 
 
+def path_counts(url: str) -> dict[str, float]:
+    """The service's math items so far by path (fast, dedup, worker), from /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = re.findall(
+        r'^dynamo_reward_math_items_by_path_total\{path="(\w+)"\} (\S+)$', text, re.M
+    )
+    return {path: float(v) for path, v in found}
+
+
+def _shares(counts: dict[str, float]) -> str:
+    total = sum(counts.values()) or 1.0
+    return "items by path: " + ", ".join(f"{p} {100 * n / total:.0f}%" for p, n in counts.items())
+
+
 def math_side_by_side(workdir: Path, q: bool) -> None:
     """Every math figure of one run: both services up at once, the mixes measured in turn."""
     numeric = math_items(1024 if q else 4096)
@@ -155,16 +170,21 @@ def math_side_by_side(workdir: Path, q: bool) -> None:
     fast, fast_url = start_server(workdir / "fast")
     slow, slow_url = start_server(workdir / "per_item", *PER_ITEM)
     try:
-        rates = {}
+        rates, paths = {}, {}
         for name, items, per_request, clients in (
             ("numeric", numeric, 256, 4),
             ("symbolic", symbolic, 32, 2),
             ("rollout", rollout, 256, 2),
         ):
+            before = path_counts(fast_url)
             rates[name] = (
                 bench_math(fast_url, items, per_request, clients),
                 bench_math(slow_url, items, per_request, clients),
             )
+            after = path_counts(fast_url)
+            paths[name] = {
+                p: after.get(p, 0) - before.get(p, 0) for p in ("fast", "dedup", "worker")
+            }
     finally:
         fast.stop()
         slow.stop()
@@ -175,7 +195,7 @@ def math_side_by_side(workdir: Path, q: bool) -> None:
         f"math numeric mix (4 clients x 256 items): {new:.0f} items/s with 2 workers; per-item "
         f"service {old:.0f}/s; in-process math-verify {in_numeric:.0f}/s -> {new / in_numeric:.2f}x "
         f"in-process (target >= 3x: {'met' if new / in_numeric >= 3 else 'NOT met'}), "
-        f"{new / old:.2f}x per-item"
+        f"{new / old:.2f}x per-item; {_shares(paths['numeric'])}"
     )
     for name, label in (("symbolic", "distinct symbolic"), ("rollout", "rollout-shaped symbolic")):
         new, old = rates[name]
@@ -183,7 +203,7 @@ def math_side_by_side(workdir: Path, q: bool) -> None:
             f"math {label} mix: {new:.1f} items/s with 2 workers; per-item service {old:.1f}/s "
             f"-> {new / old:.2f}x (target >= 5x: {'met' if new / old >= 5 else 'NOT met'}); "
             f"in-process math-verify on distinct symbolic items {in_symbolic:.1f}/s -> "
-            f"{new / in_symbolic:.2f}x"
+            f"{new / in_symbolic:.2f}x; {_shares(paths[name])}"
         )
 
 

@@ -15,6 +15,7 @@ Extraction (``last_boxed``, ``answer_line``, ``math_verify``, ``gsm8k``) and com
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any
@@ -67,9 +68,7 @@ class MathScorer(Scorer):
         for (_, waiter), done in zip(
             outbox, self.pool.submit_many([job for job, _ in outbox]), strict=True
         ):
-            done.add_done_callback(
-                lambda f, w=waiter: loop.call_soon_threadsafe(_resolve, w, f.result())
-            )
+            done.add_done_callback(lambda f, w=waiter: _hand_back(loop, w, f.result()))
 
     def _queue(self, job: Job) -> asyncio.Future[dict[str, Any]]:
         loop = asyncio.get_running_loop()
@@ -118,6 +117,14 @@ class MathScorer(Scorer):
             reason=out["reason"],
             detail=out["detail"],
         )
+
+
+def _hand_back(
+    loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[dict[str, Any]], result: dict[str, Any]
+) -> None:
+    """From a feeder thread: resolve ``waiter`` on its loop (gone at shutdown: nothing to do)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(_resolve, waiter, result)
 
 
 def _resolve(waiter: asyncio.Future[dict[str, Any]], result: dict[str, Any]) -> None:
