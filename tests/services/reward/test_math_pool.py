@@ -8,8 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from dynamo_rl.config import RewardConfig
 from services.reward.math_answer import answer_line, extract_last_boxed, last_boxed
 from services.reward.math_pool import MathPool
+from services.reward.math_scorer import MathScorer
+from services.reward.metrics import RewardMetrics
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +138,12 @@ def test_answer_line(text: str, expected: str | None) -> None:
 
 def test_box_wins_over_answer_line() -> None:
     assert extract_last_boxed("\\boxed{3}\nAnswer: 4") == "3"
+
+
+def test_workers_default_to_the_cpus_the_service_may_use() -> None:
+    cfg = RewardConfig()
+    assert cfg.math.workers is None
+    scorer = MathScorer(cfg, RewardMetrics())  # no process starts before start()
+    assert scorer.workers == scorer.pool.size == len(os.sched_getaffinity(0))
+    three = MathScorer(RewardConfig.model_validate({"math": {"workers": 3}}), RewardMetrics())
+    assert three.pool.size == 3
