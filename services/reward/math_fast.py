@@ -93,6 +93,7 @@ def _verdict(correct: bool, answer: str) -> dict[str, Any]:
         "format_ok": True,
         "reason": "ok" if correct else "wrong_answer",
         "detail": f"answer {answer[:200]!r}",
+        "answer": answer,  # the extracted text, as score_math reports it on main
     }
 
 

@@ -17,6 +17,13 @@ from services.reward.math_fast import canonical_number, dedup_key, fast_verdict
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
+
+def same(fast: dict, slow: dict) -> bool:
+    """``fast`` carries every field of math-verify's verdict, with the same values (it may add
+    ``answer``, which score_math reports only in some versions)."""
+    return {k: fast.get(k) for k in slow} == slow and set(fast) <= set(slow) | {"answer"}
+
+
 B, A = "last_boxed", "answer_line"
 
 # (response, ground truth, mode, decided by the fast path, correct)
@@ -97,7 +104,7 @@ def test_rule_gives_math_verify_verdict(
     assert slow["correct"] is correct, slow  # the case says what math-verify says
     assert (fast is not None) is decided
     if fast is not None:
-        assert fast == slow
+        assert same(fast, slow)
 
 
 def _number(rng: random.Random) -> str:
@@ -189,7 +196,7 @@ def test_generated_pairs_agree_with_math_verify() -> None:
             continue
         decided += 1
         slow = score_math(response, truth, mode)
-        if fast != slow:
+        if not same(fast, slow):
             mismatches.append((response, truth, mode, fast, slow))
     assert not mismatches, mismatches[:5]
     assert decided >= 0.35 * len(pairs), decided  # 45% with seed 0
@@ -215,7 +222,7 @@ def test_canonical_numbers_are_decided_as_math_verify_does(
     response = rf"\boxed{{{answer}}}" if mode == B else f"Answer: {answer}"
     fast = fast_verdict(response, truth, mode)
     assert fast is not None  # both canonical and within the limits: always decided here
-    assert fast == score_math(response, truth, mode)
+    assert same(fast, score_math(response, truth, mode))
 
 
 @given(truth=canonical())
@@ -225,7 +232,7 @@ def test_an_equal_value_in_another_form_is_correct(truth: str) -> None:
         return  # one digit past the limits
     fast = fast_verdict(rf"\boxed{{{answer}}}", truth, B)
     assert fast is not None and fast["correct"] is True
-    assert fast == score_math(rf"\boxed{{{answer}}}", truth, B)
+    assert same(fast, score_math(rf"\boxed{{{answer}}}", truth, B))
 
 
 def test_dedup_key_is_the_extracted_answer() -> None:
