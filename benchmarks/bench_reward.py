@@ -2,7 +2,14 @@
 
     .venv/bin/python benchmarks/bench_reward.py [--quick]
 
-1. Math items/s with 2 math-verify workers (batches of 32 mixed answers through /v1/verify).
+1. Math items/s through /v1/verify with 2 math workers, side by side in one run: the service as
+   configured by default (fast path, batching, de-duplication) against the same service with
+   them off (``reward.math.fast_path=false reward.math.dedup=false reward.math.batch_size=1``:
+   one worker round trip per item, as before they existed) and against math-verify called in
+   this process on one thread. Three mixes: numeric answers (4 clients, 256 items a request;
+   target >= 3x in-process math-verify), distinct symbolic answers, and rollout-shaped symbolic
+   answers (groups of 16 samples of a prompt with 3 distinct answers; target >= 5x the
+   per-item service).
 2. Code runs/s of a trivial Python program through the sandbox (/run_code, 2 sandboxes, 2 clients).
 3. Sandbox start-up overhead: one sandboxed ``python3 -c pass`` (bwrap + prlimit + uid drop, this
    process calling :class:`services.reward.sandbox.Sandbox` directly) against a bare
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import subprocess
 import sys
@@ -68,11 +76,15 @@ def math_answer(k: int, symbolic: bool = False) -> tuple[str, str]:
     return "I am not sure.", str(k)
 
 
-def start_server(workdir: Path) -> tuple[ServiceProcess, str]:
+def start_server(workdir: Path, *overrides: str) -> tuple[ServiceProcess, str]:
     return SERVICES["reward"].start(
         workdir / "reward.log", "--math-workers", "2", "--sandbox-concurrency", "2",
-        "run.log_level=warning", cwd=ROOT, timeout=180,
+        "run.log_level=warning", *overrides, cwd=ROOT, timeout=180,
     )  # fmt: skip
+
+
+PER_ITEM = ("reward.math.fast_path=false", "reward.math.dedup=false", "reward.math.batch_size=1")
+"""The math path before batching, the fast path and de-duplication: one item per worker call."""
 
 
 def math_items(n: int, offset: int = 0, symbolic: bool = False) -> list[dict[str, object]]:
@@ -83,35 +95,116 @@ def math_items(n: int, offset: int = 0, symbolic: bool = False) -> list[dict[str
     return items
 
 
-def bench_math_in_process(n: int, symbolic: bool) -> float:
-    """Baseline: math-verify called directly, one thread, on the same kind of items."""
+def rollout_items(n: int, offset: int = 0) -> list[dict[str, object]]:
+    """Symbolic items shaped like one RL step: groups of 16 samples of one prompt whose final
+    answers take 3 values (right, a common mistake, another), in different surrounding text."""
+    items = []
+    for i in range(n):
+        g, s = divmod(offset + i, 16)
+        right, truth = math_answer(g, symbolic=True)
+        pick = (s * 7) % 16
+        answer = right if pick < 9 else (rf"\boxed{{{g}}}" if pick < 14 else r"\boxed{0}")
+        items.append({"id": offset + i, "kind": "math", "ground_truth": truth,
+                      "response": f"Sample {s}: after some work, {answer}"})  # fmt: skip
+    return items
+
+
+def bench_math_in_process(items: list[dict[str, object]]) -> float:
+    """Baseline: math-verify called directly, one thread, on the same items."""
     import logging
 
     from services.reward.math_answer import score_math
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     score_math(r"\boxed{1}", "1", "last_boxed")
-    # The same items the server scored first (its caches live in its workers, not here): the
-    # cost of an item depends on its numbers, so a different range would not be comparable.
-    items = math_items(n, 0, symbolic)
     start = time.perf_counter()
     for item in items:
         score_math(str(item["response"]), str(item["ground_truth"]), "last_boxed")
-    return n / (time.perf_counter() - start)
+    return len(items) / (time.perf_counter() - start)
 
 
-def bench_math(url: str, total: int, symbolic: bool = False) -> float:
-    client = httpx.Client(timeout=300)
-    client.post(f"{url}/v1/verify", json={"items": math_items(8, 10**6)})  # warm up
-    start = time.perf_counter()
-    done = 0
-    while done < total:
-        r = client.post(f"{url}/v1/verify", json={"items": math_items(32, done, symbolic)})
-        r.raise_for_status()
-        done += 32
-    rate = done / (time.perf_counter() - start)
-    client.close()
-    return rate
+def bench_math(url: str, items: list[dict[str, object]], per_request: int, clients: int) -> float:
+    """Items/s of ``items`` posted by ``clients`` concurrent clients, ``per_request`` a request."""
+    chunks = [items[i : i + per_request] for i in range(0, len(items), per_request)]
+
+    async def run() -> float:
+        limits = httpx.Limits(max_connections=clients)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+            warm = await client.post(f"{url}/v1/verify", json={"items": math_items(8, 10**6)})
+            warm.raise_for_status()
+            queue = list(reversed(chunks))
+
+            async def one() -> None:
+                while queue:
+                    r = await client.post(f"{url}/v1/verify", json={"items": queue.pop()})
+                    r.raise_for_status()
+
+            start = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(clients)))
+            return len(items) / (time.perf_counter() - start)
+
+    return asyncio.run(run())
+
+
+def path_counts(url: str) -> dict[str, float]:
+    """The service's math items so far by path (fast, dedup, worker), from /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = re.findall(
+        r'^dynamo_reward_math_items_by_path_total\{path="(\w+)"\} (\S+)$', text, re.M
+    )
+    return {path: float(v) for path, v in found}
+
+
+def _shares(counts: dict[str, float]) -> str:
+    total = sum(counts.values()) or 1.0
+    return "items by path: " + ", ".join(f"{p} {100 * n / total:.0f}%" for p, n in counts.items())
+
+
+def math_side_by_side(workdir: Path, q: bool) -> None:
+    """Every math figure of one run: both services up at once, the mixes measured in turn."""
+    numeric = math_items(1024 if q else 4096)
+    symbolic = math_items(64 if q else 128, 0, symbolic=True)
+    rollout = rollout_items(256 if q else 512)
+    for sub in ("fast", "per_item"):
+        (workdir / sub).mkdir(exist_ok=True)
+    fast, fast_url = start_server(workdir / "fast")
+    slow, slow_url = start_server(workdir / "per_item", *PER_ITEM)
+    try:
+        rates, paths = {}, {}
+        for name, items, per_request, clients in (
+            ("numeric", numeric, 256, 4),
+            ("symbolic", symbolic, 32, 2),
+            ("rollout", rollout, 256, 2),
+        ):
+            before = path_counts(fast_url)
+            rates[name] = (
+                bench_math(fast_url, items, per_request, clients),
+                bench_math(slow_url, items, per_request, clients),
+            )
+            after = path_counts(fast_url)
+            paths[name] = {
+                p: after.get(p, 0) - before.get(p, 0) for p in ("fast", "dedup", "worker")
+            }
+    finally:
+        fast.stop()
+        slow.stop()
+    in_numeric = bench_math_in_process(numeric[:512])
+    in_symbolic = bench_math_in_process(symbolic)
+    new, old = rates["numeric"]
+    print(
+        f"math numeric mix (4 clients x 256 items): {new:.0f} items/s with 2 workers; per-item "
+        f"service {old:.0f}/s; in-process math-verify {in_numeric:.0f}/s -> {new / in_numeric:.2f}x "
+        f"in-process (target >= 3x: {'met' if new / in_numeric >= 3 else 'NOT met'}), "
+        f"{new / old:.2f}x per-item; {_shares(paths['numeric'])}"
+    )
+    for name, label in (("symbolic", "distinct symbolic"), ("rollout", "rollout-shaped symbolic")):
+        new, old = rates[name]
+        print(
+            f"math {label} mix: {new:.1f} items/s with 2 workers; per-item service {old:.1f}/s "
+            f"-> {new / old:.2f}x (target >= 5x: {'met' if new / old >= 5 else 'NOT met'}); "
+            f"in-process math-verify on distinct symbolic items {in_symbolic:.1f}/s -> "
+            f"{new / in_symbolic:.2f}x; {_shares(paths[name])}"
+        )
 
 
 async def _code_client(url: str, runs: int, client: httpx.AsyncClient) -> None:
@@ -179,9 +272,14 @@ def threat_model() -> tuple[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--math-only", action="store_true", help="only the math figures")
     args = parser.parse_args()
     q = args.quick
     print(f"reward benchmark ({'quick' if q else 'full'}); 2 math workers, 2 sandboxes")
+    if args.math_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            math_side_by_side(Path(tmp), q)
+        return 0
 
     bare_ms, boxed_ms = bench_startup(15 if q else 40)
     ratio = boxed_ms / bare_ms
@@ -191,16 +289,9 @@ def main() -> int:
     )
 
     with tempfile.TemporaryDirectory() as tmp:
+        math_side_by_side(Path(tmp), q)
         proc, url = start_server(Path(tmp))
         try:
-            for symbolic, n in ((False, 64 if q else 256), (True, 32 if q else 64)):
-                mix = "symbolic" if symbolic else "numeric"
-                rate = bench_math(url, n, symbolic)
-                base = bench_math_in_process(16 if q else 32, symbolic)
-                print(
-                    f"math ({mix} mix): {rate:.1f} items/s with 2 workers; in-process "
-                    f"math-verify on one thread {base:.1f} items/s -> {rate / base:.2f}x"
-                )
             runs = asyncio.run(bench_code(url, 40 if q else 160))
             print(
                 f"code: {runs:.1f} sandboxed runs/s of a trivial Python program "

@@ -33,8 +33,19 @@ from dynamo_rl.contracts.reward import Extraction
 class RewardMathConfig(Section):
     """Math verification: a pool of worker processes running math-verify."""
 
-    workers: Annotated[int, Field(ge=1, le=256)] = 2
-    """Worker processes; each scores one item at a time on its own main thread."""
+    workers: Annotated[int, Field(ge=1, le=256)] | None = None
+    """Worker processes; each scores the items of a batch one by one on its own main thread.
+    Unset: one per CPU this process may run on (``os.sched_getaffinity``)."""
+    batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
+    """Most items sent to a worker in one message (one IPC round trip); a burst is split evenly
+    over the workers up to this."""
+    fast_path: bool = True
+    """Decide plain-number answers (``\\boxed{42}`` against ``42``) and identical simple forms in
+    the service process, without math-verify: the verdicts are math-verify's (see
+    ``services/reward/math_fast.py``). False sends every item to the workers."""
+    dedup: bool = True
+    """Items in flight with the same ground truth, extraction mode and extracted answer share one
+    math-verify call (16 samples of a prompt often give the same answer)."""
     timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
     """Hard per-item limit: a worker still busy after this is killed, replaced, and the item
     scores 0 with reason ``timeout``."""

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="reward.math.workers",
         type=int,
         metavar="N",
-        help="math-verify worker processes (default 2)",
+        help="math-verify worker processes (default: one per CPU)",
     )
     parser.add_argument(
         "--sandbox-concurrency",

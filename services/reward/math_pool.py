@@ -1,23 +1,29 @@
-"""A pool of math-verify worker processes with a hard per-item timeout of our own.
+"""A pool of math-verify worker processes, fed batches, with a hard per-item timeout of our own.
 
 math-verify's timeouts use ``signal.alarm``, which only works on a process's main thread (off it,
 math-verify raises or quietly scores 0), and sympy can hang or explode on hostile input. So each
-worker is a separate process (spawned, not forked: the service runs threads) that scores one item
-at a time on its main thread with math-verify's own timeouts off, under an address-space limit.
-The parent waits at most ``timeout_s`` for the answer; a worker that is late or dead is killed and
-replaced, and the item scores 0 with reason ``timeout`` — never 1.
+worker is a separate process (spawned, not forked: the service runs threads) that scores items on
+its main thread with math-verify's own timeouts off, under an address-space limit.
 
-:meth:`MathPool.score` blocks; call it from at most ``workers`` threads at once (the scorer holds a
-semaphore of that size), so a free worker is always there to take it.
+Items are queued (:meth:`MathPool.submit`, :meth:`MathPool.submit_many`) and each worker has a
+feeder thread in the parent that takes up to ``batch_size`` queued items at once (an even share of
+the queue, so a burst spreads over every worker) and sends them in one message; the worker answers
+item by item as it goes. The parent waits at most ``timeout_s`` for each answer. A worker that is
+late or dead is killed and replaced: the item it was on scores 0 with reason ``timeout`` — never
+1 — and the items of the batch it had not reached go back to the front of the queue, so every
+item is answered. If a worker cannot be replaced and none is left, every waiting and later item
+scores 0 with reason ``timeout`` and a detail that says so.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import math
 import multiprocessing as mp
-import queue
 import threading
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -25,9 +31,12 @@ log = logging.getLogger(__name__)
 
 _CTX = mp.get_context("spawn")
 
+Job = tuple[str, str, str]  # (response, ground truth, extraction mode)
+
 
 def _worker_main(conn: Connection, memory_mb: int) -> None:
-    """Worker process: answer ``(response, ground_truth, mode)`` requests until the pipe closes."""
+    """Worker process: for each batch of ``(response, ground_truth, mode)`` items received, send
+    one result per item, in order, as each is scored; stop when the pipe closes."""
     import resource
     import signal
 
@@ -46,26 +55,31 @@ def _worker_main(conn: Connection, memory_mb: int) -> None:
     conn.send("ready")
     while True:
         try:
-            response, ground_truth, mode = conn.recv()
+            batch = conn.recv()
         except (EOFError, OSError):
             return
-        try:
-            result = score_math(response, ground_truth, mode)
-        except MemoryError:
-            result = {
-                "correct": False,
-                "format_ok": True,
-                "reason": "wrong_answer",
-                "detail": "math-verify ran out of memory on this answer",
-            }
-        except Exception as e:  # math-verify/sympy failures are the answer's problem
-            result = {
-                "correct": False,
-                "format_ok": True,
-                "reason": "wrong_answer",
-                "detail": f"math-verify failed: {type(e).__name__}: {str(e)[:200]}",
-            }
-        conn.send(result)
+        for response, ground_truth, mode in batch:
+            try:
+                result = score_math(response, ground_truth, mode)
+            except MemoryError:
+                result = {
+                    "correct": False,
+                    "format_ok": True,
+                    "reason": "wrong_answer",
+                    "detail": "math-verify ran out of memory on this answer",
+                }
+            except Exception as e:  # math-verify/sympy failures are the answer's problem
+                result = {
+                    "correct": False,
+                    "format_ok": True,
+                    "reason": "wrong_answer",
+                    "detail": f"math-verify failed: {type(e).__name__}: {str(e)[:200]}",
+                }
+            conn.send(result)
+
+
+def _timeout(detail: str) -> dict[str, Any]:
+    return {"correct": False, "format_ok": False, "reason": "timeout", "detail": detail}
 
 
 class _Worker:
@@ -91,28 +105,40 @@ class _Worker:
 
 
 class MathPool:
-    """``workers`` math-verify processes; :meth:`score` enforces ``timeout_s`` per item."""
+    """``workers`` math-verify processes fed batches of at most ``batch_size`` items;
+    ``timeout_s`` per item."""
 
     def __init__(
-        self, workers: int, timeout_s: float, memory_mb: int = 4096, start_timeout_s: float = 120.0
+        self,
+        workers: int,
+        timeout_s: float,
+        memory_mb: int = 4096,
+        start_timeout_s: float = 120.0,
+        batch_size: int = 64,
     ) -> None:
         self.size = workers
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.start_timeout_s = start_timeout_s
+        self.batch_size = batch_size
         self.restarts = 0  # read by the metrics collector
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self.batches = 0  # worker calls made (one message, up to batch_size items)
+        self._queue: collections.deque[tuple[Job, Future[dict[str, Any]]]] = collections.deque()
+        self._cond = threading.Condition()
         self._all: set[_Worker] = set()
-        self._lock = threading.Lock()
+        self._feeders: list[threading.Thread] = []
+        self._live = 0  # feeders with a worker
         self._closed = False
 
     def start(self) -> None:
-        """Start every worker (in parallel) and wait until each has imported math-verify."""
+        """Start every worker (in parallel), wait until each has imported math-verify, then
+        start their feeders."""
         errors: list[BaseException] = []
+        started: list[_Worker] = []
 
         def one() -> None:
             try:
-                self._add(_Worker(self.memory_mb, self.start_timeout_s))
+                started.append(_Worker(self.memory_mb, self.start_timeout_s))
             except BaseException as e:
                 errors.append(e)
 
@@ -121,48 +147,130 @@ class MathPool:
             t.start()
         for t in threads:
             t.join()
+        with self._cond:
+            self._all.update(started)
         if errors:
             self.close()
             raise RuntimeError(f"math worker pool failed to start: {errors[0]}")
+        with self._cond:
+            self._live = len(started)
+        for i, worker in enumerate(started):
+            t = threading.Thread(target=self._feed, args=(worker,), name=f"math-feed-{i}")
+            t.daemon = True
+            t.start()
+            self._feeders.append(t)
 
-    def _add(self, worker: _Worker) -> None:
-        with self._lock:
-            if self._closed:
-                worker.kill()
-                return
-            self._all.add(worker)
-        self._idle.put(worker)
+    def submit_many(self, jobs: list[Job]) -> list[Future[dict[str, Any]]]:
+        """Queue items; each future resolves to the item's result dict (never to an error)."""
+        futures: list[Future[dict[str, Any]]] = [Future() for _ in jobs]
+        with self._cond:
+            if self._closed or self._live == 0:
+                for f in futures:
+                    f.set_result(_timeout(self._unavailable()))
+                return futures
+            self._queue.extend(zip(jobs, futures, strict=True))
+            self._cond.notify(min(len(jobs), self._live))
+        return futures
 
-    def _replace(self, worker: _Worker) -> None:
-        worker.kill()
-        with self._lock:
-            self._all.discard(worker)
-            self.restarts += 1
-        try:
-            self._add(_Worker(self.memory_mb, self.start_timeout_s))
-        except Exception:
-            # Leave the slot empty rather than fail the item again; log so an operator sees it.
-            log.exception("could not replace a math worker; the pool is one worker short")
+    def submit(self, response: str, ground_truth: str, mode: str) -> Future[dict[str, Any]]:
+        return self.submit_many([(response, ground_truth, mode)])[0]
 
     def score(self, response: str, ground_truth: str, mode: str) -> dict[str, Any]:
         """Score one item; blocks until a worker answers or the timeout passes."""
-        worker = self._idle.get(timeout=self.start_timeout_s + self.timeout_s)
+        return self.submit(response, ground_truth, mode).result()
+
+    def _unavailable(self) -> str:
+        if self._closed:
+            return "the math worker pool is shut down"
+        return "no math worker is running (replacing one failed; see the service log)"
+
+    def _take(self) -> list[tuple[Job, Future[dict[str, Any]]]]:
+        """Block for queued items; an even share of the queue, at most ``batch_size``."""
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return []
+            n = min(self.batch_size, max(1, math.ceil(len(self._queue) / max(1, self._live))))
+            self.batches += 1
+            return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+
+    def _feed(self, worker: _Worker) -> None:
+        while True:
+            batch = self._take()
+            if not batch:
+                return
+            next_worker = self._run(worker, batch)
+            if next_worker is None:
+                return
+            worker = next_worker
+
+    def _run(
+        self, worker: _Worker, batch: list[tuple[Job, Future[dict[str, Any]]]]
+    ) -> _Worker | None:
+        """Send ``batch`` to ``worker`` and resolve its futures; returns the worker to go on
+        with (a replacement when this one failed), or None when the feeder must stop."""
+        done = 0
         try:
-            worker.conn.send((response, ground_truth, mode))
-            if worker.conn.poll(self.timeout_s):
-                result = worker.conn.recv()
-                self._idle.put(worker)
-                return result
-            detail = f"no answer within {self.timeout_s:g}s; worker replaced"
-        except (EOFError, OSError, BrokenPipeError) as e:
+            worker.conn.send([job for job, _ in batch])
+            while done < len(batch):
+                if not worker.conn.poll(self.timeout_s):
+                    detail = f"no answer within {self.timeout_s:g}s; worker replaced"
+                    break
+                batch[done][1].set_result(worker.conn.recv())
+                done += 1
+            else:
+                return worker
+        except (EOFError, OSError) as e:
             detail = f"worker died ({type(e).__name__}); worker replaced"
-        self._replace(worker)
-        return {"correct": False, "format_ok": False, "reason": "timeout", "detail": detail}
+        worker.kill()
+        with self._cond:
+            self._all.discard(worker)
+            self.restarts += 1
+        batch[done][1].set_result(_timeout(detail))
+        rest = batch[done + 1 :]
+        with self._cond:
+            if not self._closed:
+                self._queue.extendleft(reversed(rest))  # the rest, in order, first
+                self._cond.notify(len(rest))
+                rest = []
+        for _, future in rest:  # the pool was shut down meanwhile
+            future.set_result(_timeout(self._unavailable()))
+        return self._respawn()
+
+    def _respawn(self) -> _Worker | None:
+        """A replacement worker, or None (the feeder stops) when the pool is closed or the
+        replacement fails; the last feeder to stop fails what is still queued."""
+        fresh = None
+        if not self._closed:
+            try:
+                fresh = _Worker(self.memory_mb, self.start_timeout_s)
+            except Exception:
+                log.exception("could not replace a math worker; the pool is one worker short")
+        orphans: list[tuple[Job, Future[dict[str, Any]]]] = []
+        with self._cond:
+            if fresh is not None and not self._closed:
+                self._all.add(fresh)
+                return fresh
+            self._live -= 1
+            if self._live == 0:
+                orphans = list(self._queue)
+                self._queue.clear()
+        if fresh is not None:
+            fresh.kill()
+        for _, future in orphans:
+            future.set_result(_timeout(self._unavailable()))
+        return None
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             self._closed = True
             workers = list(self._all)
             self._all.clear()
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for _, future in pending:
+            future.set_result(_timeout(self._unavailable()))
         for w in workers:
             w.kill()

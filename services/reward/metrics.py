@@ -45,6 +45,12 @@ class RewardMetrics:
         self.math_worker_restarts = m.counter(
             "math_worker_restarts_total", "Math workers killed and replaced (timeout or crash)"
         )
+        self.math_path = m.counter(
+            "math_items_by_path_total",
+            "Math items by how their verdict was reached: fast (no math-verify), dedup (shared "
+            "an identical item's), worker (math-verify in a worker)",
+            ["path"],
+        )
         self.model_batch_size = m.histogram(
             "model_batch_size",
             "Pairs per reward-model forward pass, by model",
