@@ -17,7 +17,11 @@ from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
 
 Aggregation = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "prompt-mean",
 ]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 

@@ -112,8 +112,9 @@ PPO = PpoLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
 @pytest.mark.parametrize("dual", [None, DUAL])
 def test_policy_loss_alone_is_the_clipped_surrogate(seed: int, dual: float | None):
     x = batch(seed)
-    algo = AlgorithmConfig(policy_loss=PpoLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
-                                               dual_clip=dual))  # fmt: skip
+    algo = AlgorithmConfig(
+        policy_loss=PpoLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, dual_clip=dual)
+    )
     inp = inputs(x)
     out = rl_objective(inp, algo, normalizer=20.0)
     per = {
@@ -417,7 +418,7 @@ def test_prompt_mean_micro_batches_split_inside_a_group_sum_to_the_whole():
 def test_prompt_mean_without_group_counts_names_the_field():
     x, _ = grouped_batch(0)
     algo = AlgorithmConfig(policy_loss=PPO, agg="prompt-mean")
-    with pytest.raises(ValueError, match="prompt-mean.*group_tokens"):
+    with pytest.raises(ValueError, match=r"prompt-mean.*group_tokens"):
         rl_objective(inputs(x), algo)
 
 
@@ -436,8 +437,9 @@ def test_the_learners_plan_and_normaliser_give_the_whole_batch_prompt_mean(world
     samples = [
         Sample(
             prompt=[5, 6],
-            response=torch.randint(3, 50, (int(torch.randint(1, 6, (1,), generator=gen)),),
-                                   generator=gen).tolist(),  # fmt: skip
+            response=torch.randint(
+                3, 50, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen
+            ).tolist(),
             sampling_logprobs=[],
             reward=0.0,
             correct=False,
@@ -467,8 +469,13 @@ def test_the_learners_plan_and_normaliser_give_the_whole_batch_prompt_mean(world
                     logp[j, : len(lp[i])] = torch.tensor(lp[i])
                 a = torch.tensor([adv[i] for i in mb.rows])[:, None] * mb.mask
                 out = rl_objective(
-                    ObjectiveInputs(logp=logp, old_logp=logp, advantages=a, mask=mb.mask,
-                                    group_tokens=mb.extra.get("group_tokens")),  # fmt: skip
+                    ObjectiveInputs(
+                        logp=logp,
+                        old_logp=logp,
+                        advantages=a,
+                        mask=mb.mask,
+                        group_tokens=mb.extra.get("group_tokens"),
+                    ),
                     algo,
                     normalizer=norm,
                 )
