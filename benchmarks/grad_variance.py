@@ -259,8 +259,8 @@ def build_pool(model, tok, rows: list[dict], g: GVSettings, s, seed: int) -> dic
 # One batch's gradient through the learner's objective
 
 
-def batch_gradient(pool: dict, idx, groups, agg: str, micro: int):
-    """Sketched parameter gradient of the learner's loss on pool rows ``idx`` (groups ``groups``).
+def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int):
+    """∂loss/∂logp ``[rows, T]`` of the learner's loss on pool rows ``idx`` (groups ``groups``).
 
     Rows are ordered group by group (as the learner's mini-batches); each micro-batch of ``micro``
     rows is one ``rl_objective`` call with the whole batch's normaliser (and, for prompt-mean,
@@ -298,6 +298,14 @@ def batch_gradient(pool: dict, idx, groups, agg: str, micro: int):
         )
         total = out.loss if total is None else total + out.loss
     (coef,) = torch.autograd.grad(total, logp)
+    return coef
+
+
+def batch_gradient(pool: dict, idx, groups, agg: str, micro: int):
+    """Sketched parameter gradient Σ ∂loss/∂logp · ∇logp of the batch, and the coefficients."""
+    import torch
+
+    coef = batch_coefficients(pool, idx, groups, agg, micro)
     return torch.einsum("rt,rtd->d", coef, pool["grads"][idx]), coef
 
 
@@ -367,6 +375,8 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
     all_idx = torch.arange(n_prompts * size)
     all_groups = all_idx // size
     refs = {w: batch_gradient(pool, all_idx, all_groups, w, g.micro_batch)[0] for w in WEIGHTINGS}
+    t_max = pool["grads"].shape[1]
+    flat = pool["grads"].reshape(-1, g.sketch)  # [pool rows × T, sketch], a view
     rewards = pool["reward"].numpy()
     out: dict[str, Any] = {
         "p_mean": float(rewards.mean()),
@@ -378,11 +388,12 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
         for name in ALLOCATORS:
             rng = np.random.default_rng([seed, b, list(ALLOCATORS).index(name)])
             per: dict[str, dict[str, list[float]]] = {w: {"mse": [], "cos": []} for w in WEIGHTINGS}
-            sums = {w: torch.zeros(g.sketch) for w in WEIGHTINGS}
-            sq = dict.fromkeys(WEIGHTINGS, 0.0)
+            # Per batch, the coefficient of every pool token (repeats add up); all the batches'
+            # gradients are then one matrix product with the pool's token-gradient sketches.
+            coefs = {w: torch.zeros(g.batches, flat.shape[0]) for w in WEIGHTINGS}
             zero_share: list[float] = []
             hopeless_share: list[float] = []
-            for _ in range(g.batches):
+            for m in range(g.batches):
                 draws = rng.integers(0, size, (n_prompts, g.stat_samples))
                 k = rewards[np.arange(n_prompts)[:, None], draws].sum(1)
                 counts = counts_for(
@@ -399,22 +410,26 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
                 zero_share.append(zero / max(1, len(idx)))
                 hopeless_share.append(float(counts[k == 0].sum()) / max(1, counts.sum()))
                 idx_t = torch.tensor(idx)
+                tok = (idx_t[:, None] * t_max + torch.arange(t_max)[None]).reshape(-1)
                 for w in WEIGHTINGS:
-                    grad, _ = batch_gradient(pool, idx_t, groups, w, g.micro_batch)
-                    ref = refs[w]
-                    ref2 = float(ref.square().sum()) or math.nan  # no signal at all: undefined
-                    per[w]["mse"].append(float((grad - ref).square().sum()) / ref2)
-                    per[w]["cos"].append(float(torch.nn.functional.cosine_similarity(grad, ref, 0)))
-                    sums[w] += grad
-                    sq[w] += float(grad.square().sum())
+                    coef = batch_coefficients(pool, idx_t, groups, w, g.micro_batch)
+                    coefs[w][m].index_add_(0, tok, coef.reshape(-1))
+            grads = {w: coefs[w] @ flat for w in WEIGHTINGS}  # [batches, sketch]
+            for w in WEIGHTINGS:
+                ref = refs[w]
+                ref2 = float(ref.square().sum()) or math.nan  # no signal at all: undefined
+                per[w]["mse"] = ((grads[w] - ref).square().sum(1) / ref2).tolist()
+                per[w]["cos"] = torch.nn.functional.cosine_similarity(
+                    grads[w], ref[None], dim=1
+                ).tolist()
             case: dict[str, Any] = {
                 "zero_adv_share": ci(zero_share),
                 "budget_share_on_k0": ci(hopeless_share),
             }
             for w in WEIGHTINGS:
                 ref2 = float(refs[w].square().sum()) or math.nan
-                mean = sums[w] / g.batches
-                var = (sq[w] / g.batches - float(mean.square().sum())) / ref2
+                mean = grads[w].mean(0)
+                var = float((grads[w] - mean).square().sum(1).mean()) / ref2
                 var *= g.batches / max(1, g.batches - 1)
                 case[w] = {
                     "rel_mse": ci(per[w]["mse"]),
