@@ -24,7 +24,16 @@ A batch's budget T is clipped to [N·n_min, N·n_max] and shared out in three st
    follow a priority (no prompt has one, or every prioritised prompt is at n_max) is spread evenly
    over the prompts still below n_max, lowest index first (the reference's round-robin).
 
-The result sums to exactly the clipped budget and every count lies in [n_min, n_max]. Differences
+Hopeless prompts (``hopeless_after`` > 0): a prompt done exploring with at least
+``hopeless_after`` samples and no success among them (k < 0.5, so decayed statistics forget an old
+success) gets ``hopeless_n`` ≤ n_min responses instead of n_min, and the budget it frees goes to the
+others by priority (step 3). Such a prompt's group is all wrong with near certainty, so its
+responses carry no advantage; ``hopeless_n`` ≥ 1 keeps its statistics fresh so that it is noticed
+once the policy starts to solve it. Round-robin reaches hopeless prompts only when every other
+prompt is at n_max.
+
+The result sums to exactly the clipped budget and every count lies in [n_min, n_max] (hopeless
+prompts: [hopeless_n, n_max]). Differences
 from the released code, on purpose: (a) its step 1 could leave a prompt below n_min when
 exploration used the whole budget — here n_min is reserved for everyone first; (b) unexplored
 prompts take no part in step 3 (the reference gave them a stale per-epoch rank instead).
@@ -95,12 +104,16 @@ def allocate_rollouts(
     min_priority: float = 0.01,
     priority: Priority = "variance",
     scheme: Scheme = "reference",
+    hopeless_after: int = 0,
+    hopeless_n: int = 1,
     return_priorities: bool = False,
 ) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """Responses per prompt (int64[N]) summing to the budget clipped to [N·n_min, N·n_max].
 
     ``sample_counts`` (G) and ``success_counts`` (k) may be floats (statistics with decay).
-    With ``return_priorities`` the priorities (−1 for prompts still explored) come back too.
+    ``hopeless_after`` > 0 gives prompts with G ≥ hopeless_after and k < 0.5 only ``hopeless_n``
+    responses (0 ≤ hopeless_n ≤ n_min); 0 turns that off. With ``return_priorities`` the
+    priorities (−1 for prompts still explored) come back too.
     """
     g = np.asarray(sample_counts, dtype=np.float64).reshape(-1)
     k = np.asarray(success_counts, dtype=np.float64).reshape(-1)
@@ -112,6 +125,10 @@ def allocate_rollouts(
         raise ValueError(f"n_min must be >= 0, got {n_min}")
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
+    if hopeless_after < 0:
+        raise ValueError(f"hopeless_after must be >= 0 (0: off), got {hopeless_after}")
+    if hopeless_after and not 0 <= hopeless_n <= n_min:
+        raise ValueError(f"hopeless_n must be in [0, n_min = {n_min}], got {hopeless_n}")
     if g.size and (k.min() < 0 or not np.all(k <= g)):  # also catches g < 0 (and NaN)
         raise ValueError("need 0 <= success_counts <= sample_counts for every prompt")
     n_max = max(n_min, n_max)
@@ -128,6 +145,14 @@ def allocate_rollouts(
     counts = np.full(n, n_min, dtype=np.int64)
     total = int(np.clip(budget, n * n_min, n * n_max))
     spare = total - n * n_min  # what is left once everyone has n_min (step 2 done up front)
+    hopeless = None
+    if hopeless_after > 0:
+        hopeless = (p != UNEXPLORED) & (g >= hopeless_after) & (k < 0.5)
+        if hopeless.any():
+            counts[hopeless] = hopeless_n
+            spare += int(hopeless.sum()) * (n_min - hopeless_n)
+        else:
+            hopeless = None
 
     # Step 1: exploration above n_min, scaled down if the spare budget is short. Computed on the
     # prompts being explored only (usually few once training runs).
@@ -148,6 +173,8 @@ def allocate_rollouts(
     # x_i = clip(λ·p_i − a, 0, room), with a = 0 (reference) or a = n_min (water-level).
     if spare > 0:
         eligible = p > 0  # UNEXPLORED is negative
+        if hopeless is not None:
+            eligible &= ~hopeless
         room = n_max - n_min
         if room > 0 and eligible.any():
             w = p[eligible]
@@ -159,6 +186,10 @@ def allocate_rollouts(
                 share = np.clip(lam * w - shift, 0.0, room)
             add = _round_shares(share, min(spare, round(float(share.sum()))), float(room))
             counts[eligible] += add
+            spare -= int(add.sum())
+        if spare > 0 and hopeless is not None:  # round-robin over the others first
+            add = _round_robin(np.where(hopeless, 0, n_max - counts), spare)
+            counts += add
             spare -= int(add.sum())
         if spare > 0:  # nothing (more) follows a priority: round-robin, lowest index first
             counts += _round_robin(n_max - counts, spare)

@@ -58,6 +58,10 @@ class ObjectiveInputs:
     """Critic values at batch start (the value clip's centre)."""
     returns: torch.Tensor | None = None
     """Value targets from the advantage estimator."""
+    group_tokens: torch.Tensor | None = None
+    """``[B]``: the valid-token count of each row's prompt group over the whole mini-batch;
+    needed by ``agg: prompt-mean`` (:func:`learner.algorithms.group_token_counts` gives it for
+    rows that hold their groups whole)."""
 
 
 @dataclass
@@ -110,13 +114,19 @@ def rl_objective(
     """Loss of one micro-batch (see the module docstring for the terms and their order).
 
     ``normalizer`` is the whole mini-batch's denominator (its valid-token count for token-mean,
-    its row count otherwise), so that the micro-batch losses of a mini-batch add up to its loss;
+    its number of groups for prompt-mean, its row count otherwise), so that the micro-batch losses of a mini-batch add up to its loss;
     None normalises by this micro-batch alone. ``critic`` supplies ``value_coef`` and
     ``value_clip`` when ``inputs.values`` is given (default: ``CriticConfig()``'s).
     """
     x = inputs
     tok = x.mask
     agg = loss_aggregation(algo)
+    if agg == "prompt-mean" and x.group_tokens is None:
+        raise ValueError(
+            "learner.algorithm.agg 'prompt-mean' needs ObjectiveInputs.group_tokens (each row's "
+            "group token count over the mini-batch)"
+        )
+    group = {"group_tokens": x.group_tokens}
     pl_cfg = algo.policy_loss
     adv = x.advantages
     if x.is_weights is not None:
@@ -142,7 +152,7 @@ def rl_objective(
     if pl_cfg.dual_clip is not None:
         loss_kwargs["dual_clip"] = pl_cfg.dual_clip
     pl, pm = A.POLICY_LOSSES[pl_cfg.type](
-        x.logp, x.old_logp, adv, tok, agg=agg, normalizer=normalizer, **loss_kwargs
+        x.logp, x.old_logp, adv, tok, agg=agg, normalizer=normalizer, **group, **loss_kwargs
     )
     metrics.update(pm)
     loss = pl
@@ -151,12 +161,12 @@ def rl_objective(
         if x.ref_logp is None:
             raise ValueError("kl.coef > 0 needs the reference log-probs")
         kl = A.kl_penalty(x.logp, x.ref_logp, algo.kl.kind)
-        loss = loss + algo.kl.coef * A.aggregate_loss(kl, tok, agg, normalizer=normalizer)
+        loss = loss + algo.kl.coef * A.aggregate_loss(kl, tok, agg, normalizer=normalizer, **group)
         result.kl_sum = (kl.detach() * tok).sum()
     if algo.entropy_coef > 0:
         if x.entropy is None:
             raise ValueError("entropy_coef > 0 needs the micro-batch's entropies")
-        ent = A.aggregate_loss(x.entropy, tok, agg, normalizer=normalizer)
+        ent = A.aggregate_loss(x.entropy, tok, agg, normalizer=normalizer, **group)
         loss = loss - algo.entropy_coef * ent
         result.entropy_loss = ent.detach()
     if x.values is not None:
@@ -171,6 +181,7 @@ def rl_objective(
             clip=cc.value_clip,
             agg=agg,
             normalizer=normalizer,
+            **group,
         )
         loss = loss + cc.value_coef * vl
         result.value_loss = vl.detach()

@@ -15,8 +15,8 @@ One train step:
    batch (values and KL-in-reward gathered from the ranks first);
 3. ``ppo_epochs`` × mini-batches × micro-batches: forward, log-probs and entropy, DynaMO
    modulation (per micro-batch, as in the paper), ``POLICY_LOSSES[type]`` with the mini-batch's
-   token (or sequence) count as the normaliser, + KL, − entropy bonus, + value loss; backward with
-   gradient accumulation; then clip, AdamW step.
+   token (group, or sequence) count as the normaliser, + KL, − entropy bonus, + value loss;
+   backward with gradient accumulation; then clip, AdamW step.
 """
 
 from __future__ import annotations
@@ -318,13 +318,24 @@ class RLTrainer(Trainer):
         """Mini-batches (row indices of whole groups) and this rank's micro-batches of each."""
         lc, env = self.lc, self.env
         minis = mini_batches(samples, lc.mini_batch_size or lc.train_batch_size)
+        # prompt-mean weighs each row by 1 / its group's token count; a mini-batch holds its
+        # groups whole, so the whole batch's count is the mini-batch's (and every rank's).
+        group_tokens: dict[int, int] = defaultdict(int)
+        for s in samples:
+            group_tokens[s.group] += len(s.response)
         plan: list[list[MicroBatch]] = []
         for rows in minis:
             mine = rank_share(rows, env.rank, env.world_size)
             splits = micro_splits(
                 mine, lc.micro_batch_size, num_micro(rows, env.world_size, lc.micro_batch_size)
             )
-            plan.append([collate(samples, s, self.pad_id).to(env.device) for s in splits])
+            mbs = [collate(samples, s, self.pad_id) for s in splits]
+            for mb in mbs:
+                if mb.rows:
+                    mb.extra["group_tokens"] = torch.tensor(
+                        [float(group_tokens[samples[i].group]) for i in mb.rows]
+                    )
+            plan.append([mb.to(env.device) for mb in mbs])
         return minis, plan
 
     def _old_pass(self, plan: list[list[MicroBatch]]) -> None:
@@ -455,6 +466,7 @@ class RLTrainer(Trainer):
                             values=values,
                             old_values=mb.extra.get("old_values"),
                             returns=mb.extra["returns"],
+                            group_tokens=mb.extra.get("group_tokens"),
                         ),
                         algo,
                         lc.critic,
@@ -486,9 +498,12 @@ class RLTrainer(Trainer):
         return t_fwd, t_bwd, t_opt, update_losses, grad_norm
 
     def _normalizer(self, samples: list[Sample], rows: list[int]) -> float:
-        """The mini-batch's denominator: valid tokens (token-mean) or rows with a token."""
+        """The mini-batch's denominator: valid tokens (token-mean), groups with a token
+        (prompt-mean) or rows with a token."""
         if self.agg == "token-mean":
             return float(max(1, sum(len(samples[i].response) for i in rows)))
+        if self.agg == "prompt-mean":
+            return float(max(1, len({samples[i].group for i in rows if samples[i].response})))
         return float(max(1, sum(1 for i in rows if samples[i].response)))
 
     def _gather_rows(self, plan: list[list[MicroBatch]]) -> dict[int, dict[str, list[float]]]:

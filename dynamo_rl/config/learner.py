@@ -17,7 +17,11 @@ from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
 
 Aggregation = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "prompt-mean",
 ]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
@@ -173,7 +177,11 @@ class AlgorithmConfig(Section):
     policy_loss: PolicyLoss = PpoLoss()
     """Policy loss, keyed on ``type``: ppo, gspo."""
     agg: Aggregation = "token-mean"
-    """Loss aggregation over tokens (GSPO always uses seq-mean-token-mean)."""
+    """Loss aggregation over tokens (GSPO always uses seq-mean-token-mean). ``token-mean`` weighs
+    every token alike, so a prompt's weight grows with its number of responses; ``prompt-mean``
+    (token-mean within each prompt's group, mean over the mini-batch's groups) weighs every prompt
+    alike whatever its n — the weighting under which dynamic allocation lowers the gradient's
+    variance (DynaMO's recipes use it)."""
     kl: KlConfig = KlConfig()
     entropy_coef: Annotated[float, Field(ge=0)] = 0.0
     """Entropy bonus weight (subtracted from the loss)."""

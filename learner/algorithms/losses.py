@@ -17,7 +17,13 @@ LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to ±20 before ``exp`` so one wild token cannot overflow the loss."""
 
 KL_KINDS = ("k1", "abs", "k2", "k3", "low_var_kl")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "prompt-mean",
+)
 DPO_KINDS = ("sigmoid", "ipo")
 
 
@@ -66,6 +72,24 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     return (torch.expm1(log_ratio) - log_ratio).clamp(0.0, 10.0)
 
 
+def group_token_counts(group_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the valid-token count of each row's group, counted over these rows.
+
+    ``group_ids [B]`` (any integers) name each row's prompt group; ``mask [B, T]``. This is the
+    ``group_tokens`` of ``prompt-mean`` for rows that hold whole groups (the learner counts over
+    the whole mini-batch instead, since a group may span micro-batches).
+    """
+    if group_ids.dim() != 1 or group_ids.shape[0] != mask.shape[0]:
+        raise ValueError(
+            f"group_ids must be [B] with B = {mask.shape[0]} rows, got {tuple(group_ids.shape)}"
+        )
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    row_tokens = mask.bool().sum(-1).to(torch.float32)
+    per_group = torch.zeros(int(inverse.max()) + 1 if inverse.numel() else 0, dtype=torch.float32)
+    per_group = per_group.to(mask.device).index_add_(0, inverse.to(mask.device), row_tokens)
+    return per_group[inverse]
+
+
 def aggregate_loss(
     loss: torch.Tensor,
     mask: torch.Tensor,
@@ -73,18 +97,27 @@ def aggregate_loss(
     *,
     normalizer: float | torch.Tensor | None = None,
     norm_len: int | None = None,
+    group_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a token loss ``[B, T]`` to a scalar.
 
-    - ``token-mean``: ``Σ_{b,t} m ℓ / Σ_{b,t} m`` (every valid token weighs the same);
+    - ``token-mean``: ``Σ_{b,t} m ℓ / Σ_{b,t} m`` (every valid token weighs the same, so a
+      prompt's weight grows with its number of responses);
     - ``seq-mean-token-sum``: ``mean_b Σ_t m ℓ``;
     - ``seq-mean-token-mean``: ``mean_b (Σ_t m ℓ / Σ_t m)``;
     - ``seq-mean-token-sum-norm``: ``mean_b (Σ_t m ℓ / L)``, ``L = norm_len`` or ``T`` (Dr.GRPO's
-      constant length normaliser).
+      constant length normaliser);
+    - ``prompt-mean``: token-mean within each prompt's group, mean over groups —
+      ``Σ_b Σ_t m ℓ / group_tokens_b / #groups``, so every prompt weighs the same whatever its
+      number of responses (the weighting under which allocating samples ∝ σ lowers the
+      gradient's variance). ``group_tokens [B]`` is the valid-token count of each row's group
+      (:func:`group_token_counts`); the default denominator is the number of groups,
+      ``Σ_b (Σ_t m) / group_tokens_b``, exact when the rows hold their groups whole.
     Sequence means are over rows with at least one valid token. ``normalizer`` replaces the
-    denominator (the token count for ``token-mean``, the row count otherwise) — for gradient
-    accumulation, pass the count over the whole mini-batch so micro-batches add up correctly.
-    With nothing valid the result is 0 (still connected to the graph).
+    denominator (the token count for ``token-mean``, the group count for ``prompt-mean``, the row
+    count otherwise) — for gradient accumulation, pass the count over the whole mini-batch so
+    micro-batches add up correctly. With nothing valid the result is 0 (still connected to the
+    graph).
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; known: {', '.join(AGG_MODES)}")
@@ -96,13 +129,28 @@ def aggregate_loss(
         return masked.sum() / denom
     counts = valid.sum(-1)
     row_sum = masked.sum(-1)
+    has_tokens = counts > 0
+    if mode == "prompt-mean":
+        if group_tokens is None:
+            raise ValueError(
+                "aggregation 'prompt-mean' needs group_tokens (each row's group token count; "
+                "see group_token_counts)"
+            )
+        if group_tokens.shape != counts.shape:
+            raise ValueError(
+                f"group_tokens must be [B] = {tuple(counts.shape)}, got {tuple(group_tokens.shape)}"
+            )
+        gt = group_tokens.to(row_sum.dtype).clamp(min=1)
+        share = torch.where(has_tokens, row_sum / gt, 0.0)
+        if normalizer is None:
+            normalizer = (counts.to(row_sum.dtype) / gt).sum().clamp(min=1)
+        return share.sum() / normalizer
     if mode == "seq-mean-token-sum":
         per_row = row_sum
     elif mode == "seq-mean-token-mean":
         per_row = row_sum / counts.clamp(min=1)
     else:
         per_row = row_sum / (norm_len if norm_len is not None else loss.shape[-1])
-    has_tokens = counts > 0
     denom = has_tokens.sum().clamp(min=1) if normalizer is None else normalizer
     return torch.where(has_tokens, per_row, 0.0).sum() / denom
 
@@ -154,6 +202,7 @@ def policy_loss(
     dual_clip: float | None = None,
     agg: str = "token-mean",
     normalizer: float | torch.Tensor | None = None,
+    group_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with asymmetric bounds (clip-higher) and optional dual clip.
 
@@ -173,7 +222,7 @@ def policy_loss(
     adv = torch.where(valid, _f32(advantages).detach(), 0.0)
     ratio = log_ratio.exp()
     token_loss, metrics = _clipped_surrogate(ratio, adv, valid, clip_low, clip_high, dual_clip)
-    loss = aggregate_loss(token_loss, mask, agg, normalizer=normalizer)
+    loss = aggregate_loss(token_loss, mask, agg, normalizer=normalizer, group_tokens=group_tokens)
     with torch.no_grad():
         lr = log_ratio.detach()
         metrics["approx_kl"] = _masked_mean(lr.exp() - 1 - lr, valid)
@@ -193,6 +242,7 @@ def gspo_loss(
     dual_clip: float | None = None,
     agg: str = "seq-mean-token-mean",
     normalizer: float | torch.Tensor | None = None,
+    group_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: PPO clipping on the sequence-level importance ratio.
 
@@ -213,7 +263,7 @@ def gspo_loss(
     adv = torch.where(valid, _f32(advantages).detach(), 0.0)
     ratio = token_log_ratio.exp()
     token_loss, metrics = _clipped_surrogate(ratio, adv, valid, clip_low, clip_high, dual_clip)
-    loss = aggregate_loss(token_loss, mask, agg, normalizer=normalizer)
+    loss = aggregate_loss(token_loss, mask, agg, normalizer=normalizer, group_tokens=group_tokens)
     with torch.no_grad():
         lr = torch.where(valid, _f32(logp).detach() - _f32(old_logp), 0.0)
         lr = lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -233,6 +283,7 @@ def value_loss(
     clip: float | None = 0.2,
     agg: str = "token-mean",
     normalizer: float | torch.Tensor | None = None,
+    group_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss: ``½ max((V − R)², (V_old + clip(V − V_old, ±c) − R)²)``, aggregated.
 
@@ -256,7 +307,7 @@ def value_loss(
         token_loss = 0.5 * torch.maximum(unclipped, clipped)
         with torch.no_grad():
             clipped_frac = _masked_mean((clipped > unclipped).float(), valid)
-    loss = aggregate_loss(token_loss, mask, agg, normalizer=normalizer)
+    loss = aggregate_loss(token_loss, mask, agg, normalizer=normalizer, group_tokens=group_tokens)
     return loss, {"vf_clipfrac": clipped_frac, "vf_mean": _masked_mean(v.detach(), valid)}
 
 

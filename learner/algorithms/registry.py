@@ -6,7 +6,7 @@ calls the result without knowing which variant it got (no ``if name == "gae"`` a
 - ``ADVANTAGE_ESTIMATORS[name](*, rewards, mask, group_ids, token_rewards=None, values=None,
   gamma=1.0, lam=1.0) -> (advantages[B, T], returns[B, T])`` — see ``AdvantageEstimator``;
 - ``POLICY_LOSSES[name](logp, old_logp, advantages, mask, *, clip_low, clip_high,
-  dual_clip=None, agg=..., normalizer=None) -> (loss, metrics)`` — see ``PolicyLoss``.
+  dual_clip=None, agg=..., normalizer=None, group_tokens=None) -> (loss, metrics)`` — see ``PolicyLoss``.
 
 Registering a name twice is an error (a silent overwrite would make a config name mean whichever
 module was imported last); looking up an unknown name raises ``UnknownNameError`` listing the
@@ -112,6 +112,7 @@ class PolicyLoss(Protocol):
         dual_clip: float | None = None,
         agg: str = ...,
         normalizer: float | torch.Tensor | None = None,
+        group_tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 

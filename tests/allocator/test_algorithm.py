@@ -46,7 +46,21 @@ def loop_largest_remainder(shares, total, caps):
     return ints
 
 
-def loop_allocate(g, k, budget, *, n_min, n_max, initial_budget, mastery, min_p, priority, scheme):
+def loop_allocate(
+    g,
+    k,
+    budget,
+    *,
+    n_min,
+    n_max,
+    initial_budget,
+    mastery,
+    min_p,
+    priority,
+    scheme,
+    hopeless_after=0,
+    hopeless_n=1,
+):
     n_max = max(n_min, n_max)
     initial_budget = max(n_min, initial_budget)
     n = len(g)
@@ -54,6 +68,14 @@ def loop_allocate(g, k, budget, *, n_min, n_max, initial_budget, mastery, min_p,
     total = min(max(budget, n * n_min), n * n_max)
     counts = [n_min] * n  # step 2 first: n_min for everyone is reserved
     spare = total - n * n_min
+    hopeless = [
+        hopeless_after > 0 and p[i] != -1.0 and g[i] >= hopeless_after and k[i] < 0.5
+        for i in range(n)
+    ]
+    for i in range(n):
+        if hopeless[i]:
+            counts[i] = hopeless_n
+            spare += n_min - hopeless_n
     # Step 1: exploration above n_min.
     extra = []
     for i in range(n):
@@ -74,7 +96,7 @@ def loop_allocate(g, k, budget, *, n_min, n_max, initial_budget, mastery, min_p,
         spare = 0
     # Step 3: by priority.
     room = n_max - n_min
-    eligible = [i for i in range(n) if p[i] != -1.0 and p[i] > 0]
+    eligible = [i for i in range(n) if p[i] != -1.0 and p[i] > 0 and not hopeless[i]]
     if spare > 0 and eligible and room > 0:
         x = dict.fromkeys(eligible, 0.0)
         if scheme == "reference":
@@ -114,11 +136,12 @@ def loop_allocate(g, k, budget, *, n_min, n_max, initial_budget, mastery, min_p,
         for j, i in enumerate(eligible):
             counts[i] += add[j]
         spare -= sum(add)
-    while spare > 0:  # round-robin, lowest index first
-        for i in range(n):
-            if spare > 0 and counts[i] < n_max:
-                counts[i] += 1
-                spare -= 1
+    for pool in ([i for i in range(n) if not hopeless[i]], list(range(n))):
+        while spare > 0 and any(counts[i] < n_max for i in pool):  # round-robin, lowest first
+            for i in pool:
+                if spare > 0 and counts[i] < n_max:
+                    counts[i] += 1
+                    spare -= 1
     return counts, p
 
 
@@ -150,6 +173,8 @@ def _random_case(rng: np.random.Generator) -> dict:
         "min_p": float(rng.choice([0.01, 0.0, 0.05])),
         "priority": str(rng.choice(["variance", "std"])),
         "scheme": str(rng.choice(["reference", "water-level"])),
+        "hopeless_after": int(rng.choice([0, 0, 4, 16])),
+        "hopeless_n": int(rng.integers(0, n_min + 1)),
     }
 
 
@@ -165,6 +190,8 @@ def _vectorised(case: dict):
         min_priority=case["min_p"],
         priority=case["priority"],
         scheme=case["scheme"],
+        hopeless_after=case["hopeless_after"],
+        hopeless_n=case["hopeless_n"],
         return_priorities=True,
     )
 
@@ -181,6 +208,8 @@ def _loop(case: dict):
         min_p=case["min_p"],
         priority=case["priority"],
         scheme=case["scheme"],
+        hopeless_after=case["hopeless_after"],
+        hopeless_n=case["hopeless_n"],
     )
 
 
@@ -198,7 +227,11 @@ def test_matches_loop_twin_and_keeps_guarantees(seed: int) -> None:
         np.testing.assert_allclose(prio, twin_prio, rtol=1e-12, atol=1e-12)
         assert int(counts.sum()) == expected_total == sum(twin), case
         if n:
-            assert counts.min() >= n_min and counts.max() <= n_max, case
+            low = np.full(n, n_min)
+            if case["hopeless_after"]:
+                gone = (prio != UNEXPLORED) & (case["g"] >= case["hopeless_after"])
+                low[gone & (case["k"] < 0.5)] = case["hopeless_n"]
+            assert (counts >= low).all() and counts.max() <= n_max, case
             assert np.abs(counts - np.array(twin)).max() <= 1, (case, counts, twin)
 
 
@@ -208,7 +241,10 @@ def test_more_priority_never_means_fewer_samples(seed: int) -> None:
     for _ in range(40):
         case = _random_case(rng)
         counts, prio = _vectorised(case)
-        done = np.flatnonzero(prio != UNEXPLORED)
+        done = prio != UNEXPLORED
+        if case["hopeless_after"]:  # hopeless prompts are the intended exception
+            done &= ~((case["g"] >= case["hopeless_after"]) & (case["k"] < 0.5))
+        done = np.flatnonzero(done)
         n_max = max(case["n_min"], case["n_max"])
         for i in done:
             for j in done:
@@ -249,6 +285,25 @@ def test_unexplored_prompts_get_their_initial_budget() -> None:
     assert list(counts) == [6, 6, 4, 4]
 
 
+def test_hopeless_prompts_give_their_share_to_the_others() -> None:
+    g = np.array([32, 32, 32, 8, 32])
+    k = np.array([16, 2, 0, 0, 0.3])  # half-solved, hard, never solved (32), (only 8), decayed
+    base = allocate_rollouts(g, k, 5 * 8, n_min=4, n_max=24, initial_budget=8)
+    counts = allocate_rollouts(
+        g, k, 5 * 8, n_min=4, n_max=24, initial_budget=8, hopeless_after=16, hopeless_n=1
+    )
+    assert base.min() >= 4
+    # never solved after >= 16 samples (k < 0.5 also after decay): 1 each; 8 samples: not yet.
+    assert counts[2] == counts[4] == 1 and counts[3] >= 4
+    assert counts.sum() == base.sum() == 40
+    assert counts[0] > base[0] and counts[1] >= base[1]  # the freed 6 follow the priorities
+    off = allocate_rollouts(g, k, 5 * 8, n_min=4, n_max=24, initial_budget=8, hopeless_after=0)
+    assert off.tolist() == base.tolist()
+    # Everyone else capped: what is left reaches the hopeless prompts again (sum stays exact).
+    full = allocate_rollouts(g, k, 5 * 24, n_min=4, n_max=24, hopeless_after=16, hopeless_n=0)
+    assert full.tolist() == [24] * 5
+
+
 def test_round_robin_when_no_priority() -> None:
     g = np.full(3, 10.0)
     k = np.zeros(3)
@@ -285,6 +340,8 @@ def test_water_level_std_beats_reference_on_the_variance_objective() -> None:
         ({"priority": "nope"}, "priority"),
         ({"n_min": -1}, "n_min"),
         ({"budget": -5}, "budget"),
+        ({"hopeless_after": -1}, "hopeless_after"),
+        ({"hopeless_after": 8, "n_min": 2, "hopeless_n": 3}, "hopeless_n"),
     ],
 )
 def test_bad_arguments_name_the_field(kwargs: dict, match: str) -> None:

@@ -16,7 +16,7 @@ from dynamo_rl.config.learner import (
     ModulationConfig,
     PpoLoss,
 )
-from learner.algorithms import dynamo_params
+from learner.algorithms import dynamo_params, group_token_counts
 from learner.objective import (
     ObjectiveInputs,
     kl_shaped_token_rewards,
@@ -112,8 +112,9 @@ PPO = PpoLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
 @pytest.mark.parametrize("dual", [None, DUAL])
 def test_policy_loss_alone_is_the_clipped_surrogate(seed: int, dual: float | None):
     x = batch(seed)
-    algo = AlgorithmConfig(policy_loss=PpoLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
-                                               dual_clip=dual))  # fmt: skip
+    algo = AlgorithmConfig(
+        policy_loss=PpoLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, dual_clip=dual)
+    )
     inp = inputs(x)
     out = rl_objective(inp, algo, normalizer=20.0)
     per = {
@@ -311,3 +312,180 @@ def test_gspo_aggregates_per_sequence():
     want = -sum(float((x["adv"][i] * x["mask"][i]).sum() / x["mask"][i].sum()) for i in rows)
     assert on.loss.item() == pytest.approx(want / len(rows), rel=1e-5)
     assert torch.isfinite(out.loss)
+
+
+# --- prompt-mean: every prompt's group weighs the same, whatever its n -------------------------
+
+
+def loop_prompt_mean(per_token: dict[tuple[int, int], float], groups: list[int]) -> float:
+    """Token-mean within each group, mean over the groups that have a valid token."""
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for (i, _k), v in per_token.items():
+        sums[groups[i]] = sums.get(groups[i], 0.0) + v
+        counts[groups[i]] = counts.get(groups[i], 0) + 1
+    return sum(sums[g] / counts[g] for g in sums) / len(sums)
+
+
+def grouped_batch(seed: int) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Six rows in three groups of 3, 2 and 1 responses (one response empty), varied lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    b, t = 6, 7
+    lengths = torch.tensor([7, 3, 0, 5, 2, 6])
+    mask = (torch.arange(t)[None] < lengths[:, None]).float()
+    logp = -torch.rand(b, t, generator=gen) * 3
+    old = logp + torch.randn(b, t, generator=gen) * 0.3
+    x = {
+        "logp": logp,
+        "old": old,
+        "ref": logp + torch.randn(b, t, generator=gen) * 0.2,
+        "adv": torch.randn(b, t, generator=gen),
+        "ent": torch.rand(b, t, generator=gen) * 3,
+        "mask": mask,
+    }
+    return x, [0, 0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prompt_mean_is_token_mean_within_groups_then_mean_over_groups(seed: int):
+    x, groups = grouped_batch(seed)
+    gt = group_token_counts(torch.tensor(groups), x["mask"])
+    kl_coef, ent_coef = 0.2, 0.02
+    algo = AlgorithmConfig(
+        policy_loss=PpoLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, dual_clip=DUAL),
+        agg="prompt-mean",
+        kl=KlConfig(coef=kl_coef, kind="k3"),
+        entropy_coef=ent_coef,
+        modulation=ModulationConfig(enabled=True, preset="decay6"),
+        is_cap=None,
+    )
+    inp = inputs(x, entropy=x["ent"], ref_logp=x["ref"], group_tokens=gt)
+    out = rl_objective(inp, algo)
+    mod = modulated(x, x["adv"], "decay6")
+    per = {}
+    for i, k in cells(x["mask"]):
+        lp, old = float(x["logp"][i, k]), float(x["old"][i, k])
+        per[(i, k)] = (
+            loop_ppo_token(lp, old, mod[i][k], DUAL)
+            + kl_coef * loop_k3(lp, float(x["ref"][i, k]))
+            - ent_coef * float(x["ent"][i, k])
+        )
+    assert out.loss.item() == pytest.approx(loop_prompt_mean(per, groups), rel=1e-5)
+    # The gradient at an unclipped token of group g is −A'·r / (tokens of g · #groups) (+ KL).
+    out.loss.backward()
+    tokens = {g: sum(1 for i, _ in cells(x["mask"]) if groups[i] == g) for g in set(groups)}
+    for i, k in cells(x["mask"]):
+        r = math.exp(float(x["logp"][i, k] - x["old"][i, k]))
+        if not 1 - CLIP_LOW < r < 1 + CLIP_HIGH:
+            continue
+        d = float(x["logp"][i, k] - x["ref"][i, k])
+        want = (-mod[i][k] * r + kl_coef * (1 - math.exp(-d))) / (tokens[groups[i]] * 3)
+        assert float(inp.logp.grad[i, k]) == pytest.approx(want, rel=1e-4, abs=1e-7)
+
+
+def test_prompt_mean_weighs_a_group_the_same_whatever_its_n():
+    """Repeating one group's responses (a larger n, same empirical distribution) leaves the
+    prompt-mean loss unchanged; the token-mean loss shifts towards that group."""
+    x, groups = grouped_batch(5)
+    rep = torch.tensor([0, 1, 2, 3, 4, 5, 5, 5, 5])  # group 2's single response, four times
+    y = {k: v[rep] for k, v in x.items()}
+    y_groups = [groups[i] for i in rep.tolist()]
+
+    def loss(d: dict, g: list[int], agg: str) -> float:
+        algo = AlgorithmConfig(policy_loss=PPO, agg=agg, is_cap=None)
+        gt = group_token_counts(torch.tensor(g), d["mask"])
+        return rl_objective(inputs(d, group_tokens=gt), algo).loss.item()
+
+    assert loss(y, y_groups, "prompt-mean") == pytest.approx(loss(x, groups, "prompt-mean"))
+    assert loss(y, y_groups, "token-mean") != pytest.approx(loss(x, groups, "token-mean"))
+
+
+def test_prompt_mean_micro_batches_split_inside_a_group_sum_to_the_whole():
+    """Gradient accumulation: micro-batches cut through groups; with each row's group token count
+    over the mini-batch and the mini-batch's group count as the normaliser they add up."""
+    x, groups = grouped_batch(2)
+    gt = group_token_counts(torch.tensor(groups), x["mask"])
+    algo = AlgorithmConfig(policy_loss=PPO, agg="prompt-mean", kl=KlConfig(coef=0.1))
+    whole = rl_objective(inputs(x, ref_logp=x["ref"], group_tokens=gt), algo).loss.item()
+    parts = 0.0
+    for sl in (slice(0, 2), slice(2, 4), slice(4, 6)):
+        part = {k: v[sl] for k, v in x.items()}
+        inp = inputs(part, ref_logp=part["ref"], group_tokens=gt[sl])
+        parts += rl_objective(inp, algo, normalizer=3.0).loss.item()
+    assert parts == pytest.approx(whole, rel=1e-5)
+
+
+def test_prompt_mean_without_group_counts_names_the_field():
+    x, _ = grouped_batch(0)
+    algo = AlgorithmConfig(policy_loss=PPO, agg="prompt-mean")
+    with pytest.raises(ValueError, match=r"prompt-mean.*group_tokens"):
+        rl_objective(inputs(x), algo)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_learners_plan_and_normaliser_give_the_whole_batch_prompt_mean(world: int):
+    """The learner's own plumbing (``RLTrainer._plan`` group token counts per micro-batch,
+    ``RLTrainer._normalizer``): micro-batches of 2 rows, mini-batches of 2 groups, split over
+    ``world`` ranks, add up to one prompt-mean over each mini-batch."""
+    from types import SimpleNamespace
+
+    from learner.batch import Sample
+    from learner.rl import RLTrainer
+
+    gen = torch.Generator().manual_seed(7)
+    sizes = [3, 1, 4, 2]  # responses per group
+    samples = [
+        Sample(
+            prompt=[5, 6],
+            response=torch.randint(
+                3, 50, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen
+            ).tolist(),
+            sampling_logprobs=[],
+            reward=0.0,
+            correct=False,
+            group=g,
+        )
+        for g, n in enumerate(sizes)
+        for _ in range(n)
+    ]
+    for s in samples:
+        s.sampling_logprobs = [-1.0] * len(s.response)
+    lc = SimpleNamespace(mini_batch_size=2, train_batch_size=4, micro_batch_size=2)
+    algo = AlgorithmConfig(policy_loss=PPO, agg="prompt-mean", is_cap=None)
+    adv = {i: float(torch.randn(1, generator=gen)) for i in range(len(samples))}
+    lp = {i: (-torch.rand(len(s.response), generator=gen)).tolist() for i, s in enumerate(samples)}
+    total: dict[int, float] = {}
+    for rank in range(world):
+        env = SimpleNamespace(rank=rank, world_size=world, device=torch.device("cpu"))
+        me = SimpleNamespace(lc=lc, env=env, pad_id=0, agg="prompt-mean")
+        minis, plan = RLTrainer._plan(me, samples)
+        for m, (rows, mbs) in enumerate(zip(minis, plan, strict=True)):
+            norm = RLTrainer._normalizer(me, samples, rows)
+            for mb in mbs:
+                if not mb.rows:
+                    continue
+                logp = torch.zeros_like(mb.mask)
+                for j, i in enumerate(mb.rows):
+                    logp[j, : len(lp[i])] = torch.tensor(lp[i])
+                a = torch.tensor([adv[i] for i in mb.rows])[:, None] * mb.mask
+                out = rl_objective(
+                    ObjectiveInputs(
+                        logp=logp,
+                        old_logp=logp,
+                        advantages=a,
+                        mask=mb.mask,
+                        group_tokens=mb.extra.get("group_tokens"),
+                    ),
+                    algo,
+                    normalizer=norm,
+                )
+                total[m] = total.get(m, 0.0) + out.loss.item()
+    # On-policy the token loss is −A: prompt-mean = −mean over groups of the group's token-mean.
+    for m, groups in enumerate([[0, 1], [2, 3]]):
+        want = 0.0
+        for g in groups:
+            rows = [i for i, s in enumerate(samples) if s.group == g]
+            want += -sum(adv[i] * len(samples[i].response) for i in rows) / sum(
+                len(samples[i].response) for i in rows
+            )
+        assert total[m] == pytest.approx(want / len(groups), rel=1e-5)

@@ -105,6 +105,7 @@ def test_aggregate_loss_normalizer_and_errors():
         "seq-mean-token-sum",
         "seq-mean-token-mean",
         "seq-mean-token-sum-norm",
+        "prompt-mean",
     }
 
 

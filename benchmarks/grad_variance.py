@@ -1,0 +1,611 @@
+"""Gradient-estimate quality at equal budget: uniform n against Dynamic Rollout Allocation.
+
+The paper's central claim is a mechanism: allocating a batch's samples in proportion to each
+prompt's σ lowers the variance of the policy-gradient estimate at a fixed budget. This measures it
+directly, on the built-in ``arith`` task with the quickstart's tiny model, at checkpoints of a real
+run (the quickstart's warm start, then after ``--rl-steps`` in-process RL steps of uniform GRPO +
+modulation, as ``benchmarks/sample_efficiency.py`` trains).
+
+Design (cheap enough for 2 loaded CPU cores): for a fixed set of ``prompts`` train prompts, a pool
+of ``pool`` samples per prompt is generated once per checkpoint. For every pool token the gradient
+of its log-prob over **all** parameters is computed once and stored count-sketched to ``sketch``
+dimensions (a fixed random hash and sign per parameter coordinate; inner products are unbiased,
+relative error ≈ 1/√sketch). A batch then draws, with replacement, n_i samples of prompt i from its
+pool (n_i from the allocator under test, Σ n_i = B × prompts); its loss is the learner's own
+``learner.objective.rl_objective`` (the shipped DynaMO recipe: GRPO advantages over the batch,
+PPO-clip 0.2/0.28, dual clip 10, modulation decay6 per micro-batch of ``micro_batch`` rows,
+on-policy) with ``agg`` token-mean or prompt-mean and the whole batch's normaliser; autograd gives
+∂loss/∂logp for every token, and the parameter gradient is Σ ∂loss/∂logp · ∇logp (the chain rule:
+modulation and the clip use detached log-probs, there is no KL or entropy term), read from the
+sketch. ``chain_rule_check`` in the JSON compares that with a real ``backward()`` through the model
+on one batch.
+
+The allocator sees statistics from earlier samples, as in training: per batch and prompt,
+``stat_samples`` draws from the pool (G, k). Variants: ``uniform``; ``dra`` (scheme reference,
+priority variance: the DynaMO default); ``dra-wl-std`` (water-level, std); and each with hopeless
+prompts (k = 0 after ≥ ``stat_samples`` samples) cut to ``hopeless_n`` responses (``+hl``).
+n_min 2, n_max 2B, initial_budget 4, mastery 0.85, min_priority 0.01.
+
+The reference gradient of a checkpoint and weighting is the gradient of the whole pool (``pool``
+samples for every prompt). Per case: relative MSE E‖g − g_ref‖² / ‖g_ref‖², its variance part
+E‖g − E g‖² / ‖g_ref‖², cosine to the reference, the share of rollouts with zero advantage (groups
+whose rewards are all equal), each with a 95% interval over ``batches`` independent batches, and
+the ratio of MSE to uniform's (interval by the delta method).
+
+    .venv/bin/python benchmarks/grad_variance.py --quick    # smoke run (a minute or two)
+    .venv/bin/python benchmarks/grad_variance.py            # full run, JSON + PNG in results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+RESULTS = REPO / "benchmarks" / "results"
+WEIGHTINGS = ("token-mean", "prompt-mean")
+
+
+@dataclass
+class GVSettings:
+    prompts: int = 32
+    """Fixed prompt set: the first rows of the RL train pool."""
+    pool: int = 32
+    """Samples per prompt generated once per checkpoint (batches draw from them)."""
+    rl_steps: str = "0,40"
+    """Checkpoints: RL steps after the warm start (0 = the warm start itself)."""
+    budgets: str = "4,8,16"
+    """Average samples per prompt B."""
+    batches: int = 200
+    """Independent batches per (checkpoint, budget, allocator)."""
+    stat_samples: int = 16
+    """Samples behind each prompt's allocator statistics (drawn per batch)."""
+    hopeless_n: int = 1
+    sketch: int = 8192
+    micro_batch: int = 64
+    """Rows per micro-batch (the quickstart's learner.micro_batch_size): modulation's range."""
+    rl_batch: int = 16
+    rl_n: int = 8
+    seed: int = 0
+
+
+ALLOCATORS: dict[str, dict[str, Any]] = {
+    "uniform": {},
+    "dra": {"scheme": "reference", "priority": "variance"},
+    "dra+hl": {"scheme": "reference", "priority": "variance", "hopeless": True},
+    "dra-wl-std": {"scheme": "water-level", "priority": "std"},
+    "dra-wl-std+hl": {"scheme": "water-level", "priority": "std", "hopeless": True},
+}
+
+
+def algo_config(agg: str):
+    """The shipped DynaMO recipe's objective (configs/dynamo_grpo.yaml), on-policy."""
+    from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
+
+    return AlgorithmConfig(
+        policy_loss=PpoLoss(clip_low=0.2, clip_high=0.28, dual_clip=10.0),
+        agg=agg,
+        modulation=ModulationConfig(enabled=True, preset="decay6"),
+        is_cap=None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def rl_checkpoint(s, g: GVSettings, warm: Path, steps: int, cache: Path) -> Path:
+    """``steps`` in-process RL steps of uniform GRPO + modulation from the warm start (cached)."""
+    import numpy as np
+    import torch
+    from sample_efficiency import (
+        accumulate_gradients,
+        decode_responses,
+        generate,
+        is_correct,
+        load,
+        prompt_text,
+        response_mask,
+        task_rows,
+    )
+
+    if steps == 0:
+        return warm
+    out = cache / f"rl-{warm.name}-{steps}-{g.rl_batch}x{g.rl_n}-s{g.seed}"
+    if (out / "done").exists():
+        return out
+    rl_pool, _, _ = task_rows(s)
+    model, tok = load(warm)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    algo = algo_config("token-mean")
+    rng = np.random.default_rng(g.seed)
+    t0 = time.time()
+    for step in range(1, steps + 1):
+        batch = rng.choice(len(rl_pool), g.rl_batch, replace=False).tolist()
+        group_of = [i for i in range(g.rl_batch) for _ in range(g.rl_n)]
+        prompts = [prompt_text(rl_pool[batch[i]]) for i in group_of]
+        gts = [rl_pool[batch[i]]["reward_model"]["ground_truth"] for i in group_of]
+        model.eval()
+        torch.manual_seed(g.seed * 1_000_003 + step)
+        ((seq, width, attn),) = generate(model, tok, prompts, greedy=False, s=s, chunk=10**9)
+        resp = seq[:, width:]
+        rmask = response_mask(resp, tok.eos_token_id)
+        texts = decode_responses(tok, resp, rmask)
+        rewards = torch.tensor([float(is_correct(t, a)) for t, a in zip(texts, gts, strict=True)])
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        accumulate_gradients(model, seq, attn, rmask, rewards, group_of, algo, 64, 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        if step % 10 == 0:
+            print(
+                f"[rl] step {step} reward {float(rewards.mean()):.3f} ({time.time() - t0:.0f}s)",
+                flush=True,
+            )
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    (out / "done").write_text("ok\n")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The pool: samples, per-token log-probs, entropies and sketched per-token gradients
+
+
+class Sketch:
+    """Count sketch of the model's parameter vector: coordinate j → bucket h(j), sign σ(j)."""
+
+    def __init__(self, params, dim: int, seed: int) -> None:
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        self.dim = dim
+        self.buckets = [torch.randint(dim, (p.numel(),), generator=gen) for p in params]
+        self.signs = [
+            (torch.randint(2, (p.numel(),), generator=gen) * 2 - 1).float() for p in params
+        ]
+
+    def __call__(self, grads) -> Any:
+        """``grads``: per-parameter tensors ``[K, *shape]`` → ``[K, dim]``."""
+        import torch
+
+        k = grads[0].shape[0]
+        out = torch.zeros(k, self.dim)
+        for gr, h, sg in zip(grads, self.buckets, self.signs, strict=True):
+            out.index_add_(1, h, gr.reshape(k, -1) * sg)
+        return out
+
+
+def build_pool(model, tok, rows: list[dict], g: GVSettings, s, seed: int) -> dict[str, Any]:
+    """``pool`` samples per prompt with rewards, token log-probs/entropies and gradient sketches."""
+    import torch
+    from sample_efficiency import (
+        decode_responses,
+        generate,
+        is_correct,
+        prompt_text,
+        response_mask,
+    )
+
+    from learner.algorithms import token_logprobs_and_entropy
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    sketch = Sketch(params, g.sketch, seed=12345)
+    prompts = [prompt_text(r) for r in rows for _ in range(g.pool)]
+    gts = [r["reward_model"]["ground_truth"] for r in rows for _ in range(g.pool)]
+    model.eval()
+    torch.manual_seed(seed)
+    samples = []
+    k = 0
+    for seq, width, attn in generate(model, tok, prompts, greedy=False, s=s, chunk=1024):
+        resp = seq[:, width:]
+        rmask = response_mask(resp, tok.eos_token_id)
+        texts = decode_responses(tok, resp, rmask)
+        for j in range(seq.shape[0]):
+            prompt_ids = seq[j, :width][attn[j].bool()].tolist()
+            length = int(rmask[j].sum())
+            samples.append(
+                (prompt_ids, resp[j, :length].tolist(), float(is_correct(texts[j], gts[k])))
+            )
+            k += 1
+    t_max = max(1, max(len(r) for _, r, _ in samples))
+    n = len(samples)
+    logp = torch.zeros(n, t_max)
+    ent = torch.zeros(n, t_max)
+    mask = torch.zeros(n, t_max)
+    grads = torch.zeros(n, t_max, g.sketch)
+    t0 = time.time()
+    for i, (p_ids, r_ids, _) in enumerate(samples):
+        if not r_ids:
+            continue
+        ids = torch.tensor([p_ids + r_ids])
+        logits = model(input_ids=ids).logits[:, len(p_ids) - 1 : -1].float()
+        with torch.no_grad():  # the learner's values; its fused backward does not vmap
+            lp, en = token_logprobs_and_entropy(logits.detach(), torch.tensor([r_ids]))
+        plain = torch.log_softmax(logits, -1)[0, torch.arange(len(r_ids)), r_ids][None]
+        m = len(r_ids)
+        eye = torch.eye(m).reshape(m, 1, m)
+        per_tok = torch.autograd.grad(plain, params, grad_outputs=eye, is_grads_batched=True)
+        grads[i, :m] = sketch(per_tok)
+        logp[i, :m] = lp[0].detach()
+        ent[i, :m] = en[0].detach()
+        mask[i, :m] = 1.0
+        if i % 256 == 0:
+            print(f"[pool] {i}/{n} token gradients ({time.time() - t0:.0f}s)", flush=True)
+    reward = torch.tensor([r for _, _, r in samples])
+    return {
+        "samples": samples,
+        "logp": logp,
+        "ent": ent,
+        "mask": mask,
+        "grads": grads,
+        "reward": reward.reshape(len(rows), g.pool),
+        "sketch": sketch,
+        "params": params,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# One batch's gradient through the learner's objective
+
+
+def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int):
+    """∂loss/∂logp ``[rows, T]`` of the learner's loss on pool rows ``idx`` (groups ``groups``).
+
+    Rows are ordered group by group (as the learner's mini-batches); each micro-batch of ``micro``
+    rows is one ``rl_objective`` call with the whole batch's normaliser (and, for prompt-mean,
+    each row's group token count over the whole batch), summed as gradient accumulation does.
+    """
+    import torch
+
+    from learner.algorithms import group_token_counts, grpo_advantages
+    from learner.objective import ObjectiveInputs, rl_objective
+
+    algo = algo_config(agg)
+    mask = pool["mask"][idx]
+    gids = torch.as_tensor(groups)
+    rewards = pool["reward"].reshape(-1)[idx]
+    adv = grpo_advantages(rewards, gids)[:, None] * mask
+    logp = pool["logp"][idx].clone().requires_grad_(True)
+    ent = pool["ent"][idx]
+    gt = group_token_counts(gids, mask)
+    has = mask.sum(-1) > 0
+    norm = float(mask.sum()) if agg == "token-mean" else float(len(set(gids[has].tolist())))
+    total = None
+    for lo in range(0, len(idx), micro):
+        sl = slice(lo, lo + micro)
+        out = rl_objective(
+            ObjectiveInputs(
+                logp=logp[sl],
+                old_logp=logp[sl].detach(),
+                advantages=adv[sl],
+                mask=mask[sl],
+                entropy=ent[sl],
+                group_tokens=gt[sl],
+            ),
+            algo,
+            normalizer=max(norm, 1.0),
+        )
+        total = out.loss if total is None else total + out.loss
+    (coef,) = torch.autograd.grad(total, logp)
+    return coef
+
+
+def batch_gradient(pool: dict, idx, groups, agg: str, micro: int):
+    """Sketched parameter gradient Σ ∂loss/∂logp · ∇logp of the batch, and the coefficients."""
+    import torch
+
+    coef = batch_coefficients(pool, idx, groups, agg, micro)
+    return torch.einsum("rt,rtd->d", coef, pool["grads"][idx]), coef
+
+
+def true_gradient(model, pool: dict, idx, groups, agg: str, micro: int):
+    """The same loss, backpropagated through the model (for the chain-rule check)."""
+    import torch
+
+    from learner.algorithms import token_logprobs_and_entropy
+
+    _, coef = batch_gradient(pool, idx, groups, agg, micro)
+    model.zero_grad(set_to_none=True)
+    for j, i in enumerate(idx.tolist()):
+        p_ids, r_ids, _ = pool["samples"][i]
+        if not r_ids:
+            continue
+        ids = torch.tensor([p_ids + r_ids])
+        logits = model(input_ids=ids).logits[:, len(p_ids) - 1 : -1].float()
+        lp, _ = token_logprobs_and_entropy(logits, torch.tensor([r_ids]))
+        (lp[0] * coef[j, : len(r_ids)]).sum().backward()
+    grads = [p.grad.unsqueeze(0) for p in pool["params"]]
+    return pool["sketch"](grads)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Allocation
+
+
+def counts_for(name: str, stats_g, stats_k, budget_b: int, n_prompts: int, g: GVSettings):
+    import numpy as np
+
+    from allocator.algorithm import allocate_rollouts
+
+    spec = ALLOCATORS[name]
+    if not spec:
+        return np.full(n_prompts, budget_b, dtype=np.int64)
+    return allocate_rollouts(
+        stats_g,
+        stats_k,
+        budget_b * n_prompts,
+        n_min=2,
+        n_max=2 * budget_b,
+        initial_budget=4,
+        mastery_threshold=0.85,
+        min_priority=0.01,
+        priority=spec["priority"],
+        scheme=spec["scheme"],
+        hopeless_after=g.stat_samples if spec.get("hopeless") else 0,
+        hopeless_n=g.hopeless_n,
+    )
+
+
+def ci(values) -> tuple[float, float]:
+    """Mean and 95% half-width (normal approximation)."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if v.size < 2:
+        return float(v.mean()) if v.size else float("nan"), float("nan")
+    return float(v.mean()), float(1.96 * v.std(ddof=1) / math.sqrt(v.size))
+
+
+def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    n_prompts, size = pool["reward"].shape
+    all_idx = torch.arange(n_prompts * size)
+    all_groups = all_idx // size
+    refs = {w: batch_gradient(pool, all_idx, all_groups, w, g.micro_batch)[0] for w in WEIGHTINGS}
+    t_max = pool["grads"].shape[1]
+    flat = pool["grads"].reshape(-1, g.sketch)  # [pool rows × T, sketch], a view
+    rewards = pool["reward"].numpy()
+    out: dict[str, Any] = {
+        "p_mean": float(rewards.mean()),
+        "p_per_prompt": rewards.mean(1).tolist(),
+        "ref_norm": {w: float(refs[w].norm()) for w in WEIGHTINGS},
+        "cases": {},
+    }
+    for b in [int(x) for x in g.budgets.split(",")]:
+        for name in ALLOCATORS:
+            rng = np.random.default_rng([seed, b, list(ALLOCATORS).index(name)])
+            per: dict[str, dict[str, list[float]]] = {w: {"mse": [], "cos": []} for w in WEIGHTINGS}
+            # Per batch, the coefficient of every pool token (repeats add up); all the batches'
+            # gradients are then one matrix product with the pool's token-gradient sketches.
+            coefs = {w: torch.zeros(g.batches, flat.shape[0]) for w in WEIGHTINGS}
+            zero_share: list[float] = []
+            hopeless_share: list[float] = []
+            for m in range(g.batches):
+                draws = rng.integers(0, size, (n_prompts, g.stat_samples))
+                k = rewards[np.arange(n_prompts)[:, None], draws].sum(1)
+                counts = counts_for(
+                    name, np.full(n_prompts, float(g.stat_samples)), k, b, n_prompts, g
+                )
+                idx, groups, zero = [], [], 0
+                for i, c in enumerate(counts.tolist()):
+                    pick = rng.integers(0, size, c)
+                    idx += (i * size + pick).tolist()
+                    groups += [i] * c
+                    r = rewards[i, pick]
+                    if c and (r.min() == r.max()):
+                        zero += c
+                zero_share.append(zero / max(1, len(idx)))
+                hopeless_share.append(float(counts[k == 0].sum()) / max(1, counts.sum()))
+                idx_t = torch.tensor(idx)
+                tok = (idx_t[:, None] * t_max + torch.arange(t_max)[None]).reshape(-1)
+                for w in WEIGHTINGS:
+                    coef = batch_coefficients(pool, idx_t, groups, w, g.micro_batch)
+                    coefs[w][m].index_add_(0, tok, coef.reshape(-1))
+            grads = {w: coefs[w] @ flat for w in WEIGHTINGS}  # [batches, sketch]
+            for w in WEIGHTINGS:
+                ref = refs[w]
+                ref2 = float(ref.square().sum()) or math.nan  # no signal at all: undefined
+                per[w]["mse"] = ((grads[w] - ref).square().sum(1) / ref2).tolist()
+                per[w]["cos"] = torch.nn.functional.cosine_similarity(
+                    grads[w], ref[None], dim=1
+                ).tolist()
+            case: dict[str, Any] = {
+                "zero_adv_share": ci(zero_share),
+                "budget_share_on_k0": ci(hopeless_share),
+            }
+            for w in WEIGHTINGS:
+                ref2 = float(refs[w].square().sum()) or math.nan
+                mean = grads[w].mean(0)
+                var = float((grads[w] - mean).square().sum(1).mean()) / ref2
+                var *= g.batches / max(1, g.batches - 1)
+                case[w] = {
+                    "rel_mse": ci(per[w]["mse"]),
+                    "rel_var": var,
+                    "rel_bias2": float((mean - refs[w]).square().sum()) / ref2,
+                    "cos": ci(per[w]["cos"]),
+                }
+            out["cases"][f"B{b}/{name}"] = case
+            print(
+                f"  B={b:<3} {name:<14} zero-adv {case['zero_adv_share'][0]:.3f} "
+                + " ".join(
+                    f"{w}: mse {case[w]['rel_mse'][0]:.3f} cos {case[w]['cos'][0]:.3f}"
+                    for w in WEIGHTINGS
+                ),
+                flush=True,
+            )
+    # Ratios to uniform (delta-method interval for a ratio of two independent means).
+    for key, case in out["cases"].items():
+        b, name = key.split("/")
+        base = out["cases"][f"{b}/uniform"]
+        for w in WEIGHTINGS:
+            (m1, h1), (m0, h0) = case[w]["rel_mse"], base[w]["rel_mse"]
+            r = m1 / m0 if m0 else math.nan
+            half = r * math.hypot(h1 / m1, h0 / m0) if m1 and m0 else math.nan
+            case[w]["mse_ratio_to_uniform"] = (r, half)
+            v0 = base[w]["rel_var"]
+            case[w]["var_ratio_to_uniform"] = case[w]["rel_var"] / v0 if v0 else math.nan
+    return out
+
+
+def chain_rule_check(model, pool: dict, g: GVSettings) -> dict[str, float]:
+    """Sketch of a real backward() through the model vs the composed gradient, one small batch."""
+    import torch
+
+    n_prompts, size = pool["reward"].shape
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.cat([i * size + torch.randint(size, (3,), generator=gen) for i in range(n_prompts)])
+    groups = (idx // size).tolist()
+    res = {}
+    for w in WEIGHTINGS:
+        composed, _ = batch_gradient(pool, idx, groups, w, g.micro_batch)
+        real = true_gradient(model, pool, idx, groups, w, g.micro_batch)
+        scale = float(real.norm())
+        res[w] = float((composed - real).norm()) / scale if scale else float(composed.norm())
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ckpts = list(report["checkpoints"])
+    fig, axes = plt.subplots(len(ckpts), 2, figsize=(11, 3.6 * len(ckpts)), squeeze=False)
+    names = [n for n in ALLOCATORS if n != "uniform"]
+    for row, ck in enumerate(ckpts):
+        cases = report["checkpoints"][ck]["cases"]
+        budgets = sorted({int(k.split("/")[0][1:]) for k in cases})
+        for col, w in enumerate(WEIGHTINGS):
+            ax = axes[row][col]
+            width = 0.8 / len(names)
+            for j, n in enumerate(names):
+                vals = [cases[f"B{b}/{n}"][w]["mse_ratio_to_uniform"] for b in budgets]
+                xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(budgets))]
+                ax.bar(xs, [v[0] for v in vals], width, yerr=[v[1] for v in vals], label=n)
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.axhline(0.85, color="r", lw=0.8, ls="--")
+            ax.set_xticks(range(len(budgets)), [f"B={b}" for b in budgets])
+            ax.set_ylabel("MSE / uniform's")
+            ax.set_title(f"{ck}, {w}")
+            if row == 0 and col == 0:
+                ax.legend(fontsize=7)
+    fig.suptitle("Batch-gradient MSE to the reference, allocator / uniform at equal budget")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse(argv: list[str] | None):
+    from sample_efficiency import Settings
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny smoke settings")
+    p.add_argument("--out", default=None, help="output stem (default results/grad_variance)")
+    p.add_argument("--cache", default=os.environ.get("GV_CACHE", "/tmp/dynamo_gv_cache"))
+    for f in GVSettings.__dataclass_fields__.values():
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None)
+    args = p.parse_args(argv)
+    # The quickstart's warm start (its tiers include hard), as benchmarks/sample_efficiency.py
+    # builds it.
+    s = Settings(warm_tiers="easy,medium,medium-rev,medium-sub,hard")
+    g = GVSettings()
+    if args.quick:
+        s = Settings(task_train=400, test_prompts=50, warm_steps=20, warm_tiers="easy,medium")
+        g = GVSettings(
+            prompts=4,
+            pool=8,
+            rl_steps="0,2",
+            budgets="2,4",
+            batches=4,
+            sketch=256,
+            stat_samples=4,
+            rl_batch=4,
+            rl_n=4,
+        )
+    for name in GVSettings.__dataclass_fields__:
+        v = getattr(args, name, None)
+        if v is not None:
+            setattr(g, name, v)
+    return args, s, g
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from sample_efficiency import load, task_rows, warm_start
+
+    torch.set_num_threads(1)
+    args, s, g = parse(argv)
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    warm = warm_start(s, cache)
+    rows = task_rows(s)[0][: g.prompts]
+    report: dict[str, Any] = {
+        "what": "batch-gradient error at equal budget, allocator vs uniform (module docstring)",
+        "settings": asdict(g),
+        "task_settings": asdict(s),
+        "allocators": ALLOCATORS,
+        "checkpoints": {},
+    }
+    for steps in [int(x) for x in g.rl_steps.split(",")]:
+        ck = rl_checkpoint(s, g, warm, steps, cache)
+        model, tok = load(ck)
+        name = "warm start" if steps == 0 else f"RL step {steps}"
+        print(f"== {name}: building the pool ({g.prompts} × {g.pool})", flush=True)
+        pool = build_pool(model, tok, rows, g, s, seed=g.seed * 7919 + steps)
+        res = measure_checkpoint(pool, g, seed=g.seed * 7919 + steps)
+        res["chain_rule_check"] = chain_rule_check(model, pool, g)
+        print(f"  p mean {res['p_mean']:.3f}; chain-rule check {res['chain_rule_check']}")
+        report["checkpoints"][name] = res
+        del pool
+    report["wall_s"] = time.time() - t0
+    default = cache / "quick" / "grad_variance" if args.quick else RESULTS / "grad_variance"
+    out = Path(args.out) if args.out else default
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    plot(report, out.with_suffix(".png"))
+    print_table(report)
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return 0
+
+
+def print_table(report: dict) -> None:
+    print(
+        "\n| checkpoint | B | allocator | zero-adv share | "
+        + " | ".join(f"{w} rel. MSE | {w} MSE ratio | {w} cos" for w in WEIGHTINGS)
+        + " |"
+    )
+    for ck, res in report["checkpoints"].items():
+        for key, c in res["cases"].items():
+            b, name = key.split("/")
+            cells = [f"{c['zero_adv_share'][0]:.3f} ± {c['zero_adv_share'][1]:.3f}"]
+            for w in WEIGHTINGS:
+                m, r, cs = c[w]["rel_mse"], c[w]["mse_ratio_to_uniform"], c[w]["cos"]
+                cells += [
+                    f"{m[0]:.3f} ± {m[1]:.3f}",
+                    f"{r[0]:.2f} ± {r[1]:.2f}",
+                    f"{cs[0]:.3f} ± {cs[1]:.3f}",
+                ]
+            print(f"| {ck} | {b[1:]} | {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
