@@ -45,7 +45,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -106,26 +106,77 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _full(param: torch.Tensor) -> torch.Tensor:
-    """A parameter's full value (all-gathers an FSDP2 DTensor shard; a collective)."""
-    full = param.full_tensor() if hasattr(param, "full_tensor") else param
-    return full.detach()
+def _dim0_shard(param: torch.Tensor) -> Any:
+    """The process group a parameter is sharded over on dim 0 across the whole world (FSDP2's
+    layout), or None (not a DTensor, or another layout)."""
+    placements = getattr(param, "placements", None)
+    mesh = getattr(param, "device_mesh", None)
+    if placements is None or mesh is None or mesh.ndim != 1 or param.dim() == 0:
+        return None
+    if len(placements) != 1 or not placements[0].is_shard(0):
+        return None
+    if mesh.size() != dist.get_world_size():
+        return None
+    return mesh.get_group()
 
 
-def _buckets(
-    params: list[tuple[str, nn.Parameter]], bucket_bytes: int
-) -> Iterator[list[tuple[str, nn.Parameter]]]:
-    bucket: list[tuple[str, nn.Parameter]] = []
-    size = 0
-    for name, p in params:
-        nbytes = p.numel() * p.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, p))
-        size += nbytes
-    if bucket:
-        yield bucket
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(-1).view(torch.uint8)
+
+
+def gather_bucket(
+    params: Sequence[torch.Tensor], bucket: Bucket, device: torch.device
+) -> torch.Tensor | None:
+    """Collective: the full values of ``params[bucket.first:bucket.end]`` laid out in one flat
+    byte buffer as ``bucket`` says — on rank 0; None elsewhere.
+
+    FSDP2 shards every parameter on dim 0 in ``torch.chunk`` pieces, so a full tensor's bytes are
+    its ranks' pieces one after the other. Each rank packs its pieces (padded to the largest
+    piece, so every rank sends as many bytes) into one buffer and a single ``gather`` brings them
+    to rank 0, which copies each piece to its place: one collective per bucket instead of an
+    all-gather per parameter. Parameters in any other layout are gathered one by one
+    (``full_tensor``)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    idx = range(bucket.first, bucket.end)
+    flat = torch.empty(bucket.size, dtype=torch.uint8, device=device) if rank == 0 else None
+    groups = {_dim0_shard(params[i]) for i in idx} if world > 1 else {None}
+    if len(groups) != 1 or None in groups:
+        for k, i in enumerate(idx):
+            p = params[i]
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            if flat is not None:
+                raw = _raw(full.to(device))
+                flat[bucket.offsets[k] : bucket.offsets[k] + raw.numel()].copy_(raw)
+        return flat
+    group = groups.pop()
+    layout = []  # per parameter: bytes of one row, rows of each rank's piece
+    chunks = []
+    for i in idx:
+        p = params[i]
+        n = p.shape[0]
+        row = (p.numel() // n if n else 0) * p.element_size()
+        c = -(-n // world)
+        rows = [max(0, min(c, n - r * c)) for r in range(world)]
+        local = _raw(p.to_local().to(device))
+        if local.numel() != rows[rank] * row:
+            raise RuntimeError(f"parameter {i}: unexpected shard size {local.numel()} bytes")
+        chunks.append(local)
+        if local.numel() < c * row:
+            chunks.append(torch.zeros(c * row - local.numel(), dtype=torch.uint8, device=device))
+        layout.append((row, rows, c))
+    send = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8, device=device)
+    received = [torch.empty_like(send) for _ in range(world)] if rank == 0 else None
+    dist.gather(send, received, dst=0, group=group)
+    if flat is not None and received is not None:
+        at = 0  # where this parameter's padded piece starts in every rank's buffer
+        for k, (row, rows, c) in enumerate(layout):
+            out = bucket.offsets[k]
+            for r in range(world):
+                n = rows[r] * row
+                flat[out : out + n].copy_(received[r][at : at + n])
+                out += n
+            at += c * row
+    return flat
 
 
 class _Posts:
@@ -280,9 +331,11 @@ class DistributedPush:
                  timeout_s=self.timeout_s if timeout_s is None else timeout_s)  # fmt: skip
 
     def _drop(self, url: str) -> None:
+        """Forget an idle link (no broadcast in flight: those go through _release_when_done)."""
         link = self.links.pop(url, None)
-        if link is not None:
-            _release_when_done(link, [])
+        if link is not None and link.group is not None:
+            with contextlib.suppress(Exception):
+                link.group.shutdown()
 
     def _form(self, url: str) -> tuple[_Link | None, _Async, _Async]:
         """Start forming a group with ``url``: (its link once formed, the init call, the
@@ -362,28 +415,23 @@ class DistributedPush:
                 self._drop(url)
         return [link for link in live if link.url not in failed]
 
-    def _parts(self, params: list[tuple[str, nn.Parameter]]) -> list[tuple[list[int], Bucket | None]]:
-        """Indices of the parameters gathered together, and their flat bucket (None: one
-        broadcast per tensor)."""
-        if self.flat_bytes:
-            sizes = [p.numel() * p.element_size() for _, p in params]
-            return [
-                (list(range(b.first, b.end)), b) for b in flat_buckets(sizes, self.flat_bytes)
-            ]
-        out, first = [], 0
-        for bucket in _buckets(params, self.bucket_bytes):
-            out.append((list(range(first, first + len(bucket))), None))
-            first += len(bucket)
-        return out
+    def _parts(self, params: list[tuple[str, nn.Parameter]]) -> list[Bucket]:
+        """The gather buckets: flat buckets of ``push.bucket_mb``. With a per-tensor receiver
+        each tensor of a bucket is then broadcast on its own (a view into the bucket)."""
+        sizes = [p.numel() * p.element_size() for _, p in params]
+        return flat_buckets(sizes, self.bucket_bytes)
 
-    def _payload(self, fulls: list[torch.Tensor], bucket: Bucket | None) -> list[torch.Tensor]:
-        if bucket is None:
-            return [t.to(self.device).contiguous() for t in fulls]
-        flat = torch.empty(bucket.size, dtype=torch.uint8, device=self.device)
-        for at, t in zip(bucket.offsets, fulls, strict=True):
-            raw = t.to(self.device).contiguous().view(-1).view(torch.uint8)
-            flat[at : at + raw.numel()].copy_(raw)
-        return [flat]
+    def _payload(
+        self, flat: torch.Tensor, bucket: Bucket, params: list[tuple[str, nn.Parameter]]
+    ) -> list[torch.Tensor]:
+        if self.flat_bytes:
+            return [flat]
+        out = []
+        for k, at in enumerate(bucket.offsets):
+            p = params[bucket.first + k][1]
+            n = p.numel() * p.element_size()
+            out.append(flat[at : at + n].view(p.dtype).view(p.shape))
+        return out
 
     # ---- the push (collective on every learner rank) ----
 
@@ -442,13 +490,15 @@ class DistributedPush:
                     self.links.pop(link.url, None)
                     _release_when_done(link, works)
 
-        for indices, bucket in self._parts(params):
+        tensors = [p for _, p in params]
+        for bucket in self._parts(params):
             t1 = time.perf_counter()
-            fulls = [_full(params[i][1]) for i in indices]
+            flat = gather_bucket(tensors, bucket, self.device)
             t2 = time.perf_counter()
             t_gather += t2 - t1
             if is_main:
-                payload = self._payload(fulls, bucket)
+                assert flat is not None
+                payload = self._payload(flat, bucket, params)
                 nbytes += sum(t.numel() * t.element_size() for t in payload)
                 issued: dict[str, list[Any]] = {}
                 for link in live:
@@ -462,7 +512,7 @@ class DistributedPush:
                 settle()  # the previous part, sent while this one was gathered
                 pending = issued
             t_send += time.perf_counter() - t2
-            del fulls
+            del flat
         t3 = time.perf_counter()
         if is_main:
             settle()
@@ -514,7 +564,9 @@ class DistributedPush:
             _Async(functools.partial(self._send, u, calls, min(PROBE_TIMEOUT_S, self.timeout_s)))
             for u in engines
         ]
-        errors = [j.error or "no answer" for j in jobs if not j.wait(PROBE_TIMEOUT_S + 5) or j.error]
+        errors = [
+            j.error or "no answer" for j in jobs if not j.wait(PROBE_TIMEOUT_S + 5) or j.error
+        ]
         if errors:
             log.warning("recovering engines after a failed push: %s", "; ".join(errors))
 
@@ -525,6 +577,7 @@ class DistributedPush:
 
 def _describe(failed: dict[str, str]) -> str:
     return "; ".join(f"{u}: {e}" for u, e in failed.items()) or "no engines"
+
 
 class DiskPush:
     """Export the policy in HF format and ask each engine to load it (the fallback)."""
