@@ -14,16 +14,22 @@ Weight control — one protocol object per engine kind (:func:`weight_protocol`,
 :func:`send` carries them over HTTP (the rollout clients send the version
 read through their own async client). A push is::
 
-    init_group (once per set of engines)
+    init_group (one two-rank group per engine, kept while the engine keeps its version)
     before_update()  ->  update(...) while the trainer broadcasts  ->  after_update(version)
     (on failure: recover(), so no engine stays paused)
+
+Tensors travel one broadcast each (SGLang's contract), or — the vLLM-shaped protocol over gloo,
+whose receivers are ours: the embedded engine and the vLLM plugin's gloo backend — in flat buckets
+(:mod:`dynamo_rl.contracts.weight_layout`, ``init_info.bucket_bytes``); :meth:`WeightProtocol.packs`
+says which.
 
 - :class:`SGLangWeights` — ``/init_weights_update_group``, ``/update_weights_from_distributed``,
   ``/update_weights_from_disk``, ``GET /get_weight_version``; an engine swaps weights between
   batches itself, so before/after are empty.
 - :class:`VLLMWeights` — vLLM's weight-transfer API (``VLLM_SERVER_DEV_MODE=1`` and
-  ``--weight-transfer-config '{"backend": "nccl"}'``): ``/init_weight_transfer_engine``
-  ``{"init_info": {...}}`` (``packed`` belongs here), then per push ``/pause?mode=...``,
+  ``--weight-transfer-config '{"backend": "gloo"}'`` — the project's plugin, CPU — or ``"nccl"``):
+  ``/init_weight_transfer_engine`` ``{"init_info": {...}}`` (gloo: ``bucket_bytes``,
+  ``timeout_s``; nccl: ``packed``), then per push ``/pause?mode=...``,
   ``/start_weight_update``, ``/update_weights {"update_info": {"names", "dtype_names",
   "shapes"}}``, ``/finish_weight_update {"weight_version"}``, ``/reset_prefix_cache``,
   ``/resume``; ``GET /weight_info`` reads the version, the string ``"default"`` before the first

@@ -229,7 +229,9 @@ def one_rank() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def learner_push(url: str, policy, version: int, *, bucket_mb: float = 256.0, pause_mode: str = "wait"):
+def learner_push(
+    url: str, policy, version: int, *, bucket_mb: float = 256.0, pause_mode: str = "wait"
+):
     """The learner's real push (``learner.push.DistributedPush`` with the engine contract's
     ``VLLMWeights``) of ``policy`` to the server as ``version``: pause → start → update ∥ flat
     buckets over the plugin's gloo backend → finish(version) → reset prefix cache → resume.

@@ -6,8 +6,8 @@ Start the server with ``VLLM_SERVER_DEV_MODE=1`` and ``--weight-transfer-config
 1. The trainer (rank 0) opens a ``torch.distributed.TCPStore`` as master on ``master_port`` and
    calls ``POST /init_weight_transfer_engine {"init_info": {"master_address", "master_port",
    "world_size", "rank_offset": 1}}`` while it builds its ``ProcessGroupGloo`` (rank 0,
-   ``world_size``) on that store under the prefix ``GLOO_STORE_PREFIX`` (:mod:`.weight_layout`). Each inference worker
-   joins as rank ``rank_offset + its global worker rank``. Optional ``bucket_bytes`` (default 0)
+   ``world_size``) on that store under the prefix ``GLOO_STORE_PREFIX``
+   (:mod:`.weight_layout`). Each inference worker joins as rank ``rank_offset + its global worker rank``. Optional ``bucket_bytes`` (default 0)
    and ``timeout_s`` (default 300) ride the same ``init_info``: they must agree on both sides,
    so the trainer chooses them once, here.
 2. Per update: ``POST /start_weight_update``; then ``POST /update_weights {"update_info":
