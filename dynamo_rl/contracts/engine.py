@@ -245,7 +245,9 @@ class SGLangWeights:
         group_name: str, backend: str, bucket_bytes: int = 0, timeout_s: float = 300.0,
     ) -> Call:  # fmt: skip
         if bucket_bytes:
-            raise ValueError("SGLang's weight-update group takes one tensor per broadcast")
+            raise ValueError(
+                "bucket_bytes: SGLang's weight-update group takes one tensor per broadcast"
+            )
         del timeout_s  # SGLang's group uses its own
         return Call(
             "POST",
