@@ -285,6 +285,8 @@ class Trainer:
             self.weight_version = version
             if self.env.is_main:
                 self.redis.set(keys.weight_version_key(self.namespace), str(version))
+                if result.failed:  # pushed to the others; these catch up at the next push
+                    log.warning("weight push of version %d: %s", version, result.error)
         elif self.env.is_main:
             log.warning("weight push of version %d failed: %s", version, result.error)
         return result

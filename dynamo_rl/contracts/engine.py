@@ -14,16 +14,22 @@ Weight control — one protocol object per engine kind (:func:`weight_protocol`,
 :func:`send` carries them over HTTP (the rollout clients send the version
 read through their own async client). A push is::
 
-    init_group (once per set of engines)
+    init_group (one two-rank group per engine, kept while the engine keeps its version)
     before_update()  ->  update(...) while the trainer broadcasts  ->  after_update(version)
     (on failure: recover(), so no engine stays paused)
+
+Tensors travel one broadcast each (SGLang's contract), or — the vLLM-shaped protocol over gloo,
+whose receivers are ours: the embedded engine and the vLLM plugin's gloo backend — in flat buckets
+(:mod:`dynamo_rl.contracts.weight_layout`, ``init_info.bucket_bytes``); :meth:`WeightProtocol.packs`
+says which.
 
 - :class:`SGLangWeights` — ``/init_weights_update_group``, ``/update_weights_from_distributed``,
   ``/update_weights_from_disk``, ``GET /get_weight_version``; an engine swaps weights between
   batches itself, so before/after are empty.
 - :class:`VLLMWeights` — vLLM's weight-transfer API (``VLLM_SERVER_DEV_MODE=1`` and
-  ``--weight-transfer-config '{"backend": "nccl"}'``): ``/init_weight_transfer_engine``
-  ``{"init_info": {...}}`` (``packed`` belongs here), then per push ``/pause?mode=...``,
+  ``--weight-transfer-config '{"backend": "gloo"}'`` — the project's plugin, CPU — or ``"nccl"``):
+  ``/init_weight_transfer_engine`` ``{"init_info": {...}}`` (gloo: ``bucket_bytes``,
+  ``timeout_s``; nccl: ``packed``), then per push ``/pause?mode=...``,
   ``/start_weight_update``, ``/update_weights {"update_info": {"names", "dtype_names",
   "shapes"}}``, ``/finish_weight_update {"weight_version"}``, ``/reset_prefix_cache``,
   ``/resume``; ``GET /weight_info`` reads the version, the string ``"default"`` before the first
@@ -43,6 +49,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
+from dynamo_rl.contracts.weight_layout import GLOO_STORE_PREFIX
 from dynamo_rl.keys import engines_key
 from dynamo_rl.redis_client import redact_url, sync_client
 
@@ -52,8 +59,9 @@ WeightAPI = Literal["sglang", "vllm"]
 PauseMode = Literal["keep", "wait", "abort"]
 WEIGHT_APIS: tuple[str, ...] = ("sglang", "vllm")
 PAUSE_MODES: tuple[str, ...] = ("keep", "wait", "abort")
-# vLLM's init_info names no group: both ends of a vLLM-shaped group prefix its store with this.
-VLLM_GROUP_NAME = "vllm-weight-transfer"
+# vLLM's init_info names no group: both ends of a vLLM-shaped group (the learner, the embedded
+# engine, the vLLM plugin's gloo backend) prefix its store with this.
+VLLM_GROUP_NAME = GLOO_STORE_PREFIX
 # What vLLM's /weight_info reports before the first update.
 VLLM_INITIAL_VERSION = "default"
 # finish_reason of a request that a pause with mode=abort cut short (HTTP 200, truncated output).
@@ -177,9 +185,14 @@ class WeightProtocol(Protocol):
 
     def parse_version(self, body: Any, url: str = "") -> int: ...
 
+    def packs(self, backend: str) -> bool:
+        """Whether pushes over ``backend`` travel in flat buckets
+        (:mod:`dynamo_rl.contracts.weight_layout`) rather than one broadcast per tensor."""
+        ...
+
     def init_group(
         self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-        group_name: str, backend: str,
+        group_name: str, backend: str, bucket_bytes: int = 0, timeout_s: float = 300.0,
     ) -> Call: ...  # fmt: skip
 
     def before_update(self) -> list[Call]: ...
@@ -224,10 +237,18 @@ class SGLangWeights:
                 f"{url}: weight_version {value!r} is not an integer (this trainer numbers versions)"
             ) from None
 
+    def packs(self, backend: str) -> bool:
+        return False  # SGLang's contract: one broadcast per tensor, in names order
+
     def init_group(
         self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-        group_name: str, backend: str,
+        group_name: str, backend: str, bucket_bytes: int = 0, timeout_s: float = 300.0,
     ) -> Call:  # fmt: skip
+        if bucket_bytes:
+            raise ValueError(
+                "bucket_bytes: SGLang's weight-update group takes one tensor per broadcast"
+            )
+        del timeout_s  # SGLang's group uses its own
         return Call(
             "POST",
             "/init_weights_update_group",
@@ -309,26 +330,30 @@ class VLLMWeights:
                 "integer (this trainer numbers versions)"
             ) from None
 
+    def packs(self, backend: str) -> bool:
+        # Over gloo the receiver is ours (the vLLM plugin's gloo backend or the embedded engine),
+        # which unpacks flat buckets; vLLM's own nccl backend has a layout of its own (packed).
+        return backend == "gloo"
+
     def init_group(
         self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-        group_name: str, backend: str,
+        group_name: str, backend: str, bucket_bytes: int = 0, timeout_s: float = 300.0,
     ) -> Call:  # fmt: skip
-        # vLLM takes the transport from --weight-transfer-config, so backend and group_name are
-        # not sent.
-        del group_name, backend
-        return Call(
-            "POST",
-            "/init_weight_transfer_engine",
-            {
-                "init_info": {
-                    "master_address": master_address,
-                    "master_port": master_port,
-                    "rank_offset": rank_offset,
-                    "world_size": world_size,
-                    "packed": self.packed,
-                }
-            },
-        )
+        # vLLM takes the transport from --weight-transfer-config; group_name is not sent.
+        del group_name
+        info: dict[str, Any] = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+        }
+        if backend == "gloo":  # the plugin's GlooInitInfo (and the embedded engine's)
+            info.update(bucket_bytes=int(bucket_bytes), timeout_s=float(timeout_s))
+        else:  # vLLM's nccl backend
+            if bucket_bytes:
+                raise ValueError("vLLM's nccl backend takes no bucket_bytes (its layout: packed)")
+            info["packed"] = self.packed
+        return Call("POST", "/init_weight_transfer_engine", {"init_info": info})
 
     def before_update(self) -> list[Call]:
         return [

@@ -174,13 +174,21 @@ class VLLMInitInfo(_Strict):
     master_port: Annotated[int, Field(ge=1, le=65535)]
     rank_offset: Annotated[int, Field(ge=1)]
     world_size: Annotated[int, Field(ge=2)]
-    packed: bool = False  # one flat buffer per push instead of a tensor per name (not supported)
+    bucket_bytes: Annotated[int, Field(ge=0)] = 0
+    """Flat buckets of at most this many bytes (dynamo_rl.contracts.weight_layout, as the vLLM
+    plugin's gloo backend); 0: one broadcast per tensor."""
+    timeout_s: Annotated[float, Field(gt=0)] | None = None
+    """The group's timeout (None: engine.weight_update_timeout_s)."""
+    packed: bool = False  # vLLM nccl's own packing (not supported; bucket_bytes is ours)
 
     @field_validator("packed")
     @classmethod
     def _unpacked(cls, v: bool) -> bool:
         if v:
-            raise ValueError("this engine receives one tensor per name (packed=false)")
+            raise ValueError(
+                "this engine does not take vLLM nccl's packed layout (packed=false; flat "
+                "buckets are bucket_bytes)"
+            )
         return v
 
 

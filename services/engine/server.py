@@ -331,7 +331,12 @@ class Engine:
         if self.registry is not None:
             self.registry.register(version)
 
-    def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
+    def init_group(
+        self,
+        req: InitWeightsUpdateGroupRequest,
+        bucket_bytes: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
         old = self.groups.pop(req.group_name, None)
         if old is not None:
             old.close()
@@ -342,7 +347,8 @@ class Engine:
             req.world_size,
             req.group_name,
             req.backend,
-            self.cfg.weight_update_timeout_s,
+            timeout_s or self.cfg.weight_update_timeout_s,
+            bucket_bytes,
         )
 
     def update_from_distributed(self, req: UpdateWeightsFromDistributedRequest) -> int:
@@ -385,7 +391,9 @@ class Engine:
                 world_size=info.world_size,
                 group_name=VLLM_GROUP_NAME,
                 backend="nccl" if self.cfg.device == "cuda" else "gloo",
-            )
+            ),
+            bucket_bytes=info.bucket_bytes,
+            timeout_s=info.timeout_s,
         )
 
     def vllm_update(self, req: VLLMUpdateRequest) -> int:

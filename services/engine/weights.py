@@ -3,7 +3,9 @@
 The group follows docs/contracts.md: rank 0 (the learner) hosts a ``TCPStore`` at
 ``master_address:master_port``; every rank wraps it in a ``PrefixStore(group_name)`` and builds a
 standalone ``ProcessGroupGloo`` (or NCCL) on it — never the default group, so it cannot clash
-with the learner's FSDP group. Each push broadcasts every tensor from rank 0 in ``names`` order.
+with the learner's FSDP group. Each push broadcasts every tensor from rank 0 in ``names`` order:
+one broadcast per tensor, or (a vLLM-shaped group with ``bucket_bytes`` > 0) one per flat bucket
+of several tensors, laid out by :func:`dynamo_rl.contracts.weight_layout.flat_buckets`.
 
 Tensors are received into fresh buffers first and only then copied into the model by the
 scheduler thread between batches (see ``generation``), so a batch never sees a mix of versions.
@@ -20,6 +22,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from dynamo_rl.contracts.weight_layout import flat_buckets
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -55,6 +59,7 @@ class WeightUpdateGroup:
         group_name: str,
         backend: str,
         timeout_s: float,
+        bucket_bytes: int = 0,
     ) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
@@ -65,6 +70,7 @@ class WeightUpdateGroup:
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
+        self.bucket_bytes = bucket_bytes
         self.store = dist.TCPStore(
             master_address, master_port, world_size, is_master=False, timeout=timeout
         )
@@ -83,13 +89,28 @@ class WeightUpdateGroup:
     def receive(
         self, dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]]
     ) -> list[torch.Tensor]:
-        """Receive one broadcast from rank 0 per (dtype, shape), in order."""
-        out = []
-        for dtype, shape in zip(dtypes, shapes, strict=True):
-            t = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-            self.group.broadcast(t, 0).wait()
-            out.append(t)
-        return out
+        """Receive tensors of these dtypes and shapes from rank 0, in order: one broadcast each,
+        or one per flat bucket when the group has ``bucket_bytes``."""
+        if not self.bucket_bytes:
+            out = []
+            for dtype, shape in zip(dtypes, shapes, strict=True):
+                t = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+                self.group.broadcast(t, 0).wait()
+                out.append(t)
+            return out
+        sizes = [
+            torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            for dtype, shape in zip(dtypes, shapes, strict=True)
+        ]
+        tensors: list[torch.Tensor] = []
+        for bucket in flat_buckets(sizes, self.bucket_bytes):
+            flat = torch.empty(bucket.size, dtype=torch.uint8, device=self.device)
+            self.group.broadcast(flat, 0).wait()
+            for k, i in enumerate(range(bucket.first, bucket.end)):
+                at = bucket.offsets[k]
+                raw = flat[at : at + sizes[i]]
+                tensors.append(raw.view(dtypes[i]).view(tuple(shapes[i])))
+        return tensors
 
     def close(self) -> None:
         # Dropping the references tears the group down; nothing global to undo.

@@ -76,6 +76,21 @@ def test_vllm_calls_follow_its_weight_transfer_api() -> None:
             "packed": False,
         }
     }
+    # Over gloo (the project's vLLM plugin, the embedded engine): flat buckets, no packed.
+    assert proto.packs("gloo") and not proto.packs("nccl") and not SGLangWeights().packs("gloo")
+    gloo = proto.init_group(
+        master_address="10.0.0.1", master_port=29500, rank_offset=1, world_size=2,
+        group_name="ignored", backend="gloo", bucket_bytes=4096, timeout_s=30.0,
+    )  # fmt: skip
+    assert gloo.body == {
+        "init_info": {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1,
+                      "world_size": 2, "bucket_bytes": 4096, "timeout_s": 30.0}
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        SGLangWeights().init_group(
+            master_address="h", master_port=1, rank_offset=1, world_size=2, group_name="g",
+            backend="gloo", bucket_bytes=4096,
+        )  # fmt: skip
     update = proto.update(
         names=["w", "b"], dtypes=["bfloat16", "float32"], shapes=[(4, 2), (4,)],
         group_name="g", weight_version=3,

@@ -5,10 +5,9 @@
   minute, so it is started once per session, never per module).
 - ``tiny_models``: the quickstart's tiny Qwen2 model (seed 0: what the server starts on) and a
   second one (seed 1: what the weight-push tests push), saved in Hugging Face format.
-- :class:`GlooPusher`: the trainer side of the plugin's ``gloo`` weight-transfer backend, driven
-  over vLLM's HTTP routes (pause → start → update → finish(version) → reset prefix cache →
-  resume). The one place the tests speak that protocol; the engine-control contract's vLLM
-  client is meant to replace it.
+- :func:`learner_push`: the learner's real weight push (``DistributedPush`` + the engine
+  contract's ``VLLMWeights``) against the plugin's ``gloo`` weight-transfer backend, in a
+  one-rank gloo world (:func:`one_rank`).
 - :func:`reload_from_disk`: the worker extension's reload, over ``/collective_rpc``.
 
 Without ``.venv-vllm`` every test here fails and says to run ``bash scripts/setup.sh --vllm``;
@@ -21,7 +20,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +34,8 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SKIP_ENV = "DYNAMO_RL_SKIP_VLLM"
 SERVER_START_TIMEOUT_S = 600.0  # ~1 min idle; several times that on the shared 2-core CI box
 MAX_MODEL_LEN = 512
+PUSH_TIMEOUT_S = 120.0
+PLUGIN_DIR = REPO / "vllm_plugin"
 WORKER_EXTENSION = "dynamo_rl_vllm_plugin.worker.DynamoRLWorkerExtension"
 
 
@@ -110,6 +110,9 @@ def vllm_argv(model: Path, port: int, logprobs_mode: str) -> list[str]:
 def vllm_env(run_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
     env.update(
+        # This checkout's plugin, ahead of the copy installed into .venv-vllm (editable from
+        # wherever setup ran).
+        PYTHONPATH=str(PLUGIN_DIR),
         VLLM_SERVER_DEV_MODE="1",  # the weight-transfer, pause and collective_rpc routes
         VLLM_CPU_KVCACHE_SPACE="1",  # GiB
         VLLM_CPU_OMP_THREADS_BIND="auto",
@@ -208,128 +211,44 @@ def completions(
     return out
 
 
-class GlooPusher:
-    """Trainer side (rank 0) of the plugin's ``gloo`` backend against one vLLM server."""
+@pytest.fixture(scope="session")
+def one_rank() -> Iterator[None]:
+    """The learner's push is collective: a one-rank gloo world stands for the learner."""
+    import torch.distributed as dist
 
-    def __init__(self, url: str, *, bucket_bytes: int = 0, timeout_s: float = 120.0) -> None:
-        self.url = url
-        self.bucket_bytes = bucket_bytes
-        self.timeout_s = timeout_s
-        self.http = httpx.Client(base_url=url, timeout=timeout_s)
-        self.group = None
-        self.store = None
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+        timeout=timedelta(seconds=PUSH_TIMEOUT_S),
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
-    def _post(self, path: str, body: dict | None = None) -> dict:
-        r = self.http.post(path, json=body)
-        if r.status_code != 200:
-            raise RuntimeError(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}")
-        return r.json() if r.content else {}
 
-    def init(self) -> GlooPusher:
-        import torch.distributed as dist
+def learner_push(
+    url: str, policy, version: int, *, bucket_mb: float = 256.0, pause_mode: str = "wait"
+):
+    """The learner's real push (``learner.push.DistributedPush`` with the engine contract's
+    ``VLLMWeights``) of ``policy`` to the server as ``version``: pause → start → update ∥ flat
+    buckets over the plugin's gloo backend → finish(version) → reset prefix cache → resume.
+    Needs :func:`one_rank`. Returns the :class:`~learner.push.PushResult` (raises if it failed)."""
+    from dynamo_rl.contracts.engine import VLLMWeights
+    from learner.push import DistributedPush
 
-        port = free_port()
-        timeout = timedelta(seconds=self.timeout_s)
-        self.store = dist.TCPStore(
-            "127.0.0.1", port, 2, is_master=True, timeout=timeout, wait_for_workers=False
-        )
-        init_info = {
-            "master_address": "127.0.0.1",
-            "master_port": port,
-            "world_size": 2,
-            "rank_offset": 1,
-            "bucket_bytes": self.bucket_bytes,
-            "timeout_s": self.timeout_s,
-        }
-        # The server joins the group inside this call, so it runs beside our own join.
-        with ThreadPoolExecutor(1) as pool:
-            call = pool.submit(self._post, "/init_weight_transfer_engine", {"init_info": init_info})
-            opts = dist.ProcessGroupGloo._Options()
-            opts._timeout = timeout
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-            self.group = dist.ProcessGroupGloo(
-                dist.PrefixStore("dynamo_rl_gloo", self.store), 0, 2, opts
-            )
-            call.result()
-        return self
-
-    def _broadcast(self, tensor) -> None:
-        import torch.distributed as dist
-
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        self.group.broadcast([tensor], opts).wait()
-
-    def _send(self, tensors: list) -> None:
-        import torch
-
-        if self.bucket_bytes == 0:
-            for t in tensors:
-                self._broadcast(t.detach().contiguous())
-            return
-        # The plugin's bucket rule (dynamo_rl_vllm_plugin.gloo.buckets), restated: the trainer
-        # side lives in the project's environment, where the plugin is not installed.
-        align = 16
-        sizes = [t.numel() * t.element_size() for t in tensors]
-        i = 0
-        while i < len(tensors):
-            offsets, size, j = [], 0, i
-            while j < len(tensors):
-                start = -(-size // align) * align
-                if offsets and start + sizes[j] > self.bucket_bytes:
-                    break
-                offsets.append(start)
-                size = start + sizes[j]
-                j += 1
-            flat = torch.empty(size, dtype=torch.uint8)
-            for k, t in enumerate(tensors[i:j]):
-                flat[offsets[k] : offsets[k] + sizes[i + k]] = (
-                    t.detach().contiguous().view(-1).view(torch.uint8)
-                )
-            self._broadcast(flat)
-            i = j
-
-    def push(
-        self, named: list[tuple[str, object]], version: str, *, pause_mode: str = "wait"
-    ) -> dict[str, float]:
-        """Pause → start → update ∥ broadcast → finish(version) → reset cache → resume.
-
-        Returns seconds per phase. Without the pause an update during generation kills vLLM's
-        engine (a step runs on half-loaded layers); ``wait`` lets requests in flight finish on
-        the old weights, so no response spans two versions."""
-        names = [n for n, _ in named]
-        tensors = [t for _, t in named]
-        update_info = {
-            "names": names,
-            "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors],
-            "shapes": [list(t.shape) for t in tensors],
-        }
-        t0 = time.monotonic()
-        self._post(f"/pause?mode={pause_mode}")
-        try:
-            self._post("/start_weight_update")
-            t1 = time.monotonic()
-            with ThreadPoolExecutor(1) as pool:
-                call = pool.submit(self._post, "/update_weights", {"update_info": update_info})
-                self._send(tensors)
-                call.result()
-            t2 = time.monotonic()
-            self._post("/finish_weight_update", {"weight_version": version})
-            self._post("/reset_prefix_cache")
-        finally:
-            self._post("/resume")
-        t3 = time.monotonic()
-        return {"transfer_s": t2 - t1, "pause_to_resume_s": t3 - t0}
-
-    def weight_version(self) -> str:
-        r = self.http.get("/weight_info")
-        r.raise_for_status()
-        return str(r.json()["weight_version"])
-
-    def close(self) -> None:
-        self.group = None
-        self.store = None
-        self.http.close()
+    push = DistributedPush(
+        master_address="127.0.0.1", bucket_mb=bucket_mb, timeout_s=PUSH_TIMEOUT_S,
+        protocol=VLLMWeights(pause_mode=pause_mode),  # type: ignore[arg-type]
+    )  # fmt: skip
+    try:
+        result = push.push(policy, version, [url])
+    finally:
+        push.close()
+    assert result.ok and not result.failed, result.error
+    return result
 
 
 def reload_from_disk(url: str, folder: Path, *, method: str = "dynamo_rl_reload_weights") -> list:

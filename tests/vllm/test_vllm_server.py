@@ -1,5 +1,6 @@
 """A real vLLM server (CPU, tiny model) behind the project's client, its log-probs against the
-learner's forward pass, and weight pushes through the plugin's gloo backend."""
+learner's forward pass, and the learner's real weight push (``DistributedPush`` + the engine
+contract's ``VLLMWeights``) through the plugin's gloo backend."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import httpx
 import pytest
 import torch
 
+from dynamo_rl.contracts.engine import VLLMWeights, read_version
 from services.rollout.engines.base import Sampling
 from services.rollout.engines.openai import OpenAICompletionsEngine
-from tests.vllm.conftest import GlooPusher, VLLMServers, completions, reload_from_disk
+from tests.vllm.conftest import VLLMServers, completions, learner_push, reload_from_disk
 
 pytestmark = pytest.mark.vllm
 
@@ -103,40 +105,40 @@ def test_sampling_through_openai_client(vllm_servers: VLLMServers) -> None:
     assert greedy_[0].token_ids == reference_greedy(server.model, 16)[1]
 
 
-def test_gloo_push_switches_greedy_outputs(vllm_servers: VLLMServers, tiny_models) -> None:
+def test_learner_push_switches_greedy_outputs(
+    vllm_servers: VLLMServers, tiny_models, one_rank: None
+) -> None:
+    """After the learner pushes the seed-1 checkpoint, greedy outputs are exactly those of that
+    checkpoint (a server started on it gives the same: its greedy equals this reference,
+    test_sampling_through_openai_client); the version reads back through the contract."""
     server = vllm_servers.get()
     want_served = reference_greedy(tiny_models.served)
     want_other = reference_greedy(tiny_models.other)
     assert want_served != want_other
     assert server_greedy(server.url) == want_served
-
-    other = load_lm(tiny_models.other)
-    named = [(n.removeprefix("lm."), p) for n, p in other.named_parameters()]
-    pusher = GlooPusher(server.url).init()
     try:
-        times = pusher.push(named, "7")
-        assert pusher.weight_version() == "7"
+        # One flat bucket holds the whole tiny model.
+        result = learner_push(server.url, load_lm(tiny_models.other), 7)
+        assert read_version(VLLMWeights(), server.url) == 7
         assert server_greedy(server.url) == want_other, "after pushing the seed-1 checkpoint"
-        print(f"\ngloo push, per tensor: {times}")
+        print(f"\nlearner push, one bucket: {result}")
     finally:
-        pusher.close()
         reload_from_disk(server.url, tiny_models.served)
     assert server_greedy(server.url) == want_served, "after reloading seed 0 from disk"
 
 
-def test_gloo_push_in_buckets(vllm_servers: VLLMServers, tiny_models) -> None:
+def test_learner_push_in_small_buckets(
+    vllm_servers: VLLMServers, tiny_models, one_rank: None
+) -> None:
     server = vllm_servers.get()
-    other = load_lm(tiny_models.other)
-    named = [(n.removeprefix("lm."), p) for n, p in other.named_parameters()]
-    # Small buckets: several tensors share one, and the embedding (259 x 128 x 4 B) exceeds one.
-    pusher = GlooPusher(server.url, bucket_bytes=64 * 1024).init()
     try:
-        times = pusher.push(named, "8")
-        assert pusher.weight_version() == "8"
+        # 64 KiB buckets: several tensors share one, and the embedding (259 x 128 x 4 B) exceeds
+        # one (it travels alone).
+        result = learner_push(server.url, load_lm(tiny_models.other), 8, bucket_mb=1 / 16)
+        assert read_version(VLLMWeights(), server.url) == 8
         assert server_greedy(server.url) == reference_greedy(tiny_models.other)
-        print(f"\ngloo push, 64 KiB buckets: {times}")
+        print(f"\nlearner push, 64 KiB buckets: {result}")
     finally:
-        pusher.close()
         reload_from_disk(server.url, tiny_models.served)
 
 
@@ -155,7 +157,7 @@ def test_reload_from_disk_with_tied_embeddings(vllm_servers: VLLMServers, tiny_m
 
 
 def test_pushes_while_16_clients_sample_lose_no_request(
-    vllm_servers: VLLMServers, tiny_models
+    vllm_servers: VLLMServers, tiny_models, one_rank: None
 ) -> None:
     """Requests that arrive while the server is paused wait; requests in flight finish
     (``/pause?mode=wait``): none fails or comes back cut."""
@@ -189,20 +191,17 @@ def test_pushes_while_16_clients_sample_lose_no_request(
     threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
-    pusher = GlooPusher(server.url).init()
     try:
         for k in range(4):
             before = len(finished)
             deadline = time.monotonic() + 60
             while len(finished) < before + 16 and time.monotonic() < deadline and not errors:
                 time.sleep(0.05)  # let sampling run between pushes
-            policy = checkpoints[k % 2]
-            pusher.push([(n.removeprefix("lm."), p) for n, p in policy.named_parameters()], str(k))
+            learner_push(server.url, checkpoints[k % 2], k + 1)
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=120)
-        pusher.close()
     assert not errors, errors[:3]
     assert len(finished) >= 64
     assert set(finished) <= {"stop", "length"}

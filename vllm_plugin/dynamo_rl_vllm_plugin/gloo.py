@@ -6,17 +6,18 @@ Start the server with ``VLLM_SERVER_DEV_MODE=1`` and ``--weight-transfer-config
 1. The trainer (rank 0) opens a ``torch.distributed.TCPStore`` as master on ``master_port`` and
    calls ``POST /init_weight_transfer_engine {"init_info": {"master_address", "master_port",
    "world_size", "rank_offset": 1}}`` while it builds its ``ProcessGroupGloo`` (rank 0,
-   ``world_size``) on that store under the prefix :data:`STORE_PREFIX`. Each inference worker
-   joins as rank ``rank_offset + its global worker rank``. Optional ``bucket_bytes`` (default 0)
+   ``world_size``) on that store under the prefix ``GLOO_STORE_PREFIX``
+   (:mod:`.weight_layout`). Each inference worker joins as rank ``rank_offset + its global worker rank``. Optional ``bucket_bytes`` (default 0)
    and ``timeout_s`` (default 300) ride the same ``init_info``: they must agree on both sides,
    so the trainer chooses them once, here.
 2. Per update: ``POST /start_weight_update``; then ``POST /update_weights {"update_info":
    {"names", "dtype_names", "shapes"}}`` *while* the trainer broadcasts from rank 0 (the HTTP call
    returns when every tensor has arrived); then ``POST /finish_weight_update``.
 3. Tensors travel in ``names`` order: one broadcast per tensor when ``bucket_bytes`` is 0;
-   otherwise (:func:`buckets`) consecutive tensors are packed into flat byte buffers of at most
-   ``bucket_bytes`` (a larger tensor travels alone), each tensor starting at an offset aligned to
-   :data:`ALIGN` bytes, one broadcast per buffer: fewer, larger collectives.
+   otherwise consecutive tensors are packed into flat byte buffers of at most ``bucket_bytes``,
+   one broadcast per buffer: fewer, larger collectives. The layout is
+   :func:`.weight_layout.flat_buckets` — a link to DynaMO-RL's ``dynamo_rl/contracts/
+   weight_layout.py``, the very file the trainer packs with.
 
 vLLM's shared ``update_weights`` ends with ``torch.accelerator.synchronize()``, which raises on a
 CPU build; gloo's ``wait()`` returns only once the data is in place, so this backend overrides
@@ -41,21 +42,9 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from dynamo_rl_vllm_plugin._tied import refresh_embedding_kernels
+from dynamo_rl_vllm_plugin.weight_layout import GLOO_STORE_PREFIX, flat_buckets
 
-__all__ = [
-    "ALIGN",
-    "STORE_PREFIX",
-    "GlooInitInfo",
-    "GlooUpdateInfo",
-    "GlooWeightTransferEngine",
-    "buckets",
-]
-
-STORE_PREFIX = "dynamo_rl_gloo"
-"""Key prefix of the process group on the trainer's TCPStore (both sides must use it)."""
-
-ALIGN = 16
-"""Byte alignment of each tensor inside a bucket, so that any dtype can view its slice."""
+__all__ = ["GlooInitInfo", "GlooUpdateInfo", "GlooWeightTransferEngine"]
 
 
 @dataclass(kw_only=True)
@@ -93,34 +82,10 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
 
 
 def _nbytes(dtype: torch.dtype, shape: list[int]) -> int:
-    n = 1
+    n = torch.empty((), dtype=dtype).element_size()
     for d in shape:
         n *= int(d)
-    return n * torch.empty((), dtype=dtype).element_size()
-
-
-def buckets(
-    dtypes: list[torch.dtype], shapes: list[list[int]], bucket_bytes: int
-) -> list[tuple[int, int, list[int]]]:
-    """Split tensors ``0..n-1`` (in order) into buckets: ``(first, end, offsets)`` per bucket,
-    ``offsets`` being each tensor's byte offset in the bucket followed by the bucket's size.
-
-    The trainer must pack with exactly the same rule; a tensor larger than ``bucket_bytes``
-    forms a bucket of its own.
-    """
-    out: list[tuple[int, int, list[int]]] = []
-    first, offsets, size = 0, [], 0
-    for i, (dtype, shape) in enumerate(zip(dtypes, shapes, strict=True)):
-        n = _nbytes(dtype, shape)
-        start = -(-size // ALIGN) * ALIGN
-        if offsets and start + n > bucket_bytes:
-            out.append((first, i, [*offsets, size]))
-            first, offsets, start = i, [], 0
-        offsets.append(start)
-        size = start + n
-    if offsets:
-        out.append((first, len(dtypes), [*offsets, size]))
-    return out
+    return n
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
@@ -146,7 +111,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             is_master=False,
             timeout=timeout,
         )
-        store = dist.PrefixStore(STORE_PREFIX, self.store)
+        store = dist.PrefixStore(GLOO_STORE_PREFIX, self.store)
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         # GLOO_SOCKET_IFNAME picks the interface the trainer can reach, as in torch.distributed.
@@ -198,13 +163,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                     self._broadcast(weight)
                     self.model.load_weights([(name, weight)])
                 return
-            for first, end, offsets in buckets(dtypes, shapes, self.bucket_bytes):
-                flat = torch.empty(offsets[-1], dtype=torch.uint8)
+            sizes = [_nbytes(d, s) for d, s in zip(dtypes, shapes, strict=True)]
+            for bucket in flat_buckets(sizes, self.bucket_bytes):
+                flat = torch.empty(bucket.size, dtype=torch.uint8)
                 self._broadcast(flat)
                 pairs = []
-                for k, i in enumerate(range(first, end)):
-                    n = _nbytes(dtypes[i], shapes[i])
-                    view = flat[offsets[k] : offsets[k] + n].view(dtypes[i]).view(shapes[i])
+                for k, i in enumerate(range(bucket.first, bucket.end)):
+                    at = bucket.offsets[k]
+                    view = flat[at : at + sizes[i]].view(dtypes[i]).view(shapes[i])
                     pairs.append((update_info.names[i], view))
                 self.model.load_weights(pairs)
 

@@ -1,0 +1,128 @@
+"""A dead engine does not stall the learner's push: ``kill -9`` of one of two real embedded
+engines in the middle of a push (while it is paused for the update, its broadcast under way).
+
+The learner's real push (``learner.push.DistributedPush``, one-rank gloo world standing for the
+learner, the vLLM-shaped protocol so that "mid-push" is observable as the engine's pause) must
+return within seconds — not after ``push.timeout_s`` — with the surviving engine on the new
+version; the next push, with the dead engine still registered, too; and once the engine is back
+(a new process on the same port, at version 0) the following push brings it up to date.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch.distributed as dist
+
+from dynamo_rl.contracts.engine import read_version, weight_protocol
+from dynamo_rl.procs import ServiceProcess, free_port
+from dynamo_rl.services import SERVICES
+from learner.model import load_policy
+from learner.push import DistributedPush
+from learner.tiny_model import build_tiny_model
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 120.0  # push.timeout_s: what a stalled push would wait
+PROMPT_BOUND_S = 10.0  # the brief: the learner goes on within 10 s of the kill
+
+
+@pytest.fixture()
+def one_rank() -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _engine(model: Path, log: Path, port: int) -> ServiceProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DYNAMO_CONTROL_TOKEN"}
+    env["OMP_NUM_THREADS"] = "1"
+    proc, _url = SERVICES["engine"].start(
+        log, "--model", str(model), f"engine.weight_update_timeout_s={TIMEOUT_S}",
+        port=port, env=env, cwd=REPO, timeout=180,
+    )  # fmt: skip
+    return proc
+
+
+def _kill_when_paused(proc: ServiceProcess, url: str, killed: list[float]) -> threading.Thread:
+    def watch() -> None:
+        deadline = time.monotonic() + TIMEOUT_S
+        with httpx.Client(timeout=5) as http:
+            while time.monotonic() < deadline:
+                try:
+                    if http.get(f"{url}/is_paused").json()["is_paused"]:
+                        break
+                except httpx.HTTPError:
+                    pass
+        os.kill(proc.pid, signal.SIGKILL)
+        killed.append(time.monotonic())
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None) -> None:
+    # ~30M parameters (120 MB float32): the transfer lasts long enough to be cut in the middle.
+    model_dir = build_tiny_model(tmp_path / "m", hidden_size=512, num_layers=8, num_heads=8,
+                                 num_kv_heads=2)  # fmt: skip
+    policy = load_policy(str(model_dir))
+    proto = weight_protocol("vllm")
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs = [_engine(model_dir, tmp_path / f"engine{i}.log", p) for i, p in enumerate(ports)]
+    push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
+                           protocol=proto)  # fmt: skip
+    try:
+        first = push.push(policy, 1, urls)
+        assert first.ok and not first.failed, first.error
+        assert [read_version(proto, u) for u in urls] == [1, 1]
+
+        # kill -9 engine 0 once it is paused for push 2 (its transfer is next).
+        killed: list[float] = []
+        watcher = _kill_when_paused(procs[0], urls[0], killed)
+        second = push.push(policy, 2, urls)
+        returned = time.monotonic()
+        watcher.join(timeout=5)
+        assert killed, "the engine was never seen paused"
+        assert procs[0].proc is not None and procs[0].proc.wait(timeout=10) == -signal.SIGKILL
+        took = returned - killed[0]
+        assert took < PROMPT_BOUND_S, f"the push went on {took:.1f}s after the kill"
+        assert second.ok, second.error
+        assert second.failed == (urls[0],)
+        assert read_version(proto, urls[1]) == 2
+        assert not httpx.get(f"{urls[1]}/is_paused").json()["is_paused"]
+
+        # The dead engine is still listed (a kill -9 does not unregister): the next push leaves
+        # it out at once.
+        t0 = time.monotonic()
+        third = push.push(policy, 3, urls)
+        assert time.monotonic() - t0 < PROMPT_BOUND_S
+        assert third.ok and third.failed == (urls[0],), third.error
+        assert "unreachable" in third.error
+        assert read_version(proto, urls[1]) == 3
+
+        # Back on its port (a fresh process at version 0): the next push catches it up.
+        procs[0] = _engine(model_dir, tmp_path / "engine0-restarted.log", ports[0])
+        assert read_version(proto, urls[0]) == 0
+        fourth = push.push(policy, 4, urls)
+        assert fourth.ok and not fourth.failed, fourth.error
+        assert [read_version(proto, u) for u in urls] == [4, 4]
+    finally:
+        push.close()
+        for proc in procs:
+            proc.stop()

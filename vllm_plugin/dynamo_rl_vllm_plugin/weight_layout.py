@@ -1,0 +1,1 @@
+../../dynamo_rl/contracts/weight_layout.py
