@@ -59,12 +59,13 @@ TARGETS: dict[str, Target] = {
     ),
     "dynamo": Target(
         "learner/algorithms/dynamo.py",
-        ("tests/learner/algorithms/test_dynamo.py",),
+        ("tests/learner/algorithms/test_dynamo.py", "tests/learner/algorithms/test_dynamo_edges.py"),
         "the algorithm core: DynaMO advantage modulation",
     ),
     "stream": Target(
-        "learner/stream.py",
-        ("tests/learner/test_stream.py", "tests/reliability/test_stream_entries.py"),
+        "dynamo_rl/contracts/stream.py",
+        ("tests/learner/test_stream.py", "tests/reliability/test_stream_entries.py",
+         "tests/dynamo_rl/test_stream_contract.py"),
         "the stream and commit path: reclaim, exactly-once acknowledgement, dead letters",
     ),
     "code_scorer": Target(
