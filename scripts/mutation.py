@@ -75,7 +75,7 @@ TARGETS: dict[str, Target] = {
     ),
     "math_answer": Target(
         "services/reward/math_answer.py",
-        ("tests/services/reward/test_math.py",),
+        ("tests/services/reward/test_math_answer.py",),
         "the math reward scorer: answer extraction",
     ),
     "sandbox": Target(
