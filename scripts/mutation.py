@@ -70,7 +70,8 @@ TARGETS: dict[str, Target] = {
     ),
     "code_scorer": Target(
         "services/reward/code_scorer.py",
-        ("tests/services/reward/test_code.py", "tests/services/reward/test_code_output_whitespace.py"),
+        ("tests/services/reward/test_code_scorer.py",
+         "tests/services/reward/test_code_output_whitespace.py"),
         "the code reward scorer: output comparison, verdicts",
     ),
     "math_answer": Target(
