@@ -81,9 +81,7 @@ TARGETS: dict[str, Target] = {
     ),
     "sandbox": Target(
         "services/reward/sandbox.py",
-        ("tests/services/reward/test_adversarial.py",
-         "tests/services/reward/test_adversarial_escapes.py",
-         "tests/services/reward/test_sandbox_host_uid.py", "tests/services/reward/test_limits.py"),
+        ("tests/services/reward/test_sandbox_run.py", "tests/services/reward/test_code_scorer.py"),
         "the sandbox's command construction (bwrap and prlimit arguments)",
     ),
 }  # fmt: skip
