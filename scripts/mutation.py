@@ -49,7 +49,8 @@ TARGETS: dict[str, Target] = {
     ),
     "advantages": Target(
         "learner/algorithms/advantages.py",
-        ("tests/learner/algorithms/test_advantages.py",),
+        ("tests/learner/algorithms/test_advantages.py",
+         "tests/learner/algorithms/test_advantages_edges.py"),
         "the algorithm core: GRPO/Dr.GRPO/RLOO/GAE advantages",
     ),
     "losses": Target(
