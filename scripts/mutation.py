@@ -55,7 +55,7 @@ TARGETS: dict[str, Target] = {
     ),
     "losses": Target(
         "learner/algorithms/losses.py",
-        ("tests/learner/algorithms/test_losses.py",),
+        ("tests/learner/algorithms/test_losses.py", "tests/learner/algorithms/test_losses_edges.py"),
         "the algorithm core: clipped policy losses, aggregation, KL",
     ),
     "dynamo": Target(
