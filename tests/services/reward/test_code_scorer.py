@@ -10,7 +10,9 @@ bubblewrap sandbox.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -186,3 +188,53 @@ def _result(status: str = "finished", rc: int | None = 1, stderr: bytes = b"") -
 )
 def test_failure_reason(result: RunResult, reason: str) -> None:
     assert failure_reason(result) == reason
+
+
+def test_check_call_tolerates_bytes_that_are_not_utf8() -> None:
+    assert _check_call("M", 3, b"\xff\xfe garbage\nM3\n") == (True, "")
+
+
+def test_score_runs_on_the_sandbox_threads_and_is_timed() -> None:
+    cfg = RewardConfig.model_validate({"code": {"concurrency": 2}})
+    registry = CollectorRegistry()
+    metrics = RewardMetrics(registry)
+    s = CodeScorer(cfg, metrics)
+    assert s.cfg is cfg and s.metrics is metrics and s.capacity == cfg.code.max_pending
+    busy = {"now": 0, "max": 0}
+
+    def job(i: int) -> str:
+        import threading
+
+        busy["now"] += 1
+        busy["max"] = max(busy["max"], busy["now"])
+        time.sleep(0.2)
+        busy["now"] -= 1
+        return f"{threading.current_thread().name}:{i}"
+
+    async def main() -> tuple[list[ItemResult], list[str]]:
+        await s.start()
+        names = await asyncio.gather(*(s.in_sandbox(job, i) for i in range(5)))
+        items = [
+            CodeItem.model_validate(
+                {
+                    "id": str(i),
+                    "kind": "code",
+                    "response": ECHO_DOUBLE,
+                    "tests": stdio((str(i), str(2 * i))),
+                }
+            )
+            for i in range(2)
+        ]
+        return list(await asyncio.gather(*(s.score(it) for it in items))), list(names)
+
+    try:
+        results, names = asyncio.run(main())
+    finally:
+        asyncio.run(s.close())
+    assert [(r.id, r.correct) for r in results] == [("0", True), ("1", True)]
+    assert all(re.fullmatch(r"sandbox_\d+:\d", n) for n in names), names
+    assert [n.split(":")[1] for n in names] == ["0", "1", "2", "3", "4"]
+    assert busy["max"] <= 2  # concurrency slots
+    count = registry.get_sample_value("dynamo_reward_item_duration_seconds_count", {"kind": "code"})
+    total = registry.get_sample_value("dynamo_reward_item_duration_seconds_sum", {"kind": "code"})
+    assert count == 2 and 0 < total < 120
