@@ -143,3 +143,10 @@ def test_score_math_routes_gsm8k_modes_and_reports_each_reason() -> None:
     res = score_math("Answer: }", "2", "answer_line")  # extracted, but not an expression
     assert (res["correct"], res["format_ok"], res["reason"]) == (False, True, "wrong_answer")
     assert res["detail"] == "answer '}' could not be parsed"
+
+
+def test_a_long_bad_ground_truth_is_quoted_up_to_200_characters() -> None:
+    truth = "#### " + "x" * 300
+    assert score_gsm8k("#### 1", truth, False)["detail"] == (
+        f"no number in the ground truth {truth[:200]!r}"
+    )
