@@ -183,3 +183,12 @@ def test_unsafe_mode_keeps_the_limits_and_a_private_directory() -> None:
     assert Path(cwd).name.startswith("dynamo-reward-unsafe-") and not Path(cwd).exists()
     if os.geteuid() == 0:  # the directory and the process belong to the unprivileged uid
         assert (owner, uid) == ("65534", "65534")
+
+
+def test_parent_pid_reads_the_hosts_proc() -> None:
+    from services.reward.sandbox import _child_pid, _parent_pid
+
+    assert _parent_pid(os.getpid()) == os.getppid()
+    assert _parent_pid(2**22 + 1) is None  # above pid_max: no such process
+    assert _child_pid(b'{"child-pid": 42}\n{"exit-code": 0}\n') == 42
+    assert _child_pid(b"not json\n") is None
