@@ -76,10 +76,18 @@ def _two_tokens(log_ratio: float):
 
 def test_log_ratio_is_clamped_below_at_minus_twenty():
     # Beyond −20 the ratio is e^−20 whatever the log-ratio: the output equals that at −20 exactly.
+    # Both tokens far below: every Ξ is ~1e-9, so the 1e-8 guard makes x (and β_stab) depend on
+    # the ratio's size, not only on the tokens' relative changes.
     kw = dict(clip_low=0.2, clip_high=0.28, gamma=50.0, tau=0.0, mu_max=1.0)
-    at, _ = dynamo_modulate(*_two_tokens(-20.0), **kw)
-    beyond, _ = dynamo_modulate(*_two_tokens(-60.0), **kw)
+
+    def both(log_ratio: float):
+        adv, logp, _, ent, mask = _two_tokens(0.0)
+        return adv, logp, logp - log_ratio, ent, mask
+
+    at, _ = dynamo_modulate(*both(-20.0), **kw)
+    beyond, _ = dynamo_modulate(*both(-60.0), **kw)
     assert torch.equal(at, beyond)
+    assert not torch.equal(at, dynamo_modulate(*both(-19.0), **kw)[0])  # the clamp is what binds
 
 
 def test_log_ratio_is_clamped_above_so_nothing_overflows():
