@@ -192,3 +192,23 @@ def test_parent_pid_reads_the_hosts_proc() -> None:
     assert _parent_pid(2**22 + 1) is None  # above pid_max: no such process
     assert _child_pid(b'{"child-pid": 42}\n{"exit-code": 0}\n') == 42
     assert _child_pid(b"not json\n") is None
+
+
+def test_bwraps_json_status_decides_started_and_exit_code() -> None:
+    def applied(raw: bytes, stderr: bytes = b"why") -> RunResult:
+        res = RunResult("finished", 0, b"", stderr, 0.1)
+        Sandbox._apply_status(res, raw)
+        return res
+
+    res = applied(b'\xff garbage\n{"child-pid": 5}\n{"exit-code": 3}\n')
+    assert (res.status, res.return_code) == ("finished", 3)
+    assert (applied(b'{"child-pid": 5}\n').status, applied(b'{"child-pid": 5}\n').return_code) == (
+        "finished", 0,
+    )  # fmt: skip
+    res = applied(b'{"exit-code": 1}\n', stderr=b" bwrap: no namespaces \n")
+    assert (res.status, res.sandbox_error) == ("sandbox_error", "bwrap: no namespaces")
+
+
+def test_a_sandbox_that_never_starts_is_named_with_its_status() -> None:
+    with pytest.raises(SandboxUnavailable, match=r"on this host: sandbox_error$"):
+        Sandbox(bwrap="/bin/false").check()  # no stderr: the status is the detail
