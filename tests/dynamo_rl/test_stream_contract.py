@@ -163,6 +163,7 @@ def test_untrainable_entries_are_dead_lettered_and_the_dashboard_names_them(
 
     peeked = newest(client, NS, 10)
     assert [p.entry_id for p in peeked] == [bad_id, ids[1], ids[0]]  # newest first
+    assert [p.entry_id for p in newest(client, NS, 2)] == [bad_id, ids[1]]  # only `count`
     assert peeked[0].group is None and "protobuf" in (peeked[0].error or "")
     assert peeked[2].group is not None and peeked[2].group.prompt_id == "ok"
     assert lag_and_pending(redis_url) == (0, 1)  # peeking reads nothing as a consumer
