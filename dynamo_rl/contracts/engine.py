@@ -52,8 +52,10 @@ WeightAPI = Literal["sglang", "vllm"]
 PauseMode = Literal["keep", "wait", "abort"]
 WEIGHT_APIS: tuple[str, ...] = ("sglang", "vllm")
 PAUSE_MODES: tuple[str, ...] = ("keep", "wait", "abort")
-# vLLM's init_info names no group: both ends of a vLLM-shaped group prefix its store with this.
-VLLM_GROUP_NAME = "vllm-weight-transfer"
+# vLLM's init_info names no group: both ends of a vLLM-shaped group prefix its store with this —
+# the trainer, the embedded engine, and the plugin's gloo backend (its STORE_PREFIX, which must
+# stay equal to this).
+VLLM_GROUP_NAME = "dynamo_rl_gloo"
 # What vLLM's /weight_info reports before the first update.
 VLLM_INITIAL_VERSION = "default"
 # finish_reason of a request that a pause with mode=abort cut short (HTTP 200, truncated output).
@@ -325,7 +327,8 @@ class VLLMWeights:
                     "master_port": master_port,
                     "rank_offset": rank_offset,
                     "world_size": world_size,
-                    "packed": self.packed,
+                    # Sent only when asked for: the plugin's gloo backend knows no such key.
+                    **({"packed": True} if self.packed else {}),
                 }
             },
         )

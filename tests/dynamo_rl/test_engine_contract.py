@@ -66,16 +66,21 @@ def test_vllm_calls_follow_its_weight_transfer_api() -> None:
         group_name="ignored", backend="nccl",
     )  # fmt: skip
     assert (init.method, init.path) == ("POST", "/init_weight_transfer_engine")
-    # packed belongs to init_info; vLLM picks its backend from --weight-transfer-config.
+    # packed belongs to init_info, sent only when true (the plugin's gloo backend refuses unknown
+    # keys); vLLM picks its backend from --weight-transfer-config.
     assert init.body == {
         "init_info": {
             "master_address": "10.0.0.1",
             "master_port": 29500,
             "rank_offset": 1,
             "world_size": 3,
-            "packed": False,
         }
     }
+    packed = VLLMWeights(packed=True).init_group(
+        master_address="10.0.0.1", master_port=29500, rank_offset=1, world_size=3,
+        group_name="ignored", backend="nccl",
+    )  # fmt: skip
+    assert packed.body["init_info"]["packed"] is True
     update = proto.update(
         names=["w", "b"], dtypes=["bfloat16", "float32"], shapes=[(4, 2), (4,)],
         group_name="g", weight_version=3,
@@ -345,3 +350,21 @@ def test_registry_entry_goes_when_the_engine_stops(
         assert client.hget(engines_key("contract-stop"), url) is None
     finally:
         client.close()
+
+
+def test_vllm_group_name_is_the_plugin_gloo_store_prefix() -> None:
+    """The trainer's store prefix and the plugin's must agree or the group never forms; the plugin
+    runs in the vLLM environment, so its constant is read from its source."""
+    import ast
+
+    from dynamo_rl.contracts.engine import VLLM_GROUP_NAME
+    from tests.conftest import REPO
+
+    tree = ast.parse((REPO / "vllm_plugin" / "dynamo_rl_vllm_plugin" / "gloo.py").read_text())
+    prefixes = [
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "STORE_PREFIX" for t in node.targets)
+    ]
+    assert prefixes == [VLLM_GROUP_NAME]
