@@ -47,6 +47,10 @@ def test_up_with_vllm_pushes_and_restarts_a_killed_server(tmp_path: Path) -> Non
         "up.restart.backoff_s=1.0",
         # A push into a server that died must not hold the learner for push.timeout_s's default.
         "learner.push.timeout_s=60",
+        # A restarted vLLM serves engine.model (version 0) until the next push, and vLLM has no
+        # load-from-disk fallback wired: with the default gate (1) the worker would wait for a
+        # push that needs a step that needs its rollouts. Here it samples on, off-policy.
+        "rollout.max_staleness=100",
         "learner.checkpoint.every=100",
     )  # fmt: skip
     try:
