@@ -139,9 +139,7 @@ class Launcher:
         self.overrides = [
             f"endpoints.allocator_addr={table['allocator'].address(allocator_port)}",
             f"endpoints.reward_url={table['reward'].address(reward_port)}",
-            "endpoints.engine_urls=["
-            + ",".join(engine.address(p) for p in engine_ports)
-            + "]",
+            "endpoints.engine_urls=[" + ",".join(engine.address(p) for p in engine_ports) + "]",
             *table["allocator"].port_overrides(allocator_port),
             *table["reward"].port_overrides(reward_port),
             # Metrics on free ports: two runs on one machine must not collide on the defaults.

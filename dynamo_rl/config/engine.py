@@ -14,7 +14,6 @@ from pydantic import Field
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
 
-
 EngineKind = Literal["embedded", "vllm", "sglang"]
 
 

@@ -6,7 +6,6 @@ target names a port and path the service serves."""
 from __future__ import annotations
 
 import json
-
 import re
 import shlex
 from pathlib import Path

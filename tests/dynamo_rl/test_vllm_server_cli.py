@@ -52,7 +52,7 @@ def test_command_line_and_environment_follow_the_config(
 
     processed = load_config(None, ["engine.kind=vllm", "engine.model=/m"], env={})
     assert _flag(vllm_command(processed)[0], "--logprobs-mode") == "processed_logprobs"
-    with pytest.raises(ValueError, match="engine.model: required"):
+    with pytest.raises(ValueError, match=r"engine\.model: required"):
         vllm_command(load_config(None, ["engine.kind=vllm"], env={}))
 
 
