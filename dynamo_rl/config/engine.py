@@ -38,6 +38,9 @@ class VLLMServerConfig(Section):
     never the home directory."""
     extra_args: list[str] = []
     """More vLLM command-line arguments, appended as given."""
+    unhealthy_exit_s: Annotated[float, Field(gt=0)] = 60.0
+    """Once ready, a server whose ``/health`` fails this long is stopped (and so restarted by its
+    supervisor): vLLM's API server can hang in its shutdown after its engine core died."""
 
 
 class EngineConfig(Section):

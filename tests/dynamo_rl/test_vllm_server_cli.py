@@ -90,3 +90,43 @@ def test_up_refuses_sglang_before_starting_anything(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "engine.kind=sglang" in result.stderr and "endpoints.engine_urls" in result.stderr
     assert not run_dir.exists()
+
+
+HANGING_SERVER = """#!{python}
+# Stands in for a vLLM API server that hangs in its shutdown: /health answers, then the process
+# lives on without serving (what vLLM did after its engine core died).
+import sys, threading, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+server = HTTPServer(("127.0.0.1", port), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+time.sleep(2)
+server.shutdown(); server.server_close()
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_server_that_stops_answering_health_is_stopped(tmp_path: Path) -> None:
+    import sys
+
+    from dynamo_rl.procs import free_port
+
+    script = tmp_path / "python"
+    script.write_text(HANGING_SERVER.format(python=sys.executable))
+    script.chmod(0o755)
+    result = subprocess.run(
+        dynamo_rl_argv("vllm-server", "engine.model=/m", f"engine.port={free_port()}",
+                       f"engine.vllm.python={script}", "engine.vllm.unhealthy_exit_s=3",
+                       "engine.register_in_redis=false", f"run.dir={tmp_path}"),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "vLLM ready at" in result.stderr and "/health failed for" in result.stderr
