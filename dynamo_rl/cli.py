@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "allocator": ("allocator.cli", "serve Dynamic Rollout Allocation over gRPC"),
     "reward": ("services.reward.cli", "serve math verification and sandboxed code tests over HTTP"),
     "engine": ("services.engine.cli", "serve a model with the embedded inference engine"),
+    "vllm-server": (
+        "services.engine.vllm_server",
+        "run a vLLM server (engine.kind=vllm) from the vLLM environment, registered in Redis",
+    ),
     "rollout": ("services.rollout.cli", "run a rollout worker (dataset -> engines -> stream)"),
     "learner": ("learner.cli", "train on the trajectory stream (launch with torchrun)"),
     "up": ("dynamo_rl.up", "start every service locally and train"),

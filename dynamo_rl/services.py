@@ -1,7 +1,8 @@
 """The one table of the system's services: how each is started, probed and reached.
 
 ``SERVICES`` names every long-running process of the system — ``redis``, ``allocator``,
-``reward``, ``engine``, ``rollout``, ``learner`` — with
+``reward``, ``engine`` (the embedded engine), ``vllm`` (a vLLM server behind ``dynamo-rl
+vllm-server``), ``rollout``, ``learner`` — with
 
 - its **command line**: ``python -m dynamo_rl.cli SUBCOMMAND ARGS`` (the CLI's name table decides
   which module serves it, so a service that moves between packages changes nothing here); the
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok, redis_ok, start_redis
 
-__all__ = ["SERVICES", "Service", "cli_argv", "service"]
+__all__ = ["ENGINE_SERVICES", "SERVICES", "Service", "cli_argv", "engine_service", "service"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -141,6 +142,8 @@ SERVICES: dict[str, Service] = {
                 health_path="/healthz"),
         Service("engine", "engine", "http", "engine.port", "endpoints.engine_urls",
                 health_path="/health"),
+        Service("vllm", "vllm-server", "http", "engine.port", "endpoints.engine_urls",
+                health_path="/health"),
         Service("rollout", "rollout", "none", None, None, other_ports=("rollout.metrics_port",)),
         Service("learner", "learner", "none", None, None, other_ports=("learner.metrics_port",)),
     )
@@ -153,3 +156,21 @@ def service(name: str) -> Service:
         return SERVICES[name]
     except KeyError:
         raise KeyError(f"unknown service {name!r}; known: {', '.join(SERVICES)}") from None
+
+
+ENGINE_SERVICES: dict[str, str | None] = {"embedded": "engine", "vllm": "vllm", "sglang": None}
+"""``engine.kind`` -> the row that starts such an engine (``None``: not started by this project)."""
+
+
+def engine_service(kind: str) -> Service:
+    """The row that starts an engine of ``engine.kind`` (a ``ValueError`` saying why not)."""
+    if kind not in ENGINE_SERVICES:
+        raise ValueError(f"engine.kind: {kind!r} is not one of {', '.join(ENGINE_SERVICES)}")
+    name = ENGINE_SERVICES[kind]
+    if name is None:
+        raise ValueError(
+            f"engine.kind={kind}: {kind} servers are not started by dynamo-rl (SGLang needs CUDA); "
+            "start them yourself, list them in endpoints.engine_urls (ENGINE_URLS) and run the "
+            "services one by one (docs/deploy.md), or use engine.kind=embedded or vllm"
+        )
+    return SERVICES[name]

@@ -11,8 +11,10 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    output already exists.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
-   ``up.engines`` embedded engines, each on a free port, each waited for until its health check
-   answers. One resolved config (``config.yaml``) is what every child reads (its Redis URL
+   ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM
+   environment (``dynamo-rl vllm-server``, ``engine.vllm``; SGLang servers are not started here:
+   ``up`` refuses ``engine.kind=sglang``) — each on a free port, each waited for until its health
+   check answers. One resolved config (``config.yaml``) is what every child reads (its Redis URL
    without the password: the children take the real one from ``REDIS_URL``).
 4. **Held-out accuracy before RL** (``dynamo-rl eval``), unless ``up.eval.prompts=0``.
 5. **Training.** The learner under ``torchrun`` (``up.learner_procs`` ranks) and
@@ -51,7 +53,7 @@ from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.procs import ServiceProcess, free_port, start_redis
 from dynamo_rl.redis_client import redact_url
-from dynamo_rl.services import SERVICES, cli_argv
+from dynamo_rl.services import SERVICES, cli_argv, engine_service
 from dynamo_rl.supervisor import Interrupted, Supervisor
 
 __all__ = ["Launcher", "main"]
@@ -139,12 +141,11 @@ class Launcher:
         allocator_port, reward_port = free_port(), free_port()
         self.engine_ports = engine_ports
         table = SERVICES
+        engine = engine_service(cfg.engine.kind)
         self.overrides = [
             f"endpoints.allocator_addr={table['allocator'].address(allocator_port)}",
             f"endpoints.reward_url={table['reward'].address(reward_port)}",
-            "endpoints.engine_urls=["
-            + ",".join(table["engine"].address(p) for p in engine_ports)
-            + "]",
+            "endpoints.engine_urls=[" + ",".join(engine.address(p) for p in engine_ports) + "]",
             *table["allocator"].port_overrides(allocator_port),
             *table["reward"].port_overrides(reward_port),
             # Metrics on free ports: two runs on one machine must not collide on the defaults.
@@ -194,15 +195,16 @@ class Launcher:
         table = SERVICES
         allocator = sup.spawn_supervised("allocator", table["allocator"].argv(*self.config_args()))
         reward = sup.spawn_supervised("reward", table["reward"].argv(*self.config_args()))
+        engine = engine_service(cfg.engine.kind)
         engines = []
         for i, port in enumerate(self.engine_ports):
-            argv = table["engine"].argv(*self.config_args(), *table["engine"].port_overrides(port))
+            argv = engine.argv(*self.config_args(), *engine.port_overrides(port))
             engines.append(sup.spawn_supervised(f"engine{i}", argv))
         waits = [
             ("allocator", allocator, cfg.endpoints.allocator_addr),
             ("reward", reward, cfg.endpoints.reward_url),
-            *(("engine", proc, url) for proc, url in zip(engines, cfg.endpoints.engine_urls,
-                                                          strict=True)),
+            *((engine.name, proc, url) for proc, url in zip(engines, cfg.endpoints.engine_urls,
+                                                            strict=True)),
         ]  # fmt: skip
         for kind, proc, address in waits:
             table[kind].wait_ready(proc, address, timeout)
@@ -338,5 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _args, cfg = parse_config(parser, argv)
     if not cfg.learner.max_steps:
         print("dynamo-rl up: learner.max_steps: required (e.g. --steps 50)", file=sys.stderr)
+        return 2
+    try:
+        engine_service(cfg.engine.kind)
+    except ValueError as e:
+        print(f"dynamo-rl up: {e}", file=sys.stderr)
         return 2
     return Launcher(cfg).run()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 from dynamo_rl.config.allocator import AllocatorConfig
 from dynamo_rl.config.base import ConfigError, Section
@@ -58,6 +58,29 @@ class ExperimentConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     up: UpConfig = UpConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _weight_api_from_kind(cls, data: Any) -> Any:
+        # engine.kind=vllm implies vLLM's weight protocol unless rollout.weight_api is given.
+        if isinstance(data, dict):
+            engine, rollout = data.get("engine"), data.get("rollout")
+            kind = engine.get("kind") if isinstance(engine, dict) else None
+            if kind == "vllm" and (rollout is None or isinstance(rollout, dict)):
+                rollout = dict(rollout or {})
+                if "weight_api" not in rollout:
+                    data = {**data, "rollout": {**rollout, "weight_api": "vllm"}}
+        return data
+
+    @model_validator(mode="after")
+    def _kind_speaks_weight_api(self) -> ExperimentConfig:
+        kind, api = self.engine.kind, self.rollout.weight_api
+        if kind != "embedded" and kind != api:
+            raise ValueError(
+                f"engine.kind={kind} needs rollout.weight_api={kind} (got {api}): a {kind} "
+                "server speaks only its own weight-update protocol"
+            )
+        return self
 
 
 # Environment variable -> dotted key. Addresses and secrets come from the environment in

@@ -1,4 +1,5 @@
-"""The embedded inference engine's section (``dynamo-rl engine``).
+"""The inference engine's section: which engine serves the model (``kind``), the embedded engine's
+settings (``dynamo-rl engine``) and a vLLM server's (``dynamo-rl vllm-server``, ``engine.vllm``).
 
 The bearer token for the control endpoints is not here: it is ``endpoints.control_token``
 (``DYNAMO_CONTROL_TOKEN``), shared with the learner that pushes weights.
@@ -13,8 +14,41 @@ from pydantic import Field
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
 
+EngineKind = Literal["embedded", "vllm", "sglang"]
+
+
+class VLLMServerConfig(Section):
+    """A vLLM server started by ``dynamo-rl vllm-server`` (what ``up`` runs with ``engine.kind=vllm``):
+    ``PYTHON -m vllm.entrypoints.openai.api_server`` with ``engine.model``, ``engine.dtype``,
+    ``engine.host``/``engine.port``, ``--logprobs-mode`` from ``engine.logprobs_mode``, eager mode,
+    ``VLLM_SERVER_DEV_MODE=1`` and the weight-transfer backend below (docs/engine.md)."""
+
+    python: str = ".venv-vllm/bin/python"
+    """Interpreter of the vLLM environment (``bash scripts/setup.sh --vllm`` makes it); a relative
+    path is taken from the current directory."""
+    max_model_len: Annotated[int, Field(ge=16)] = 1024
+    """``--max-model-len``: longest prompt + response the server accepts."""
+    kv_cache_gib: Annotated[float, Field(gt=0)] = 1.0
+    """KV cache of the CPU build, in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    weight_transfer_backend: Literal["gloo", "nccl"] = "gloo"
+    """``--weight-transfer-config`` backend: ``gloo`` (the project's plugin, ``vllm_plugin/``, for
+    CPU servers) or vLLM's own ``nccl`` (CUDA)."""
+    cache_dir: str | None = None
+    """vLLM's cache folder (``VLLM_CACHE_ROOT``: compiled kernels, …); null: ``<run dir>/vllm-cache``,
+    never the home directory."""
+    extra_args: list[str] = []
+    """More vLLM command-line arguments, appended as given."""
+    unhealthy_exit_s: Annotated[float, Field(gt=0)] = 60.0
+    """Once ready, a server whose ``/health`` fails this long is stopped (and so restarted by its
+    supervisor): vLLM's API server can hang in its shutdown after its engine core died."""
+
 
 class EngineConfig(Section):
+    kind: EngineKind = "embedded"
+    """Which server samples: ``embedded`` (``dynamo-rl engine``), ``vllm`` (a vLLM server,
+    ``engine.vllm``; it needs ``rollout.weight_api=vllm``, which it implies when unset) or
+    ``sglang`` (SGLang servers you start yourself, listed in ``endpoints.engine_urls``; ``up``
+    does not start them)."""
     host: Host = "127.0.0.1"
     """Address to bind. A non-loopback address needs ``endpoints.control_token`` set."""
     port: Port = 8000
@@ -54,3 +88,5 @@ class EngineConfig(Section):
     (default: ``http://HOST:PORT`` with the bound port)."""
     weight_update_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Timeout of the weight-update process group (forming it and each broadcast)."""
+    vllm: VLLMServerConfig = VLLMServerConfig()
+    """``engine.kind=vllm``: how the vLLM server is started."""

@@ -28,12 +28,16 @@ EXPERIMENT = REPO / "deploy" / "k8s" / "base" / "experiment.yaml"
 COMPOSE_EXPERIMENT = REPO / "deploy" / "compose" / "quickstart.yaml"  # compose's default mount
 CONFIG_MOUNT = "/etc/dynamo-rl/experiment.yaml"
 
+# Config section a subcommand serves from (its ports, its bind address), when not its own name.
+SECTION = {"vllm-server": "engine"}
+
 # Paths each service answers over HTTP ("grpc-health": the standard gRPC health service), keyed by
 # the kind of port they are on.
 ENDPOINTS: dict[str, dict[str, set[str]]] = {
     "allocator": {"port": {"grpc-health"}, "metrics_port": {"/metrics"}},
     "reward": {"port": {"/healthz", "/metrics"}},
     "engine": {"port": {"/health", "/metrics"}},
+    "vllm-server": {"port": {"/health", "/metrics"}},  # vLLM's own routes
     "rollout": {"metrics_port": {"/metrics"}},
     "learner": {"metrics_port": {"/metrics"}},
     "dashboard": {"port": {"/healthz", "/api/charts"}},
@@ -103,13 +107,14 @@ def config_of(
         )
         path = experiment
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
+    section = SECTION.get(cmd.subcommand, cmd.subcommand)
     flag_keys = {
-        "--port": f"{cmd.subcommand}.port",
-        "--host": f"{cmd.subcommand}.host",
-        "--metrics-port": f"{cmd.subcommand}.metrics_port",
-        "--metrics-host": f"{cmd.subcommand}.metrics_host",
+        "--port": f"{section}.port",
+        "--host": f"{section}.host",
+        "--metrics-port": f"{section}.metrics_port",
+        "--metrics-host": f"{section}.metrics_host",
     }
-    if cmd.subcommand in ("allocator", "reward", "engine", "rollout"):
+    if section in ("allocator", "reward", "engine", "rollout"):
         for flag, key in flag_keys.items():
             value = flag_value(args, flag)
             if value is not None:
@@ -145,7 +150,7 @@ def listen_ports(
     if sub == "dashboard":
         return {"port": int(flag_value(args, "--port") or 8265)}
     cfg = config_of(cmd, env, experiment)
-    section = getattr(cfg, sub)
+    section = getattr(cfg, SECTION.get(sub, sub))
     ports: dict[str, int] = {}
     for kind in ("port", "metrics_port"):
         value = getattr(section, kind, None)
@@ -158,7 +163,7 @@ def bind_host(
     cmd: DynamoCommand, env: Mapping[str, str], kind: str, experiment: Path = EXPERIMENT
 ) -> str:
     """The address the command binds for ``kind`` ("port" or "metrics_port")."""
-    section = getattr(config_of(cmd, env, experiment), cmd.subcommand)
+    section = getattr(config_of(cmd, env, experiment), SECTION.get(cmd.subcommand, cmd.subcommand))
     if kind == "metrics_port" and hasattr(section, "metrics_host"):
         return section.metrics_host
     return section.host

@@ -5,6 +5,7 @@ target names a port and path the service serves."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -184,6 +185,11 @@ def test_engine_profiles_use_official_images_with_gpus(compose: dict, profile: s
     port = int(HEALTH_URL.search(check).group(1))
     # The health port is the one the server listens on (from its own --port).
     assert str(port) == service["command"][service["command"].index("--port") + 1]
+    if profile == "vllm":
+        # The learner's push routes exist only in dev mode with a weight-transfer backend.
+        assert service["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
+        cmd = service["command"]
+        assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
 
 
 def test_gpu_override_reserves_gpus_and_keeps_real_commands() -> None:

@@ -20,6 +20,7 @@ from tests.deploy.commands import (
     EXPERIMENT,
     bind_host,
     check_command,
+    config_of,
     dynamo_command,
     endpoint_ok,
     listen_ports,
@@ -29,9 +30,11 @@ from tests.deploy.k8s_models import validate
 K8S = REPO / "deploy" / "k8s"
 KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="needs kubectl (for kubectl kustomize)")
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "vllm")
 # Not the bare overlay names: conftest skips every test with a "gpu" keyword on CPU machines.
-OVERLAY_IDS = ("cpu-overlay", "gpu-overlay")
+OVERLAY_IDS = ("cpu-overlay", "gpu-overlay", "vllm-overlay")
+# What runs the engine Deployment in each overlay (the vllm overlay: vLLM servers, engine.kind=vllm).
+ENGINE_COMMAND = {"cpu": "engine", "gpu": "engine", "vllm": "vllm-server"}
 TOKEN = "t" * 64
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
@@ -188,7 +191,8 @@ def test_commands_are_real_subcommands_with_valid_config(rendered, overlay: str)
         cmd = check_command(c.get("command", []) + c.get("args", []), container_env(c))
         seen.add(cmd.subcommand)
         assert where  # for the assertion message context
-    assert seen == {"allocator", "reward", "engine", "rollout", "learner", "dashboard", "task"}
+    engine = ENGINE_COMMAND[overlay]
+    assert seen == {"allocator", "reward", engine, "rollout", "learner", "dashboard", "task"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
@@ -239,7 +243,8 @@ def test_prometheus_annotations_point_at_metrics(rendered, overlay: str) -> None
         bound = bind_host(cmd, container_env(c), kind)
         assert bound not in ("127.0.0.1", "localhost", "::1"), f"{where}: /metrics binds {bound}"
         annotated.add(cmd.subcommand)
-    assert annotated == {"allocator", "reward", "engine", "rollout", "learner"}
+    engine = ENGINE_COMMAND[overlay]
+    assert annotated == {"allocator", "reward", engine, "rollout", "learner"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
@@ -355,3 +360,30 @@ def test_overlays_differ_where_they_should(rendered) -> None:
     assert {c["image"] for _w, _t, c in dynamo_containers(cpu)} == {"dynamo-rl:latest"}
     (engine,) = objects(gpu, "Deployment")["engine"]["spec"]["template"]["spec"]["containers"]
     assert "engine.device=cuda" in engine["args"]
+
+
+def test_vllm_overlay_runs_vllm_servers_and_tells_their_clients(rendered) -> None:
+    docs = rendered["vllm"]
+    assert {c["image"] for _w, _t, c in dynamo_containers(docs)} == {"dynamo-rl:vllm"}
+    (engine,) = objects(docs, "Deployment")["engine"]["spec"]["template"]["spec"]["containers"]
+    cmd = check_command(engine["command"] + engine["args"], container_env(engine))
+    assert cmd.subcommand == "vllm-server"
+    cfg = config_of(cmd, container_env(engine))
+    assert cfg.engine.kind == "vllm" and cfg.rollout.weight_api == "vllm"
+    assert cfg.engine.vllm.python == "/opt/venv-vllm/bin/python"
+    # Each pod registers its own address (the learner pushes to every replica), and vLLM's caches
+    # land on the writable /tmp volume (the root filesystem is read-only).
+    assert cfg.engine.advertise_url == "http://10.0.0.7:8000"
+    assert cfg.engine.vllm.cache_dir and cfg.engine.vllm.cache_dir.startswith("/tmp/")
+    assert any(m["mountPath"] == "/tmp" for m in engine["volumeMounts"])
+    # The rollout workers and the learner speak vLLM's weight protocol.
+    for kind, name in (("Deployment", "rollout"), ("Job", "learner")):
+        (c,) = objects(docs, kind)[name]["spec"]["template"]["spec"]["containers"]
+        cmd = check_command(c["command"] + c["args"], container_env(c))
+        assert config_of(cmd, container_env(c)).rollout.weight_api == "vllm", name
+    # The other overlays keep the embedded engine.
+    for overlay in ("cpu", "gpu"):
+        (c,) = objects(rendered[overlay], "Deployment")["engine"]["spec"]["template"]["spec"][
+            "containers"
+        ]
+        assert c["command"] == ["dynamo-rl", "engine"]

