@@ -45,8 +45,10 @@ REPORT_CHUNK = 4096
 VALUE = struct.Struct("<ddd")
 """A stored value: samples, successes, updated_unix."""
 
-READ_BATCH_IDS = 65536
-"""Most prompt ids read by one script when concurrent reads go together."""
+READ_BATCH_IDS = 1024
+"""Most prompt ids read by one script when concurrent reads go together (a larger read goes
+alone). Redis's cost per id grows with the script's size (about 0.6-0.8 µs at 512 ids, 1.1-2 µs
+at 2000-4000 on the loaded development machine), so only small reads are joined."""
 
 SEP = "\0"
 """Separator of the packed script arguments; prompt ids may not contain it."""
@@ -105,22 +107,36 @@ return m
 )
 
 # KEYS[1] the hash; ARGV[1] "id\0id\0..."; returns the values concatenated (zeros where unknown).
-_READ_LUA = (
-    _SPLIT_LUA
-    + """
-local ids = split(ARGV[1])
+# Split with a plain find (no pattern matching) and one HMGET per 1000 ids as the split goes:
+# measured 10-25 % less Redis CPU than a gmatch split into a table first.
+_READ_LUA = """
+local s = ARGV[1]
+local find, sub = string.find, string.sub
 local zero = struct.pack('<ddd', 0, 0, 0)
-local out = {}
-for start = 1, #ids, 1000 do
-  local stop = math.min(start + 999, #ids)
-  local vals = redis.call('HMGET', KEYS[1], unpack(ids, start, stop))
-  for j = 1, stop - start + 1 do
-    out[#out + 1] = vals[j] or zero
+local out, n = {}, 0
+local ids, m, pos = {}, 0, 1
+local done = false
+while not done do
+  local e = find(s, '\\0', pos, true)
+  m = m + 1
+  if e then
+    ids[m] = sub(s, pos, e - 1)
+    pos = e + 1
+  else
+    ids[m] = sub(s, pos)
+    done = true
+  end
+  if m == 1000 or done then
+    local vals = redis.call('HMGET', KEYS[1], unpack(ids, 1, m))
+    for j = 1, m do
+      n = n + 1
+      out[n] = vals[j] or zero
+    end
+    m = 0
   end
 end
 return table.concat(out)
 """
-)
 
 
 @dataclass(frozen=True)
