@@ -2,11 +2,12 @@
 
 An asyncio server (``grpc.aio``) on an event loop of its own thread: a handler's Python work
 (parsing, validation, the algorithm) runs on the loop, and while one request waits for Redis
-(``redis.asyncio``) the loop serves the next. The profile of the former thread-pool server showed
-why: its handlers spent more CPU passing the GIL between threads that wait for Redis than doing
-their work. ``Allocate``'s reply is written straight in the protobuf wire format from the numpy
-arrays (:func:`encode_allocate_response`, byte-identical to ``SerializeToString``), and its
-per-prompt metrics are observed in one pass (:func:`dynamo_rl.metrics.observe_many`).
+(``redis.asyncio``) the loop serves the next; concurrent reads go to Redis together
+(:meth:`StatsStore.aget`). The former thread-pool server used 1.1-1.6 ms of CPU per ``Allocate``
+under 8 clients where its handler's work was 0.4 ms and a bare gRPC server's 0.3.
+``Allocate``'s reply is written straight in the protobuf wire format from the numpy arrays
+(:func:`encode_allocate_response`, byte-identical to ``SerializeToString``), and its per-prompt
+metrics are observed in one pass (:func:`dynamo_rl.metrics.observe_many`).
 
 Each request is validated first; a bad one gets ``INVALID_ARGUMENT`` with a message that names the
 field (``n_min``, ``outcomes[3].successes``, ...). Redis errors become ``UNAVAILABLE``: the server
@@ -443,7 +444,7 @@ class RunningServer:
             await self.service.store.aclose()
 
         try:
-            self._run(shutdown(), timeout=grace + 10)
+            self._run(shutdown(), timeout=grace + 30)  # generous: a loaded machine is slow
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)
