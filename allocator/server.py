@@ -438,10 +438,12 @@ class RunningServer:
             return
 
         async def shutdown() -> None:
+            # Each step bounded (asyncio.wait neither raises nor cancels on timeout): a stop must
+            # not hang on one of them; the loop is stopped afterwards whatever is left.
             self._pinger.cancel()  # it uses the store: close that only once it is done
-            await asyncio.gather(self._pinger, return_exceptions=True)
-            await self.server.stop(grace)
-            await self.service.store.aclose()
+            await asyncio.wait({self._pinger}, timeout=2)
+            await asyncio.wait({asyncio.ensure_future(self.server.stop(grace))}, timeout=grace + 5)
+            await asyncio.wait({asyncio.ensure_future(self.service.store.aclose())}, timeout=2)
 
         try:
             self._run(shutdown(), timeout=grace + 30)  # generous: a loaded machine is slow
