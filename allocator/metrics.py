@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from dynamo_rl.metrics import ServiceMetrics
+from dynamo_rl.metrics import ServiceMetrics, observe_many
 
 __all__ = ["DISTRIBUTION_SAMPLE", "AllocatorMetrics"]
 
@@ -76,9 +76,7 @@ class AllocatorMetrics:
         if n == 0:
             return
         stride = max(1, -(-n // DISTRIBUTION_SAMPLE))
-        for c in counts[::stride].tolist():
-            self.counts.observe(c)
-        for p in priorities[::stride].tolist():
-            if p >= 0:
-                self.priorities.observe(p)
+        observe_many(self.counts, counts[::stride])
+        sampled = priorities[::stride]
+        observe_many(self.priorities, sampled[sampled >= 0])
         self.unexplored_prompts.inc(int(np.count_nonzero(priorities < 0)))

@@ -1,5 +1,14 @@
 """The gRPC service ``dynamo.v1.Allocator``: Dynamic Rollout Allocation over Redis statistics.
 
+An asyncio server (``grpc.aio``) on an event loop of its own thread: a handler's Python work
+(parsing, validation, the algorithm) runs on the loop, and while one request waits for Redis
+(``redis.asyncio``) the loop serves the next; concurrent reads go to Redis together
+(:meth:`StatsStore.aget`). The former thread-pool server used 1.1-1.6 ms of CPU per ``Allocate``
+under 8 clients where its handler's work was 0.4 ms and a bare gRPC server's 0.3.
+``Allocate``'s reply is written straight in the protobuf wire format from the numpy arrays
+(:func:`encode_allocate_response`, byte-identical to ``SerializeToString``), and its per-prompt
+metrics are observed in one pass (:func:`dynamo_rl.metrics.observe_many`).
+
 Each request is validated first; a bad one gets ``INVALID_ARGUMENT`` with a message that names the
 field (``n_min``, ``outcomes[3].successes``, ...). Redis errors become ``UNAVAILABLE``: the server
 keeps running, and redis-py reconnects on the next call, so it recovers as soon as Redis is back
@@ -13,14 +22,17 @@ background ping every second, and every request's outcome). Server reflection is
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
-from concurrent import futures
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
+import numpy.typing as npt
 import redis
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -32,9 +44,15 @@ from allocator.stats import StatsStore
 from dynamo_rl.config import AllocatorConfig
 from dynamo_rl.keys import stats_key
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
-from dynamo_rl.proto.dynamo.v1 import allocator_pb2_grpc as pb_grpc
 
-__all__ = ["SERVICE_NAME", "AllocatorService", "BadRequest", "RunningServer", "start_server"]
+__all__ = [
+    "SERVICE_NAME",
+    "AllocatorService",
+    "BadRequest",
+    "RunningServer",
+    "encode_allocate_response",
+    "start_server",
+]
 
 log = logging.getLogger("dynamo_rl.allocator")
 
@@ -64,7 +82,11 @@ def _prompt_ids(ids: list[str], limit: int, field: str = "prompt_ids") -> list[s
         raise BadRequest(
             f"{field}: {len(ids)} entries, more than allocator.max_prompts_per_request={limit}"
         )
-    if len(set(ids)) != len(ids):
+    unique = set(ids)
+    # C-speed checks first; the loops below only find the index to name.
+    if len(unique) == len(ids) and "" not in unique and "\0" not in "".join(ids):
+        return ids
+    if len(unique) != len(ids):
         seen: dict[str, int] = {}
         for i, pid in enumerate(ids):
             if pid in seen:
@@ -80,15 +102,63 @@ def _prompt_ids(ids: list[str], limit: int, field: str = "prompt_ids") -> list[s
     return ids
 
 
-class AllocatorService(pb_grpc.AllocatorServicer):
-    """Handlers of ``dynamo.v1.Allocator``; thread-safe (shared by the server's pool)."""
+# -- the Allocate reply in the protobuf wire format ------------------------------------------------
+
+_VARINT_GROUPS = np.arange(10, dtype=np.uint64) * np.uint64(7)
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _packed_varints(values: npt.NDArray[np.int64]) -> bytes:
+    """Non-negative integers as consecutive protobuf varints (7 bits a byte, low first)."""
+    v = values.astype(np.uint64)
+    if int(v.max()) < 0x80:  # every count fits one byte: the usual case
+        return v.astype(np.uint8).tobytes()
+    groups = (v[:, None] >> _VARINT_GROUPS) & np.uint64(0x7F)
+    width = 1 + (v[:, None] >= _VARINT_LIMITS).sum(axis=1)  # bytes per value
+    index = np.arange(10)
+    groups |= (index[None, :] < (width[:, None] - 1)).astype(np.uint64) << np.uint64(7)
+    return groups.astype(np.uint8)[index[None, :] < width[:, None]].tobytes()
+
+
+def encode_allocate_response(
+    counts: npt.NDArray[np.int64], priorities: npt.NDArray[np.float64], budget: int
+) -> bytes:
+    """``AllocateResponse(counts=, priorities=, budget=).SerializeToString()``, from the arrays.
+
+    proto3 writes fields in number order, repeated scalars packed (tag, byte length, values) and
+    leaves out empty and zero fields: counts (1) as varints, priorities (2) as little-endian
+    doubles, budget (3) as a varint. Counts and budget are never negative here. Building the
+    message from Python lists cost the server more than the allocation itself.
+    """
+    out = []
+    if len(counts):
+        data = _packed_varints(counts)
+        out += [b"\x0a", _varint(len(data)), data]
+    if len(priorities):
+        out += [b"\x12", _varint(8 * len(priorities)), priorities.astype("<f8").tobytes()]
+    if budget:
+        out += [b"\x18", _varint(budget)]
+    return b"".join(out)
+
+
+class AllocatorService:
+    """Handlers of ``dynamo.v1.Allocator``, coroutines of the server's one event loop."""
 
     def __init__(
         self,
         cfg: AllocatorConfig,
         store: StatsStore,
         metrics: AllocatorMetrics,
-        health_servicer: health.HealthServicer | None = None,
+        health_servicer: health.aio.HealthServicer | None = None,
         control_token: str | None = None,
     ) -> None:
         self.cfg = cfg
@@ -97,36 +167,29 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         self.health = health_servicer
         self.control_token = control_token
         self._redis_ok: bool | None = None
-        self._lock = threading.Lock()
+        # Labelled children looked up once: .labels() costs microseconds per call.
+        self._latency = {m: metrics.latency.labels(m) for m in _REQUEST_TYPES}
 
     # -- RPCs --------------------------------------------------------------------------------
 
-    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> Any:
-        return self._handle("Allocate", self._allocate, request, context)
+    async def Allocate(self, request: pb.AllocateRequest, context: Any) -> Any:
+        return await self._handle("Allocate", self._allocate, request, context)
 
-    def ReportOutcomes(
-        self, request: pb.ReportOutcomesRequest, context: grpc.ServicerContext
-    ) -> Any:
-        return self._handle("ReportOutcomes", self._report, request, context)
+    async def ReportOutcomes(self, request: pb.ReportOutcomesRequest, context: Any) -> Any:
+        return await self._handle("ReportOutcomes", self._report, request, context)
 
-    def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> Any:
-        return self._handle("GetStats", self._get_stats, request, context)
+    async def GetStats(self, request: pb.GetStatsRequest, context: Any) -> Any:
+        return await self._handle("GetStats", self._get_stats, request, context)
 
-    def ResetNamespace(
-        self, request: pb.ResetNamespaceRequest, context: grpc.ServicerContext
-    ) -> Any:
-        return self._handle("ResetNamespace", self._reset, request, context)
+    async def ResetNamespace(self, request: pb.ResetNamespaceRequest, context: Any) -> Any:
+        return await self._handle("ResetNamespace", self._reset, request, context)
 
-    def ExportNamespace(
-        self, request: pb.ExportNamespaceRequest, context: grpc.ServicerContext
-    ) -> Any:
-        return self._handle("ExportNamespace", self._export, request, context)
+    async def ExportNamespace(self, request: pb.ExportNamespaceRequest, context: Any) -> Any:
+        return await self._handle("ExportNamespace", self._export, request, context)
 
     # -- implementations ---------------------------------------------------------------------
 
-    def _allocate(
-        self, req: pb.AllocateRequest, context: grpc.ServicerContext
-    ) -> pb.AllocateResponse:
+    async def _allocate(self, req: pb.AllocateRequest, context: Any) -> bytes:
         cfg = self.cfg
         namespace = _namespace(req.namespace)
         ids = _prompt_ids(list(req.prompt_ids), cfg.max_prompts_per_request)
@@ -170,7 +233,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         if scheme not in SCHEMES:
             raise BadRequest(f"scheme: {scheme!r} is not one of {', '.join(SCHEMES)}")
 
-        stats = self.store.get(namespace, ids)
+        stats = await self.store.aget(namespace, ids)
         counts, priorities = allocate_rollouts(
             stats.samples,
             stats.successes,
@@ -186,41 +249,43 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         )
         total = int(counts.sum())
         self.m.observe_allocation(total, counts, priorities)
-        return pb.AllocateResponse(
-            counts=counts.tolist(), priorities=priorities.tolist(), budget=total
-        )
+        return encode_allocate_response(counts, priorities, total)
 
-    def _report(
-        self, req: pb.ReportOutcomesRequest, context: grpc.ServicerContext
+    async def _report(
+        self, req: pb.ReportOutcomesRequest, context: Any
     ) -> pb.ReportOutcomesResponse:
         namespace = _namespace(req.namespace)
         outcomes = req.outcomes
-        _prompt_ids([o.prompt_id for o in outcomes], self.cfg.max_prompts_per_request, "outcomes")
-        rows: list[tuple[str, int, int]] = []
-        samples = 0
-        for i, o in enumerate(outcomes):
-            if o.attempts < 0:
-                raise BadRequest(f"outcomes[{i}].attempts: must be >= 0, got {o.attempts}")
-            if o.successes < 0:
-                raise BadRequest(f"outcomes[{i}].successes: must be >= 0, got {o.successes}")
-            if o.successes > o.attempts:
-                raise BadRequest(
-                    f"outcomes[{i}].successes: {o.successes} is more than attempts {o.attempts} "
-                    f"(prompt {o.prompt_id!r})"
-                )
-            rows.append((o.prompt_id, o.attempts, o.successes))
-            samples += o.attempts
-        updated = self.store.report(namespace, rows)
-        self.m.outcomes.inc(len(rows))
-        self.m.samples_reported.inc(samples)
+        ids = _prompt_ids(
+            [o.prompt_id for o in outcomes], self.cfg.max_prompts_per_request, "outcomes"
+        )
+        attempts = [o.attempts for o in outcomes]
+        successes = [o.successes for o in outcomes]
+        if attempts and (
+            min(attempts) < 0
+            or min(successes) < 0
+            or any(s > a for a, s in zip(attempts, successes, strict=True))
+        ):  # find the first bad one to name it
+            for i, (pid, a, s) in enumerate(zip(ids, attempts, successes, strict=True)):
+                if a < 0:
+                    raise BadRequest(f"outcomes[{i}].attempts: must be >= 0, got {a}")
+                if s < 0:
+                    raise BadRequest(f"outcomes[{i}].successes: must be >= 0, got {s}")
+                if s > a:
+                    raise BadRequest(
+                        f"outcomes[{i}].successes: {s} is more than attempts {a} (prompt {pid!r})"
+                    )
+        updated = await self.store.areport(
+            namespace, list(zip(ids, attempts, successes, strict=True))
+        )
+        self.m.outcomes.inc(len(ids))
+        self.m.samples_reported.inc(sum(attempts))
         return pb.ReportOutcomesResponse(ok=True, prompts_updated=updated)
 
-    def _get_stats(
-        self, req: pb.GetStatsRequest, context: grpc.ServicerContext
-    ) -> pb.GetStatsResponse:
+    async def _get_stats(self, req: pb.GetStatsRequest, context: Any) -> pb.GetStatsResponse:
         namespace = _namespace(req.namespace)
         ids = _prompt_ids(list(req.prompt_ids), self.cfg.max_prompts_per_request)
-        stats = self.store.get(namespace, ids)
+        stats = await self.store.aget(namespace, ids)
         return pb.GetStatsResponse(
             stats=[
                 pb.PromptStats(prompt_id=pid, samples=g, successes=k, updated_unix=t)
@@ -234,43 +299,44 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             ]
         )
 
-    def _reset(
-        self, req: pb.ResetNamespaceRequest, context: grpc.ServicerContext
+    async def _reset(
+        self, req: pb.ResetNamespaceRequest, context: Any
     ) -> pb.ResetNamespaceResponse:
         self._authorize(context)
         namespace = _namespace(req.namespace)
-        removed = self.store.reset(namespace)
+        removed = await self.store.areset(namespace)
         log.info("reset namespace %s (%d prompts)", namespace, removed)
         return pb.ResetNamespaceResponse(prompts_removed=removed)
 
-    def _export(
-        self, req: pb.ExportNamespaceRequest, context: grpc.ServicerContext
+    async def _export(
+        self, req: pb.ExportNamespaceRequest, context: Any
     ) -> pb.ExportNamespaceResponse:
         namespace = _namespace(req.namespace)
-        return pb.ExportNamespaceResponse(json=self.store.export_json(namespace))
+        return pb.ExportNamespaceResponse(json=await self.store.aexport_json(namespace))
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _authorize(self, context: grpc.ServicerContext) -> None:
+    def _authorize(self, context: Any) -> None:
         if not self.control_token:
             return
-        given = dict(context.invocation_metadata()).get("authorization", "")
+        given = dict(context.invocation_metadata() or ()).get("authorization", "")
         if given != f"Bearer {self.control_token}":
             raise PermissionError("authorization: this call needs 'Bearer <control token>'")
 
-    def _handle(
+    async def _handle(
         self,
         method: str,
-        fn: Callable[[Req, grpc.ServicerContext], Any],
+        fn: Callable[[Req, Any], Awaitable[Any]],
         request: Req,
-        context: grpc.ServicerContext,
+        context: Any,
     ) -> Any:
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         message = ""
         try:
-            reply = fn(request, context)
-            self.set_redis_ok(True)
+            reply = await fn(request, context)
+            if self._redis_ok is not True:
+                await self.set_redis_ok(True)
             return reply
         except BadRequest as e:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
@@ -278,7 +344,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             code, message = grpc.StatusCode.UNAUTHENTICATED, str(e)
         except REDIS_ERRORS as e:
             self.m.redis_errors.inc()
-            self.set_redis_ok(False)
+            await self.set_redis_ok(False)
             code, message = grpc.StatusCode.UNAVAILABLE, f"redis unreachable: {e}"
         except redis.exceptions.RedisError as e:
             log.exception("%s: redis error", method)
@@ -287,90 +353,107 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             log.exception("%s failed", method)
             code, message = grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
         finally:
-            self.m.latency.labels(method).observe(time.perf_counter() - start)
+            self._latency[method].observe(time.perf_counter() - start)
             self.m.requests.labels(method, code.name).inc()
-        context.abort(code, message)
+        await context.abort(code, message)
 
-    def set_redis_ok(self, ok: bool) -> None:
+    async def set_redis_ok(self, ok: bool) -> None:
         """Record Redis reachability; flips the health status only when it changes."""
         if ok == self._redis_ok:
             return
-        with self._lock:
-            if ok == self._redis_ok:
-                return
-            self._redis_ok = ok
-            self.m.redis_up.set(1 if ok else 0)
-            if self.health is not None:
-                status = (
-                    health_pb2.HealthCheckResponse.SERVING
-                    if ok
-                    else health_pb2.HealthCheckResponse.NOT_SERVING
-                )
-                self.health.set(SERVICE_NAME, status)
-            if ok:
-                log.info("redis reachable")
-            else:
-                log.warning("redis unreachable; answering UNAVAILABLE until it is back")
-
-
-class RunningServer:
-    """A started server: its port, its service, and ``stop()``."""
-
-    def __init__(
-        self,
-        server: grpc.Server,
-        port: int,
-        service: AllocatorService,
-        stop_event: threading.Event,
-        pinger: threading.Thread,
-    ) -> None:
-        self.server = server
-        self.port = port
-        self.service = service
-        self._stop_event = stop_event
-        self._pinger = pinger
-
-    def stop(self, grace: float = 2.0) -> None:
-        self._stop_event.set()
-        self.server.stop(grace).wait()
-        self._pinger.join(timeout=5)  # it uses the store: close that only once it is done
-        self.service.store.close()
-
-    def wait(self) -> None:
-        self.server.wait_for_termination()
+        self._redis_ok = ok  # one event loop: no lock needed
+        self.m.redis_up.set(1 if ok else 0)
+        if self.health is not None:
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if ok
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            await self.health.set(SERVICE_NAME, status)
+        if ok:
+            log.info("redis reachable")
+        else:
+            log.warning("redis unreachable; answering UNAVAILABLE until it is back")
 
 
 _REQUEST_TYPES: dict[str, Any] = {
-    "Allocate": (pb.AllocateRequest, pb.AllocateResponse),
-    "ReportOutcomes": (pb.ReportOutcomesRequest, pb.ReportOutcomesResponse),
-    "GetStats": (pb.GetStatsRequest, pb.GetStatsResponse),
-    "ResetNamespace": (pb.ResetNamespaceRequest, pb.ResetNamespaceResponse),
-    "ExportNamespace": (pb.ExportNamespaceRequest, pb.ExportNamespaceResponse),
+    "Allocate": (pb.AllocateRequest, None),  # the handler writes the wire format itself
+    "ReportOutcomes": (pb.ReportOutcomesRequest, pb.ReportOutcomesResponse.SerializeToString),
+    "GetStats": (pb.GetStatsRequest, pb.GetStatsResponse.SerializeToString),
+    "ResetNamespace": (pb.ResetNamespaceRequest, pb.ResetNamespaceResponse.SerializeToString),
+    "ExportNamespace": (pb.ExportNamespaceRequest, pb.ExportNamespaceResponse.SerializeToString),
 }
 
 
-def _add_allocator_servicer(service: AllocatorService, server: grpc.Server) -> None:
-    """``pb_grpc.add_AllocatorServicer_to_server``, but bytes that are not the request message are
-    INVALID_ARGUMENT naming the message (grpc's own deserializer answers INTERNAL)."""
+def _add_allocator_servicer(service: AllocatorService, server: grpc.aio.Server) -> None:
+    """Register the handlers; bytes that are not the request message are INVALID_ARGUMENT naming
+    the message (grpc's own deserializer answers INTERNAL)."""
     handlers = {}
-    for method, (request_cls, response_cls) in _REQUEST_TYPES.items():
+    for method, (request_cls, serializer) in _REQUEST_TYPES.items():
 
-        def handle(raw: bytes, context: grpc.ServicerContext, _m=method, _cls=request_cls) -> Any:
+        async def handle(raw: bytes, context: Any, _m=method, _cls=request_cls) -> Any:
             request = _cls()
             try:
                 request.ParseFromString(raw)
             except DecodeError as e:
-                context.abort(
+                await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"request: not a valid {_cls.DESCRIPTOR.full_name} message ({e})",
                 )
-            return getattr(service, _m)(request, context)
+            return await getattr(service, _m)(request, context)
 
         handlers[method] = grpc.unary_unary_rpc_method_handler(
-            handle, request_deserializer=None, response_serializer=response_cls.SerializeToString
+            handle, request_deserializer=None, response_serializer=serializer
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+class RunningServer:
+    """A started server: its port, its service, and ``stop()``; it runs on an event loop in a
+    thread of its own, so the caller's thread stays free (the tests, the CLI's signal wait)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        thread: threading.Thread,
+        server: grpc.aio.Server,
+        port: int,
+        service: AllocatorService,
+        pinger: asyncio.Task[None],
+    ) -> None:
+        self.loop = loop
+        self.server = server
+        self.port = port
+        self.service = service
+        self._thread = thread
+        self._pinger = pinger
+
+    def _run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return future.result(timeout)
+
+    def stop(self, grace: float = 2.0) -> None:
+        if not self._thread.is_alive():
+            return
+
+        async def shutdown() -> None:
+            # Each step bounded (asyncio.wait neither raises nor cancels on timeout): a stop must
+            # not hang on one of them; the loop is stopped afterwards whatever is left.
+            self._pinger.cancel()  # it uses the store: close that only once it is done
+            await asyncio.wait({self._pinger}, timeout=2)
+            await asyncio.wait({asyncio.ensure_future(self.server.stop(grace))}, timeout=grace + 5)
+            await asyncio.wait({asyncio.ensure_future(self.service.store.aclose())}, timeout=2)
+
+        try:
+            self._run(shutdown(), timeout=grace + 30)  # generous: a loaded machine is slow
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            self.service.store.close()
+
+    def wait(self) -> None:
+        self._run(self.server.wait_for_termination())
 
 
 def start_server(
@@ -380,39 +463,52 @@ def start_server(
     control_token: str | None = None,
     ping_interval_s: float = 1.0,
 ) -> RunningServer:
-    """Start the gRPC server on ``cfg.host:cfg.port`` (0: a free port) and return it running."""
+    """Start the gRPC server on ``cfg.host:cfg.port`` (0: a free port) and return it running.
+
+    ``store`` needs its asyncio client (``StatsStore.from_url`` makes one)."""
+    if store.aclient is None:
+        raise ValueError("start_server: the store has no asyncio client; use StatsStore.from_url")
     metrics = metrics or AllocatorMetrics()
-    options = [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.max_workers), options=options)
-    health_servicer = health.HealthServicer()
-    service = AllocatorService(cfg, store, metrics, health_servicer, control_token)
-    _add_allocator_servicer(service, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
-    if port == 0:
-        raise OSError(f"allocator: cannot bind {cfg.host}:{cfg.port}")
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
-    server.start()
-    stop_event = threading.Event()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="allocator-grpc", daemon=True)
+    thread.start()
 
-    def ping_loop() -> None:
-        # Keeps health and the redis_up gauge true while no request arrives.
-        while not stop_event.is_set():
-            try:
-                service.set_redis_ok(store.ping())
-            except REDIS_ERRORS:
-                service.set_redis_ok(False)
-            except redis.exceptions.RedisError:
-                service.set_redis_ok(False)
-            stop_event.wait(ping_interval_s)
+    async def start() -> RunningServer:
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
+        server = grpc.aio.server(options=options)
+        health_servicer = health.aio.HealthServicer()
+        service = AllocatorService(cfg, store, metrics, health_servicer, control_token)
+        _add_allocator_servicer(service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        if port == 0:
+            raise OSError(f"allocator: cannot bind {cfg.host}:{cfg.port}")
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
 
-    pinger = threading.Thread(target=ping_loop, name="allocator-redis-ping", daemon=True)
-    pinger.start()
-    return RunningServer(server, port, service, stop_event, pinger)
+        async def ping_loop() -> None:
+            # Keeps health and the redis_up gauge true while no request arrives.
+            while True:
+                try:
+                    ok = await store.aping()
+                except redis.exceptions.RedisError:  # connection, timeout or any other
+                    ok = False
+                await service.set_redis_ok(ok)
+                await asyncio.sleep(ping_interval_s)
+
+        pinger = loop.create_task(ping_loop(), name="allocator-redis-ping")
+        return RunningServer(loop, thread, server, port, service, pinger)
+
+    try:
+        return asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        raise

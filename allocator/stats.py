@@ -22,6 +22,7 @@ prompt is explored forever.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import time
@@ -34,7 +35,7 @@ import numpy.typing as npt
 import redis
 
 from dynamo_rl.keys import stats_key
-from dynamo_rl.redis_client import sync_client
+from dynamo_rl.redis_client import async_client, sync_client
 
 __all__ = ["REPORT_CHUNK", "StatsStore", "StoredStats"]
 
@@ -43,6 +44,11 @@ REPORT_CHUNK = 4096
 
 VALUE = struct.Struct("<ddd")
 """A stored value: samples, successes, updated_unix."""
+
+READ_BATCH_IDS = 1024
+"""Most prompt ids read by one script when concurrent reads go together (a larger read goes
+alone). Redis's cost per id grows with the script's size (about 0.6-0.8 µs at 512 ids, 1.1-2 µs
+at 2000-4000 on the loaded development machine), so only small reads are joined."""
 
 SEP = "\0"
 """Separator of the packed script arguments; prompt ids may not contain it."""
@@ -101,22 +107,36 @@ return m
 )
 
 # KEYS[1] the hash; ARGV[1] "id\0id\0..."; returns the values concatenated (zeros where unknown).
-_READ_LUA = (
-    _SPLIT_LUA
-    + """
-local ids = split(ARGV[1])
+# Split with a plain find (no pattern matching) and one HMGET per 1000 ids as the split goes:
+# measured 10-25 % less Redis CPU than a gmatch split into a table first.
+_READ_LUA = """
+local s = ARGV[1]
+local find, sub = string.find, string.sub
 local zero = struct.pack('<ddd', 0, 0, 0)
-local out = {}
-for start = 1, #ids, 1000 do
-  local stop = math.min(start + 999, #ids)
-  local vals = redis.call('HMGET', KEYS[1], unpack(ids, start, stop))
-  for j = 1, stop - start + 1 do
-    out[#out + 1] = vals[j] or zero
+local out, n = {}, 0
+local ids, m, pos = {}, 0, 1
+local done = false
+while not done do
+  local e = find(s, '\\0', pos, true)
+  m = m + 1
+  if e then
+    ids[m] = sub(s, pos, e - 1)
+    pos = e + 1
+  else
+    ids[m] = sub(s, pos)
+    done = true
+  end
+  if m == 1000 or done then
+    local vals = redis.call('HMGET', KEYS[1], unpack(ids, 1, m))
+    for j = 1, m do
+      n = n + 1
+      out[n] = vals[j] or zero
+    end
+    m = 0
   end
 end
 return table.concat(out)
 """
-)
 
 
 @dataclass(frozen=True)
@@ -128,65 +148,171 @@ class StoredStats:
     updated_unix: npt.NDArray[np.float64]
 
 
+_EMPTY = StoredStats(np.zeros(0), np.zeros(0), np.zeros(0))
+
+_Read = tuple[str, str, int, "asyncio.Future[bytes]"]
+"""A waiting read: namespace, packed ids, how many, the caller's future."""
+
+
+def _split_reads(reads: list[_Read], limit: int) -> list[list[_Read]]:
+    """Consecutive runs of reads of at most ``limit`` ids each (a larger read goes alone)."""
+    parts: list[list[_Read]] = [[]]
+    size = 0
+    for read in reads:
+        if parts[-1] and size + read[2] > limit:
+            parts.append([])
+            size = 0
+        parts[-1].append(read)
+        size += read[2]
+    return parts
+
+
 def _check_ids(ids: Sequence[str]) -> None:
+    # C-speed scans first (an Allocate's 512 ids); the loop only to name the bad one.
+    if "" not in ids and SEP not in "".join(ids):
+        return
     for pid in ids:
         if not pid or SEP in pid:
             raise ValueError(f"prompt id {pid!r}: must be non-empty without NUL characters")
 
 
-class StatsStore:
-    """Reads and updates the statistics of one Redis; thread-safe (a redis-py connection pool)."""
+def _unpack(packed: bytes) -> StoredStats:
+    values = np.frombuffer(packed, dtype="<f8").reshape(-1, 3)
+    return StoredStats(values[:, 0].copy(), values[:, 1].copy(), values[:, 2].copy())
 
-    def __init__(self, client: redis.Redis, decay: float = 1.0) -> None:
+
+def _report_chunks(outcomes: Sequence[tuple[str, int, int]]) -> list[str]:
+    """The packed script arguments of a report (repeated ids merged first), one per chunk."""
+    ids = [o[0] for o in outcomes]
+    _check_ids(ids)
+    if len(set(ids)) != len(ids):  # one script reads each prompt once: merge repeats first
+        merged: dict[str, list[int]] = {}
+        for pid, a, s in outcomes:
+            row = merged.setdefault(pid, [0, 0])
+            row[0] += int(a)
+            row[1] += int(s)
+        outcomes = [(pid, a, s) for pid, (a, s) in merged.items()]
+    return [
+        SEP.join(f"{pid}{SEP}{int(a)}{SEP}{int(s)}" for pid, a, s in outcomes[i : i + REPORT_CHUNK])
+        for i in range(0, len(outcomes), REPORT_CHUNK)
+    ]
+
+
+class StatsStore:
+    """Reads and updates the statistics of one Redis; thread-safe (a redis-py connection pool).
+
+    The blocking methods (``get``, ``report``, ...) use ``client``; their ``a``-prefixed forms
+    (``aget``, ``areport``, ...) use ``aclient``, a ``redis.asyncio`` client for one event loop —
+    the allocator's gRPC server. Both run the same scripts on the same keys.
+    """
+
+    def __init__(self, client: redis.Redis, decay: float = 1.0, aclient: Any = None) -> None:
         if not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         self.client = client
+        self.aclient = aclient
         self.decay = decay
         self._report = client.register_script(_REPORT_LUA)
         self._read = client.register_script(_READ_LUA)
+        if aclient is not None:
+            self._areport = aclient.register_script(_REPORT_LUA)
+            self._aread = aclient.register_script(_READ_LUA)
+        self._pending_reads: list[_Read] = []
+        self._reader: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, decay: float = 1.0, timeout_s: float = 2.0) -> StatsStore:
-        return cls(sync_client(url, timeout_s=timeout_s), decay)
+        return cls(
+            sync_client(url, timeout_s=timeout_s), decay, async_client(url, timeout_s=timeout_s)
+        )
+
+    def _async(self) -> Any:
+        if self.aclient is None:
+            raise RuntimeError("StatsStore: no asyncio client; build it with StatsStore.from_url")
+        return self.aclient
 
     def get(self, namespace: str, prompt_ids: Sequence[str]) -> StoredStats:
         """Statistics per prompt in order; zeros for prompts never reported."""
         if not prompt_ids:
-            empty = np.zeros(0)
-            return StoredStats(empty, empty.copy(), empty.copy())
+            return _EMPTY
         _check_ids(prompt_ids)
-        packed = self._read(keys=[stats_key(namespace)], args=[SEP.join(prompt_ids)])
-        values = np.frombuffer(packed, dtype="<f8").reshape(-1, 3)
-        return StoredStats(values[:, 0].copy(), values[:, 1].copy(), values[:, 2].copy())
+        return _unpack(self._read(keys=[stats_key(namespace)], args=[SEP.join(prompt_ids)]))
+
+    async def aget(self, namespace: str, prompt_ids: Sequence[str]) -> StoredStats:
+        """:meth:`get` on the asyncio client. Reads that arrive while another is in flight wait
+        for it and then go together, one script per namespace for all of them (a read is never
+        sent before it arrived, so it sees every report that completed before it)."""
+        if not prompt_ids:
+            return _EMPTY
+        _check_ids(prompt_ids)
+        self._async()
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending_reads.append((namespace, SEP.join(prompt_ids), len(prompt_ids), future))
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read_pending())
+        return _unpack(await future)
+
+    async def _read_pending(self) -> None:
+        """Send the waiting reads, grouped by namespace, until none waits."""
+        try:
+            while self._pending_reads:
+                batch, self._pending_reads = self._pending_reads, []
+                groups: dict[str, list[_Read]] = {}
+                for read in batch:
+                    groups.setdefault(read[0], []).append(read)
+                flights = [
+                    part
+                    for reads in groups.values()
+                    for part in _split_reads(reads, READ_BATCH_IDS)
+                ]
+                await asyncio.gather(*(self._read_group(reads) for reads in flights))
+        finally:
+            self._reader = None
+
+    async def _read_group(self, reads: list[_Read]) -> None:
+        try:
+            packed = await self._aread(
+                keys=[stats_key(reads[0][0])], args=[SEP.join(r[1] for r in reads)]
+            )
+        except BaseException as e:  # every waiting caller gets the error (UNAVAILABLE, ...)
+            for read in reads:
+                if not read[3].done():
+                    read[3].set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        offset = 0
+        for _ns, _ids, n, future in reads:
+            if not future.done():  # its caller may have gone (deadline)
+                future.set_result(packed[offset : offset + VALUE.size * n])
+            offset += VALUE.size * n
 
     def report(self, namespace: str, outcomes: Sequence[tuple[str, int, int]]) -> int:
         """Add (prompt_id, attempts, successes) per prompt; returns how many prompts were updated."""
         if not outcomes:
             return 0
-        ids = [o[0] for o in outcomes]
-        _check_ids(ids)
-        if len(set(ids)) != len(ids):  # one script reads each prompt once: merge repeats first
-            merged: dict[str, list[int]] = {}
-            for pid, a, s in outcomes:
-                row = merged.setdefault(pid, [0, 0])
-                row[0] += int(a)
-                row[1] += int(s)
-            outcomes = [(pid, a, s) for pid, (a, s) in merged.items()]
-        key = stats_key(namespace)
-        now = f"{time.time():.3f}"
-        decay = repr(float(self.decay))
-        chunks = [
-            SEP.join(
-                f"{pid}{SEP}{int(a)}{SEP}{int(s)}" for pid, a, s in outcomes[i : i + REPORT_CHUNK]
-            )
-            for i in range(0, len(outcomes), REPORT_CHUNK)
-        ]
+        chunks = _report_chunks(outcomes)
+        key, now, decay = stats_key(namespace), f"{time.time():.3f}", repr(float(self.decay))
         if len(chunks) == 1:  # one EVALSHA; a pipeline would add a SCRIPT EXISTS round trip
             return int(self._report(keys=[key], args=[decay, now, chunks[0]]))
         pipe = self.client.pipeline(transaction=False)
         for packed in chunks:
             self._report(keys=[key], args=[decay, now, packed], client=pipe)
         return int(sum(pipe.execute()))
+
+    async def areport(self, namespace: str, outcomes: Sequence[tuple[str, int, int]]) -> int:
+        """:meth:`report` on the asyncio client."""
+        if not outcomes:
+            return 0
+        chunks = _report_chunks(outcomes)
+        key, now, decay = stats_key(namespace), f"{time.time():.3f}", repr(float(self.decay))
+        if len(chunks) == 1:
+            self._async()
+            return int(await self._areport(keys=[key], args=[decay, now, chunks[0]]))
+        pipe = self._async().pipeline(transaction=False)
+        for packed in chunks:
+            await self._areport(keys=[key], args=[decay, now, packed], client=pipe)
+        return int(sum(await pipe.execute()))
 
     def reset(self, namespace: str) -> int:
         """Delete a namespace's statistics; returns how many prompts had some."""
@@ -197,28 +323,58 @@ class StatsStore:
         removed, _ = pipe.execute()
         return int(removed)
 
+    async def areset(self, namespace: str) -> int:
+        """:meth:`reset` on the asyncio client."""
+        key = stats_key(namespace)
+        pipe = self._async().pipeline(transaction=True)
+        pipe.hlen(key)
+        pipe.delete(key)
+        removed, _ = await pipe.execute()
+        return int(removed)
+
     def export(self, namespace: str) -> dict[str, Any]:
         """Every statistic of a namespace as a JSON-ready dict (read with HSCAN, not blocking)."""
-        prompts: dict[str, dict[str, float]] = {}
-        for field, value in self.client.hscan_iter(stats_key(namespace), count=1000):
-            samples, successes, updated = VALUE.unpack(value)
-            prompts[field.decode()] = {
-                "samples": samples,
-                "successes": successes,
-                "updated_unix": updated,
-            }
-        return {
-            "namespace": namespace,
-            "exported_unix": time.time(),
-            "decay": self.decay,
-            "prompts": prompts,
-        }
+        return _export(
+            namespace, self.decay, self.client.hscan_iter(stats_key(namespace), count=1000)
+        )
+
+    async def aexport(self, namespace: str) -> dict[str, Any]:
+        """:meth:`export` on the asyncio client."""
+        items = [item async for item in self._async().hscan_iter(stats_key(namespace), count=1000)]
+        return _export(namespace, self.decay, items)
 
     def export_json(self, namespace: str) -> str:
         return json.dumps(self.export(namespace), sort_keys=True)
 
+    async def aexport_json(self, namespace: str) -> str:
+        return json.dumps(await self.aexport(namespace), sort_keys=True)
+
     def ping(self) -> bool:
         return bool(self.client.ping())
 
+    async def aping(self) -> bool:
+        return bool(await self._async().ping())
+
     def close(self) -> None:
         self.client.close()
+
+    async def aclose(self) -> None:
+        if self.aclient is not None:
+            await self.aclient.aclose()
+
+
+def _export(namespace: str, decay: float, items: Any) -> dict[str, Any]:
+    prompts: dict[str, dict[str, float]] = {}
+    for field, value in items:
+        samples, successes, updated = VALUE.unpack(value)
+        prompts[field.decode()] = {
+            "samples": samples,
+            "successes": successes,
+            "updated_unix": updated,
+        }
+    return {
+        "namespace": namespace,
+        "exported_unix": time.time(),
+        "decay": decay,
+        "prompts": prompts,
+    }

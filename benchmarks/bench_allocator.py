@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -67,11 +67,11 @@ def _cpu_s(pid: int) -> float:
 
 
 class _Cpu:
-    """CPU time of this process, the allocator and Redis over a block: on a shared, loaded machine
-    wall-clock figures measure the neighbours; CPU per call measures our code."""
+    """CPU time of this process and of the named ones (server, Redis) over a block: on a shared,
+    loaded machine wall-clock figures measure the neighbours; CPU per call measures our code."""
 
-    def __init__(self, server_pid: int, redis_pid: int) -> None:
-        self.pids = {"server": server_pid, "redis": redis_pid}
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
 
     def __enter__(self) -> _Cpu:
         self.start = {k: _cpu_s(v) for k, v in self.pids.items()}
@@ -190,7 +190,7 @@ def bench_objective() -> None:
             print(f"    {name:<28} {value:>10.2f}  {value / optimum:.4f}")
 
 
-def bench_service(quick: bool) -> None:
+def bench_service(quick: bool, repeats: int) -> None:
     from allocator.client import AllocatorClient
     from dynamo_rl.procs import start_redis
     from dynamo_rl.services import SERVICES
@@ -201,6 +201,7 @@ def bench_service(quick: bool) -> None:
         server, addr = SERVICES["allocator"].start(
             Path(tmp) / "allocator.log", "--redis-url", url, "run.log_level=warning", cwd=ROOT
         )
+        echo, echo_addr = _start_echo(Path(tmp) / "echo.port")
         try:
             rng = np.random.default_rng(2)
             # A dataset of 20k prompts with statistics, batches of 512 drawn from it. (A
@@ -224,7 +225,7 @@ def bench_service(quick: bool) -> None:
                 for _ in range(50):
                     c.allocate("bench", ids, N_PER_PROMPT, n_min=N_MIN, n_max=N_MAX)
                 lat = []
-                with _Cpu(server.pid, redis_proc.pid) as cpu:
+                with _Cpu({"server": server.pid, "redis": redis_proc.pid}) as cpu:
                     for _ in range(calls):
                         start = time.perf_counter()
                         c.allocate("bench", ids, N_PER_PROMPT, n_min=N_MIN, n_max=N_MAX)
@@ -241,45 +242,107 @@ def bench_service(quick: bool) -> None:
                     "each, less the network"
                 )
 
-                batches = [
-                    [(pid, 16, 5) for pid in dataset[i : i + 512]]
-                    for i in range(0, len(dataset) - 511, 512)
-                ]
-                requests = 40 if quick else 300
-                start = time.perf_counter()
-                with _Cpu(server.pid, redis_proc.pid) as cpu:
-                    for r in range(requests):
-                        c.report_outcomes("bench-report", batches[r % len(batches)])
-                seq = requests * 512 / (time.perf_counter() - start)
-                # Throughput if each process had a core: bounded by the busiest one.
-                capacity = requests * 512 / max(cpu.used.values())
-
-                def worker(w: int) -> None:
-                    for r in range(requests // 4):
-                        c.report_outcomes("bench-report", batches[(w * 7 + r) % len(batches)])
-
-                threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
-                start = time.perf_counter()
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                par = 4 * (requests // 4) * 512 / (time.perf_counter() - start)
-                stats = c.get_stats("bench-report", dataset)
-                total = sum(s.samples for s in stats) / (16 * 512)
-                print(
-                    f"  ReportOutcomes, 512 outcomes per request: {seq:,.0f} outcomes/s sequential "
-                    f"({seq / 50_000:.2f}x the 50k/s target), {par:,.0f}/s from 4 threads"
-                )
-                print(
-                    f"    {cpu.per_call_ms(requests)}; a core each: {capacity:,.0f} outcomes/s "
-                    f"({capacity / 50_000:.2f}x the target)"
-                )
-                expected = requests + 4 * (requests // 4)
-                print(f"  (every report counted: {total:.0f} of {expected} batches)")
+            _bench_concurrent(addr, echo_addr, server.pid, echo.pid, redis_proc.pid, quick, repeats)
         finally:
+            echo.kill()
+            echo.wait()
             server.stop()
             redis_proc.stop()
+
+
+def _start_echo(port_file: Path) -> tuple[subprocess.Popen, str]:
+    """The bare server of ``_grpc_load.py`` (same gRPC server kind, canned replies)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / "_grpc_load.py"), "echo", str(port_file)]
+    )
+    deadline = time.monotonic() + 60
+    while not (port_file.exists() and port_file.read_text()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the bare gRPC server did not start")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{port_file.read_text()}"
+
+
+def _bench_concurrent(
+    addr: str, echo_addr: str, server_pid: int, echo_pid: int, redis_pid: int, quick: bool,
+    repeats: int,
+) -> None:  # fmt: skip
+    """8 client processes, closed loop, against the bare server and the allocator, alternating."""
+    from allocator.client import AllocatorClient
+    from benchmarks._grpc_load import BATCH, run_clients
+
+    clients, duration = 8, (2.0 if quick else 6.0)
+    rounds = 1 if quick else repeats
+    print(
+        f"\n  {clients} concurrent clients (processes, one call in flight each, back to back), "
+        f"{duration:.0f} s per row, {rounds} round(s); bare = the same gRPC server kind answering "
+        "canned replies of the real size (the ceiling)"
+    )
+    figures: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    report_calls = 0
+    for r in range(rounds):
+        for method in ("Allocate", "ReportOutcomes"):
+            for target, target_addr, pids in (
+                ("bare", echo_addr, {"server": echo_pid}),
+                ("allocator", addr, {"server": server_pid, "redis": redis_pid}),
+            ):
+                cpu = _Cpu(pids)
+                with cpu:
+                    results = run_clients(target_addr, method, clients, duration)
+                lat = np.concatenate([x.latencies_s for x in results]) * 1e3
+                errors = sum(x.errors for x in results)
+                calls = len(lat)
+                if target == "allocator" and method == "ReportOutcomes":
+                    report_calls += sum(x.calls for x in results)
+                rate = calls / duration
+                p50, p99 = np.percentile(lat, [50, 99]) if calls else (float("nan"),) * 2
+                figures.setdefault((method, target), []).append((rate, p50, p99))
+                cpu.used.pop("client")  # this process only waits
+                cpu.used["clients"] = sum(x.cpu_s for x in results)
+                unit = f"{rate * BATCH:>9,.0f} outcomes/s" if method == "ReportOutcomes" else (
+                    f"{rate:>9,.0f} calls/s   ")  # fmt: skip
+                print(
+                    f"    round {r + 1} {method:<14} {target:<9} {unit} p50 {p50:6.2f} ms "
+                    f"p99 {p99:6.2f} ms  errors {errors}  {cpu.per_call_ms(max(calls, 1))}  "
+                    f"(load {_load()})"
+                )
+                if errors:
+                    print(f"      first error: {next(x.first_error for x in results if x.errors)}")
+
+    def span(values: list[float], fmt: str) -> str:
+        lo, hi = min(values), max(values)
+        return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}–{hi:{fmt}}"
+
+    print(f"  summary over {rounds} round(s) (ranges; the machine is shared, see the load):")
+    for method in ("Allocate", "ReportOutcomes"):
+        bare, ours = figures[(method, "bare")], figures[(method, "allocator")]
+        ratio_rate = [o[0] / b[0] for o, b in zip(ours, bare, strict=True)]
+        ratio_p99 = [o[2] / b[2] for o, b in zip(ours, bare, strict=True)]
+        if method == "Allocate":
+            p99s = [o[2] for o in ours]
+            print(
+                f"    Allocate (512 prompts of a 20k-prompt namespace, Redis read included): "
+                f"p99 {span(p99s, '.2f')} ms (target < 10 ms: {span([p / 10 for p in p99s], '.2f')}"
+                f" of it), p50 {span([o[1] for o in ours], '.2f')} ms, "
+                f"{span([o[0] for o in ours], ',.0f')} calls/s"
+            )
+        else:
+            rates = [o[0] * BATCH for o in ours]
+            print(
+                f"    ReportOutcomes (512 outcomes a call): {span(rates, ',.0f')} outcomes/s "
+                f"({span([x / 50_000 for x in rates], '.2f')}x the 50k/s target), p99 "
+                f"{span([o[2] for o in ours], '.2f')} ms"
+            )
+        print(
+            f"      bare server: {span([b[0] for b in bare], ',.0f')} calls/s, p99 "
+            f"{span([b[2] for b in bare], '.2f')} ms; allocator / bare: throughput "
+            f"{span(ratio_rate, '.2f')}, p99 {span(ratio_p99, '.2f')}"
+        )
+    with AllocatorClient(addr, timeout_s=30) as c:
+        stats = c.get_stats("bench-report", [f"prompt-{i}" for i in range(20_000)])
+    counted = sum(s.samples for s in stats) / (16 * BATCH)
+    print(f"  (every report counted: {counted:.0f} of {report_calls} calls' outcomes in Redis)")
 
 
 def main() -> int:
@@ -288,13 +351,19 @@ def main() -> int:
     parser.add_argument(
         "--only", choices=("algorithm", "objective", "service"), help="run one section"
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds of the concurrent-client figures (echo and allocator alternate within each)",
+    )
     args = parser.parse_args()
     if args.only in (None, "algorithm"):
         bench_algorithm(args.quick)
     if args.only in (None, "objective"):
         bench_objective()
     if args.only in (None, "service"):
-        bench_service(args.quick)
+        bench_service(args.quick, args.repeats)
     return 0
 
 

@@ -115,7 +115,7 @@ def main() -> int:
     p.add_argument("--namespace-size", type=int, default=20000)
     p.add_argument("--timeout", type=float, default=30.0, help="deadline per call (s)")
     p.add_argument("--server", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="config overrides for the allocator, e.g. allocator.max_workers=16")  # fmt: skip
+                   help="config overrides for the allocator, e.g. allocator.decay=0.9")  # fmt: skip
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         redis_proc, redis_url = start_redis(Path(tmp) / "redis")

@@ -98,3 +98,22 @@ class ServiceMetrics:
         """Serve ``/metrics`` on its own port (for non-HTTP services); returns the bound port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return int(server.server_port)
+
+
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """``histogram.observe(v)`` for every ``v`` at once: the same buckets, sum and count, one
+    increment per bucket touched instead of a Python call per value (an ``observe`` costs a few
+    µs; a service that observes hundreds of values per request feels it). ``histogram`` is an
+    unlabelled histogram or one label set's child."""
+    if len(values) == 0:
+        return
+    import numpy as np
+
+    histogram._raise_if_not_observable()  # type: ignore[attr-defined]
+    amounts = np.asarray(values, dtype=np.float64)
+    bounds = np.asarray(histogram._upper_bounds, dtype=np.float64)  # type: ignore[attr-defined]
+    # observe() puts v in the first bucket whose bound is >= v: searchsorted's left side.
+    per_bucket = np.bincount(np.searchsorted(bounds, amounts, side="left"), minlength=len(bounds))
+    histogram._sum.inc(float(amounts.sum()))  # type: ignore[attr-defined]
+    for i in np.flatnonzero(per_bucket[: len(bounds)]).tolist():
+        histogram._buckets[i].inc(int(per_bucket[i]))  # type: ignore[attr-defined]

@@ -48,8 +48,6 @@ class AllocatorConfig(Section):
     # Limits.
     max_prompts_per_request: Annotated[int, Field(ge=1)] = 65536
     """Most prompt ids (or outcomes) one request may carry; more is INVALID_ARGUMENT."""
-    max_workers: Annotated[int, Field(ge=1, le=256)] = 8
-    """Threads serving gRPC requests."""
     redis_timeout_s: Annotated[float, Field(gt=0)] = 2.0
     """Socket timeout of every Redis call; past it the request fails with UNAVAILABLE."""
 
