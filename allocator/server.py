@@ -233,6 +233,10 @@ class AllocatorService:
         if scheme not in SCHEMES:
             raise BadRequest(f"scheme: {scheme!r} is not one of {', '.join(SCHEMES)}")
 
+        if cfg.hopeless_after and cfg.hopeless_n > n_min:
+            raise BadRequest(
+                f"n_min: {n_min} is below the server's allocator.hopeless_n {cfg.hopeless_n}"
+            )
         stats = await self.store.aget(namespace, ids)
         counts, priorities = allocate_rollouts(
             stats.samples,
@@ -245,6 +249,8 @@ class AllocatorService:
             min_priority=min_priority,
             priority=priority,  # type: ignore[arg-type]
             scheme=scheme,  # type: ignore[arg-type]
+            hopeless_after=cfg.hopeless_after,
+            hopeless_n=cfg.hopeless_n,
             return_priorities=True,
         )
         total = int(counts.sum())

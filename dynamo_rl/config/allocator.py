@@ -39,6 +39,12 @@ class AllocatorConfig(Section):
     """reference: n_min plus a share proportional to priority (the authors' code); water-level:
     n = clip(λ·priority, n_min, n_max), the bounded optimum of Σσ²/n when priority is std."""
 
+    hopeless_after: Annotated[int, Field(ge=0)] = 0
+    """Samples after which a prompt with no success (k < 0.5) counts as hopeless and gets only
+    ``hopeless_n`` responses, its n_min - hopeless_n going to the others (0: off)."""
+    hopeless_n: Annotated[int, Field(ge=0)] = 1
+    """Responses a hopeless prompt gets (at most n_min; >= 1 keeps its statistics fresh)."""
+
     # Statistics.
     decay: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Multiplies a prompt's old counts each time new outcomes for it arrive (1: keep the whole
@@ -56,5 +62,10 @@ class AllocatorConfig(Section):
         if self.n_min > self.n_max:
             raise ValueError(
                 f"allocator.n_min ({self.n_min}) must be <= allocator.n_max ({self.n_max})"
+            )
+        if self.hopeless_after and self.hopeless_n > self.n_min:
+            raise ValueError(
+                f"allocator.hopeless_n ({self.hopeless_n}) must be <= allocator.n_min "
+                f"({self.n_min}) when allocator.hopeless_after is on"
             )
         return self

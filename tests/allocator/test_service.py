@@ -92,6 +92,31 @@ def test_budget_scheme_and_server_defaults(client: AllocatorClient) -> None:
     assert clipped.counts == [24] * 8
 
 
+def test_hopeless_prompts_get_hopeless_n_through_the_service(redis_url: str) -> None:
+    """allocator.hopeless_after/hopeless_n reach the algorithm: a prompt with no success after
+    enough samples gets hopeless_n, and its n_min - hopeless_n go to the others."""
+    running = _start(redis_url, hopeless_after=16, hopeless_n=1, n_min=4, n_max=24)
+    try:
+        with AllocatorClient(f"127.0.0.1:{running.port}", timeout_s=5.0, retries=0) as c:
+            c.report_outcomes("exp", [("never", 32, 0), ("half", 32, 16), ("young", 8, 0)])
+            got = c.allocate("exp", ["never", "half", "young"], budget=30)
+            # "young" has too few samples to be hopeless (8 < 16): it is still explored.
+            assert got.counts[0] == 1 and sum(got.counts) == 30, got.counts
+            assert got.counts[1] > 4 and got.counts[2] >= 4, got.counts
+            with pytest.raises(grpc.RpcError) as err:
+                c.allocate("exp", ["never"], budget=4, n_min=0)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "hopeless_n" in (err.value.details() or "")
+    finally:
+        running.stop(grace=0.5)
+
+
+def test_hopeless_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="allocator.hopeless_n"):
+        AllocatorConfig(hopeless_after=8, hopeless_n=5, n_min=4)
+    AllocatorConfig(hopeless_after=0, hopeless_n=5, n_min=4)  # off: not checked
+
+
 def test_stats_export_and_reset(client: AllocatorClient) -> None:
     before = time.time()
     client.report_outcomes("exp", [("a", 8, 3), ("b", 4, 4)])
