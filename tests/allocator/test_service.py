@@ -112,7 +112,7 @@ def test_hopeless_prompts_get_hopeless_n_through_the_service(redis_url: str) -> 
 
 
 def test_hopeless_config_is_checked() -> None:
-    with pytest.raises(ValueError, match="allocator.hopeless_n"):
+    with pytest.raises(ValueError, match=r"allocator\.hopeless_n"):
         AllocatorConfig(hopeless_after=8, hopeless_n=5, n_min=4)
     AllocatorConfig(hopeless_after=0, hopeless_n=5, n_min=4)  # off: not checked
 
