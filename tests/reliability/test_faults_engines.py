@@ -14,12 +14,20 @@ import os
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
-from tests.reliability.helpers import UpRun
+from tests.reliability.helpers import UpRun, frozen, process_tree
 
-STEPS = 10
+STEPS = 30
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.mark.slow
@@ -46,8 +54,17 @@ def test_a_killed_engine_replica_is_routed_around_and_restarted(tmp_path: Path, 
             steps_at_kill = len(run.records())
             run.wait("a worker to meet the dead engine",
                      lambda: f"engine {url} failed" in run.log("rollout0"))  # fmt: skip
-        run.wait_restart("engine1")
-        run.wait("three more steps", lambda: len(run.records()) >= steps_at_kill + 3)
+            # The learner leaves the dead engine out of its pushes: steps go on while it is down.
+            run.wait("a step with the engine down", lambda: len(run.records()) > steps_at_kill)
+            learner = process_tree(run.pid("learner"))
+        # The learner held until the engine is back, so that steps remain to be run on it (on an
+        # idle machine the learner can otherwise reach max_steps before the restart is ready).
+        with frozen(learner):
+            run.wait_restart("engine1")
+            run.wait("the restarted engine to answer", lambda: _healthy(url))
+        run.wait("the workers to use the restarted engine",
+                 lambda: f"POST {url}/v1/completions"
+                 in run.log("rollout0").split(f"engine {url} failed", 1)[1])  # fmt: skip
         run.proc.wait(timeout=300)
     finally:
         run.stop()
