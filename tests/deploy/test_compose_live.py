@@ -7,11 +7,11 @@ compose runs it, with a shorter warm start and fewer steps:
 
 1. ``docker compose up -d``: ``prepare`` (task data, tiny model, warm start), the services,
    ``eval-before``, the rollout worker and the learner, then each service healthy;
-2. the code sandbox works inside the reward container under the shipped seccomp profile, and the
-   sandbox attacks still fail there (tests/deploy/compose_probe.py);
-3. learner steps with weight pushes; then the learner's container is killed (SIGKILL of its pid 1,
+2. learner steps with weight pushes; then the learner's container is killed (SIGKILL of its pid 1,
    a crash: ``docker kill`` is a manual stop to Docker, which then never restarts the container):
    restarted by its policy, it resumes from its checkpoint and training goes on;
+3. the code sandbox works inside the reward container under the shipped seccomp profile, and the
+   sandbox attacks still fail there (tests/deploy/compose_probe.py);
 4. the learner reaches learner.max_steps and exits 0; ``eval-after`` measures held-out accuracy;
 5. no stream entry lost: every entry the learner's group read is listed by exactly one committed
    checkpoint, nothing pending, nothing dead-lettered (as tests/reliability/test_faults_up.py);
@@ -48,7 +48,7 @@ pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
 SCRIPT = REPO / "scripts" / "docker_local.sh"
 PROBE = Path(__file__).with_name("compose_probe.py")
-STEPS = 12
+STEPS = 16
 NAME = "compose-ci"
 # Started (with their dependencies): everything but Grafana (no image here) and eval-after.
 SERVICES = [
@@ -195,7 +195,16 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         t_up = time.monotonic() - t0
         before = json.loads((stack.run_dir / "eval_before.json").read_text())
 
-        # 2. The sandbox, inside the reward container under the shipped seccomp profile.
+        # 2. Steps, then the learner's container killed (first: steps are quick, and the sandbox
+        # probe below takes a while): restarted, it resumes from its checkpoint
+        # and training goes on.
+        _wait("learner step 3", lambda: stack.steps() >= 3, 600, lambda: stack.logs("learner"))
+        _crash_and_wait_restart(stack, "learner")
+        target = stack.steps() + 2
+        _wait(f"step {target} after the learner's restart", lambda: stack.steps() >= target, 400,
+              lambda: stack.logs("learner", "engine", "rollout"))  # fmt: skip
+
+        # 3. The sandbox, inside the reward container under the shipped seccomp profile.
         opts = stack.inspect("reward", "{{json .HostConfig.SecurityOpt}}")
         assert "seccomp=" in opts and "unconfined" not in opts.split("seccomp=")[1].split('"')[0]
         probe_run = subprocess.run(
@@ -205,14 +214,6 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         assert probe_run.returncode == 0, probe_run.stderr[-3000:]
         probe = json.loads(probe_run.stdout)
         _check_sandbox(probe)
-
-        # 3. Steps, then the learner's container killed: restarted, it resumes from its checkpoint
-        # and training goes on.
-        _wait("learner step 3", lambda: stack.steps() >= 3, 600, lambda: stack.logs("learner"))
-        _crash_and_wait_restart(stack, "learner")
-        target = stack.steps() + 2
-        _wait(f"step {target} after the learner's restart", lambda: stack.steps() >= target, 400,
-              lambda: stack.logs("learner", "engine", "rollout"))  # fmt: skip
 
         # 4. Done at max_steps (exit 0: not restarted), then the evaluation after RL.
         _wait(

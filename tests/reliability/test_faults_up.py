@@ -33,9 +33,9 @@ import redis
 
 from dynamo_rl import keys
 from dynamo_rl.codec import decode_entry
-from tests.reliability.helpers import UpRun
+from tests.reliability.helpers import UpRun, frozen, process_tree
 
-STEPS = 16
+STEPS = 24
 NS = "faults"
 
 
@@ -116,8 +116,15 @@ def test_up_survives_learner_allocator_reward_and_worker_kills(tmp_path: Path, r
         run.wait_steps(1)
         # 4. A rollout worker mid-batch: frozen first so its lease can be read, then killed.
         lease = _freeze_holding_a_lease(run, redis_url)
-        os.kill(run.pid("rollout0"), signal.SIGKILL)
-        run.wait_restart("rollout0")
+        # The learner held from here until the restarted worker is up: the stream holds at most
+        # max_pending_groups (one step), so the remaining steps must train the restarted worker's
+        # groups, the lease's re-issued prompts among them (an idle machine could otherwise finish
+        # the run on what is already in the stream).
+        with frozen(process_tree(run.pid("learner"))):
+            done = max((int(r["step"]) for r in run.records()), default=0)
+            assert STEPS - done >= 3, f"the run got to step {done} of {STEPS} before the last fault"
+            os.kill(run.pid("rollout0"), signal.SIGKILL)
+            run.wait_restart("rollout0")
         run.proc.wait(timeout=300)
     finally:
         run.stop()

@@ -103,9 +103,11 @@ def test_extract_gsm8k_default_is_strict() -> None:
 def test_score_gsm8k_verdicts_and_details() -> None:
     assert score_gsm8k("#### 72.0", "72", False) == {
         "correct": True, "format_ok": True, "reason": "ok", "detail": "answer '72.0'",
+        "answer": "72.0",
     }  # fmt: skip
     assert score_gsm8k("#### 73", "So 9 + 63 = 72.\n#### 72", False) == {
         "correct": False, "format_ok": True, "reason": "wrong_answer", "detail": "answer '73'",
+        "answer": "73",
     }  # fmt: skip
     assert score_gsm8k("72", "72", False) == {
         "correct": False, "format_ok": False, "reason": "no_answer", "detail": "no '#### N' line",
@@ -126,7 +128,9 @@ def test_score_math_routes_gsm8k_modes_and_reports_each_reason() -> None:
     assert score_math("it is 5", "5", "gsm8k")["reason"] == "no_answer"
     assert score_math("it is 5", "5", "gsm8k_flexible")["correct"] is True
     res = score_math("\\boxed{2}", "2", "last_boxed")
-    assert res == {"correct": True, "format_ok": True, "reason": "ok", "detail": "answer '2'"}
+    assert res == {
+        "correct": True, "format_ok": True, "reason": "ok", "detail": "answer '2'", "answer": "2",
+    }  # fmt: skip
     res = score_math("\\boxed{3}", "2", "last_boxed")
     assert (res["reason"], res["detail"]) == ("wrong_answer", "answer '3'")
     res = score_math("nothing", "2", "last_boxed")
