@@ -1,15 +1,60 @@
-"""Fixtures shared by the rollout worker's tests."""
+"""Fixtures shared by the rollout worker's tests: the tiny model, an embedded engine on it, a reward
+service, and a small dataset of sums."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from dynamo_rl.services import SERVICES
 from learner.tiny_model import build_tiny_model
+from tests.conftest import REPO
+from tests.services.engine.engine_util import start_engine
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default tiny model (seed 0) saved in Hugging Face format."""
     return build_tiny_model(tmp_path_factory.mktemp("model") / "m", seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An embedded engine on ``model``; its URL."""
+    proc, url = start_engine(model, tmp_path_factory.mktemp("engine"))
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def reward(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A reward service (one math worker, no code sandbox); its URL."""
+    log = tmp_path_factory.mktemp("reward") / "reward.log"
+    proc, url = SERVICES["reward"].start(
+        log, "--math-workers", "1", "reward.code.enabled=false", cwd=REPO, timeout=120
+    )
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+def write_sums(path: Path, n: int) -> Path:
+    """``n`` verl-layout rows ``i+i=`` (ground truth ``2i``, data source ``arith``) as parquet."""
+    rows = [
+        {
+            "data_source": "arith",
+            "prompt": [{"role": "user", "content": f"{i}+{i}="}],
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": {"index": i},
+        }
+        for i in range(n)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path

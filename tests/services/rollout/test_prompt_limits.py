@@ -31,7 +31,6 @@ from services.rollout.datasets import (
 from services.rollout.loop import load_tokenizer, model_context, prompt_limit
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
-from tests.services.engine.engine_util import start_engine
 
 NS = "lentest"
 MAX_TOKENS = 8
@@ -63,27 +62,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "train.parquet"
     pq.write_table(pa.Table.from_pylist(_rows()), path)
     return path
-
-
-@pytest.fixture(scope="module")
-def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_engine(model, tmp_path_factory.mktemp("engine"))
-    try:
-        yield url
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def reward(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("reward") / "reward.log"
-    proc, url = SERVICES["reward"].start(
-        log, "--math-workers", "1", "reward.code.enabled=false", cwd=REPO, timeout=120
-    )
-    try:
-        yield url
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

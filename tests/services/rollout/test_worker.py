@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import redis
 import torch
@@ -45,7 +43,8 @@ from services.rollout.loop import (
 from services.rollout.reward_client import RewardClient, RewardRequestError
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
-from tests.services.engine.engine_util import load_reference, reference_logprobs, start_engine
+from tests.services.engine.engine_util import load_reference, reference_logprobs
+from tests.services.rollout.conftest import write_sums
 
 NS = "wtest"
 N_PROMPTS = 6
@@ -53,27 +52,7 @@ N_PROMPTS = 6
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rows = [
-        {
-            "data_source": "arith",
-            "prompt": [{"role": "user", "content": f"{i}+{i}="}],
-            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
-            "extra_info": {"index": i},
-        }
-        for i in range(N_PROMPTS)
-    ]
-    path = tmp_path_factory.mktemp("data") / "train.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_engine(model, tmp_path_factory.mktemp("engine"))
-    try:
-        yield url
-    finally:
-        proc.stop()
+    return write_sums(tmp_path_factory.mktemp("data") / "train.parquet", N_PROMPTS)
 
 
 @pytest.fixture(scope="module")

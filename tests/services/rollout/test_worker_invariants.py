@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import redis
 
@@ -29,11 +27,12 @@ from dynamo_rl.codec import TrajectoryGroup, decode_entry
 from dynamo_rl.config import load_config
 from dynamo_rl.contracts.engine import send
 from dynamo_rl.keys import trajectory_stream
-from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy, http_ok
+from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from services.rollout.engines import SGLangEngine
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.services.engine.engine_util import start_engine
+from tests.services.rollout.conftest import write_sums
 
 NS = "winv"
 NEWER = 3  # the weight version pushed to the second engine
@@ -41,18 +40,7 @@ NEWER = 3  # the weight version pushed to the second engine
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rows = [
-        {
-            "data_source": "arith",
-            "prompt": [{"role": "user", "content": f"{i}+{i}="}],
-            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
-            "extra_info": {"index": i},
-        }
-        for i in range(4)
-    ]
-    path = tmp_path_factory.mktemp("data") / "train.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
+    return write_sums(tmp_path_factory.mktemp("data") / "train.parquet", 4)
 
 
 @pytest.fixture(scope="module")
@@ -77,22 +65,6 @@ def engines(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
             new_proc.stop()
     finally:
         old_proc.stop()
-
-
-@pytest.fixture(scope="module")
-def reward(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    argv = dynamo_rl_argv(
-        "reward", "--port", str(port), "--math-workers", "1", "reward.code.enabled=false"
-    )
-    log = tmp_path_factory.mktemp("reward") / "reward.log"
-    proc = ServiceProcess("reward", argv, log, cwd=REPO).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_ready(http_ok(f"{url}/healthz"), timeout=120)
-        yield url
-    finally:
-        proc.stop()
 
 
 def make_worker(
