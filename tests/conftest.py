@@ -106,3 +106,24 @@ def dynamo_rl_argv(*args: str) -> list[str]:
     """argv that runs ``dynamo-rl ARGS`` with this interpreter (services start through the table
     in :mod:`dynamo_rl.services`; this is for one-shot commands)."""
     return cli_argv(*args)
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> Iterator[None]:
+    """A one-rank gloo world for the module: what the learner's collective code (the weight push,
+    checkpoints) needs to run in the test process."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+        timeout=datetime.timedelta(seconds=120),
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -9,7 +9,6 @@ its own, so the vLLM one is seen before its first update too.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import re
 import time
@@ -21,7 +20,6 @@ import httpx
 import pytest
 import redis
 import torch
-import torch.distributed as dist
 
 from dynamo_rl.contracts.engine import (
     SGLangWeights,
@@ -36,7 +34,6 @@ from dynamo_rl.contracts.engine import (
     weight_protocol,
 )
 from dynamo_rl.keys import engines_key
-from dynamo_rl.procs import free_port
 from dynamo_rl.redis_client import async_client, sync_client
 from learner.model import load_policy
 from learner.push import DistributedPush, discover_engines
@@ -170,22 +167,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     first = build_tiny_model(root / "first", max_positions=4096, **ARCH)
     second = build_tiny_model(root / "second", max_positions=4096, seed=1, **ARCH)
     return first, second
-
-
-@pytest.fixture(scope="module")
-def one_rank() -> Iterator[None]:
-    """The learner's push is collective: a one-rank gloo world stands for the learner."""
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-        timeout=datetime.timedelta(seconds=120),
-    )  # fmt: skip
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", params=["sglang", "vllm"])

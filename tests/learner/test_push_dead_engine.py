@@ -10,17 +10,14 @@ version; the next push, with the dead engine still registered, too; and once the
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import torch.distributed as dist
 
 from dynamo_rl.contracts.engine import read_version, weight_protocol
 from dynamo_rl.procs import ServiceProcess, free_port
@@ -34,18 +31,6 @@ pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 120.0  # push.timeout_s: what a stalled push would wait
 PROMPT_BOUND_S = 10.0  # the brief: the learner goes on within 10 s of the kill
-
-
-@pytest.fixture()
-def one_rank() -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S),
-    )  # fmt: skip
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _engine(model: Path, log: Path, port: int) -> ServiceProcess:

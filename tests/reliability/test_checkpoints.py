@@ -8,25 +8,15 @@ should be refused with a clear error and the previous one used.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from dynamo_rl.procs import free_port
 from learner.checkpoint import MARKER, CheckpointManager
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 def _model() -> tuple[nn.Module, torch.optim.Optimizer]:

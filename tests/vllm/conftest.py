@@ -21,7 +21,6 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -209,24 +208,6 @@ def completions(
             r.raise_for_status()
             out.extend(sorted(r.json()["choices"], key=lambda c: c["index"]))
     return out
-
-
-@pytest.fixture(scope="session")
-def one_rank() -> Iterator[None]:
-    """The learner's push is collective: a one-rank gloo world stands for the learner."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-        timeout=timedelta(seconds=PUSH_TIMEOUT_S),
-    )  # fmt: skip
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def learner_push(
