@@ -188,7 +188,7 @@ async def evaluate(
         "prompts_refused": len(refused),
         "by_data_source": {k: summary(v) for k, v in sorted(by_source.items())},
         "metrics": summarize(outcomes, ks, resamples=bootstrap, seed=cfg.run.seed)["metrics"],
-        "example_prompt": renderer.render(records[0].prompt)[0],
+        "example_prompt": lengths.rendered[records[0].prompt_id][0],  # as sent
     }
 
 
