@@ -179,47 +179,6 @@ def gather_bucket(
     return flat
 
 
-class _Posts:
-    """Each engine's calls in order, engines concurrently (one thread per engine: each call may
-    block while the other side works)."""
-
-    def __init__(self, protocol: WeightProtocol, headers: dict[str, str], timeout_s: float) -> None:
-        self.protocol = protocol
-        self.headers = headers
-        self.timeout_s = timeout_s
-
-    def start(self, urls: Sequence[str], calls: Callable[[int], list[Call]]) -> Callable:
-        results: list[Any] = [None] * len(urls)
-
-        def post(i: int, url: str) -> None:
-            try:
-                for call in calls(i):
-                    send(self.protocol, url, call, headers=self.headers, timeout_s=self.timeout_s)
-            except WeightControlError as e:  # reported to the caller, which decides what fails
-                results[i] = str(e)
-            except Exception as e:
-                results[i] = f"{url}: {type(e).__name__}: {e}"
-
-        threads = [
-            threading.Thread(target=post, args=(i, u), daemon=True) for i, u in enumerate(urls)
-        ]
-        for t in threads:
-            t.start()
-
-        def join() -> list[str]:
-            for t in threads:
-                t.join(self.timeout_s + 5)
-            return [r for r in results if r is not None] + [
-                f"{urls[i]}: no answer" for i, t in enumerate(threads) if t.is_alive()
-            ]
-
-        return join
-
-    def run(self, urls: Sequence[str], calls: Callable[[int], list[Call]]) -> list[str]:
-        """Send and wait; the errors."""
-        return self.start(urls, calls)()
-
-
 class _Async:
     """One function on a thread of its own: its result or its error, waited on with a timeout."""
 
@@ -594,7 +553,8 @@ class DiskPush:
     ) -> None:
         self.export = export  # collective: writes the export on rank 0, returns its path there
         self.protocol = protocol or SGLangWeights()
-        self.posts = _Posts(self.protocol, headers or {}, timeout_s)
+        self.headers = headers or {}
+        self.timeout_s = timeout_s
 
     def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult:
         t0 = time.perf_counter()
@@ -609,11 +569,26 @@ class DiskPush:
                 except WeightControlError as e:
                     error = str(e)
                 else:
-                    error = "; ".join(self.posts.run(engines, lambda i: [call]))
+                    error = "; ".join(self._load_everywhere(engines, call))
         ok = torch.tensor([0 if error else 1])
         if dist.get_world_size() > 1:
             dist.broadcast(ok, 0)
         return PushResult(bool(ok.item()), len(engines), 0, time.perf_counter() - t0, error)
+
+    def _load_everywhere(self, engines: Sequence[str], call: Call) -> list[str]:
+        """The load call to every engine at once; the errors, each naming its engine."""
+        loads = {
+            u: _Async(functools.partial(send, self.protocol, u, call, headers=self.headers,
+                                        timeout_s=self.timeout_s))
+            for u in engines
+        }  # fmt: skip
+        errors = []
+        for u, load in loads.items():
+            if not load.wait(self.timeout_s + 5):
+                errors.append(f"{u}: no answer")
+            elif load.error:
+                errors.append(load.error if u in load.error else f"{u}: {load.error}")
+        return errors
 
     def close(self) -> None:
         pass
