@@ -6,7 +6,8 @@ learner-side **stream reader** (:class:`dynamo_rl.contracts.stream.TrajectoryRea
 acknowledging as the learner does, without training); and **simulated engines**: one asyncio
 process serving SGLang's ``/generate``, ``/get_weight_version`` and ``/health`` on ``E`` ports
 (requests parsed with the engine's own ``GenerateRequest``). Each simulated engine answers with
-canned token ids (text ending in ``\\boxed{d}``, a random digit) after a delay that gives it an
+canned token ids (text ending in ``\\boxed{d}``, a random digit, or for a ``--symbolic`` fraction
+of responses ``\\boxed{\\frac{2dk}{2k}}``, which needs math-verify) after a delay that gives it an
 aggregate decode rate of ``--engine-tokens-per-s``: requests are served first come first served,
 each taking ``n x max_new_tokens / rate`` seconds times a log-normal jitter (sigma 0.2). Its
 generation capacity is therefore ``E x rate / max_tokens`` responses/s.
@@ -22,15 +23,19 @@ Per fleet (``ExW``: E engines, W workers) it measures, over ``--duration`` secon
 - queue depths, sampled every 0.5 s: the reward service's ``dynamo_reward_queue_depth``, the
   stream's lag (entries the reader has not read) and requests in flight at the engines.
 
-A service **saturates** at the first fleet where its CPU reaches ``SATURATED_CORES`` of a core or
-its queue keeps growing; the fleet as a whole when responses/s falls below 80 % of the engines'
-capacity. Everything shares this machine's cores (2, loaded by other work), so the saturation
-points are for this machine; the projection uses CPU-seconds per response, i.e. it is per core.
+A service **saturates** at the first fleet where its CPU reaches ``SATURATED_CORES`` of a core per
+process, its queue keeps growing, or its latency reaches ``LATENCY_GROWTH`` x the smallest fleet's;
+the whole path when its share of the engines' capacity drops below 80 % of the best smaller
+fleet's (:func:`saturation`). Everything shares this machine's cores (2, loaded by other work), so
+the saturation points are for this machine; the projection uses CPU-seconds per unit of work, i.e.
+it is per core.
 
 Projection: ``--gpu-tokens-per-s`` and ``--gpu-response-tokens`` give a GPU's responses/s; the
 measured core-seconds per response (reward) and per prompt (allocator) give how many replicas of
 each a cluster of N GPUs needs (:func:`replicas_for`), at ``TARGET_UTILISATION`` of each replica's
-CPU limit in ``deploy/k8s``. The table goes to the results JSON and ``docs/deploy.md``.
+CPU limit in ``deploy/k8s``; the rollout workers' and the stream reader's cores follow from their
+core-seconds per token. The table goes to the results JSON and ``docs/deploy.md``
+(:func:`sizing_markdown`).
 
     python benchmarks/fleet.py                  # 8x1, 32x4, 128x16
     python benchmarks/fleet.py --quick          # one tiny fleet (the smoke test)
@@ -227,7 +232,9 @@ def run_reader(args: argparse.Namespace) -> int:
     client = sync_client(args.redis_url, timeout_s=30.0)
     reader = TrajectoryReader(client, args.namespace, vocab_size=args.vocab)
     reader.setup()
-    totals = {"entries": 0, "responses": 0, "busy_s": 0.0, "reads": 0, "lag_s_sum": 0.0}
+    totals = {
+        "entries": 0, "responses": 0, "busy_s": 0.0, "cpu_s": 0.0, "reads": 0, "lag_s_sum": 0.0,
+    }  # fmt: skip
     lags: list[float] = []
     last = 0.0
     newest = "0-0"
@@ -235,11 +242,12 @@ def run_reader(args: argparse.Namespace) -> int:
         # Wait (outside the timed part) until the stream holds an entry newer than the last one
         # read, then read without blocking: the timed part is the read, decode and acknowledge.
         client.xread({reader.stream: newest}, count=1, block=200)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         entries = reader.read(256, block_ms=None)
         if entries:
             reader.ack(e.entry_id for e in entries)
             totals["busy_s"] += time.perf_counter() - t0
+            totals["cpu_s"] += time.process_time() - c0
             now = time.time()
             newest = entries[-1].entry_id
             totals["reads"] += 1
@@ -439,6 +447,7 @@ def run_fleet(fleet: Fleet, args: argparse.Namespace, model: Path, data: Path) -
 
         before = snapshot()
         depth: dict[str, list[float]] = {"reward": [], "stream_lag": [], "engine_in_flight": []}
+        loads: list[float] = []
         end = time.monotonic() + args.duration
         while time.monotonic() < end:
             rs = _scrape(reward_metrics)
@@ -447,13 +456,16 @@ def run_fleet(fleet: Fleet, args: argparse.Namespace, model: Path, data: Path) -
             depth["engine_in_flight"].append(
                 float(httpx.get(urls[0] + "/stats", timeout=10).json()["in_flight"])
             )
+            loads.append(os.getloadavg()[0])
             time.sleep(0.5)
         after = snapshot()
         redis.close()
         for name, p in procs.items():
             if not p.alive():
                 raise RuntimeError(f"{name} died during the measurement:\n{p.log_tail()}")
-        return summarise(fleet, args, before, after, depth)
+        out = summarise(fleet, args, before, after, depth)
+        out["loadavg"] = sum(loads) / len(loads) if loads else 0.0
+        return out
     finally:
         for p in reversed(list(procs.values())):
             p.stop(grace=5.0)
@@ -528,6 +540,10 @@ def summarise(
     reads = ra["reads"] - rb["reads"]
     reader = {
         "read_ack_ms_per_call": 1000 * (ra["busy_s"] - rb["busy_s"]) / reads if reads else 0.0,
+        # Its CPU time: the wall time above includes waiting for a core on a loaded machine.
+        "read_ack_cpu_ms_per_call": (
+            1000 * (ra.get("cpu_s", 0.0) - rb.get("cpu_s", 0.0)) / reads if reads else 0.0
+        ),
         "busy_fraction": (ra["busy_s"] - rb["busy_s"]) / wall,
         "entries_per_read": entries / reads if reads else 0.0,
         "push_to_read_p50_s": lags[len(lags) // 2] if lags else float("nan"),
@@ -538,11 +554,13 @@ def summarise(
 
     queues = {k: {"mean": avg(v), "max": max(v, default=0.0), "last": v[-1] if v else 0.0}
               for k, v in depth.items()}  # fmt: skip
-    # A queue that keeps growing: its last third averages more than twice its first third.
+    # A queue that keeps growing never drains in the last third of the window and averages more
+    # there than in the first third (a queue that fills with each batch and drains is bursty,
+    # not saturated).
     growing = {}
     for k, v in depth.items():
         third = max(1, len(v) // 3)
-        growing[k] = avg(v[-third:]) > 2 * avg(v[:third]) + 1
+        growing[k] = bool(v) and min(v[-third:]) > 0 and avg(v[-third:]) > avg(v[:third])
     groups = entries
     return {
         "fleet": fleet.label,
@@ -566,6 +584,7 @@ def summarise(
         "cores": cores,
         "queues": queues,
         "queue_growing": growing,
+        "queue_samples": depth,
         # CPU cost per unit of work: the basis of the projection.
         "core_s_per_response": {k: v / (responses / wall) if responses else float("nan")
                                 for k, v in cores.items()},
@@ -578,21 +597,49 @@ def summarise(
 SERVICE_KEYS = ("redis", "allocator", "reward", "engines", "reader", "workers")
 
 
+LATENCY_GROWTH = 3.0
+"""A service whose latency reaches this multiple of its latency in the smallest fleet saturates."""
+
+
+def _latency_ms(f: dict[str, Any], svc: str) -> float | None:
+    if svc == "allocator":
+        return f["allocate_rpc"]["mean_ms"]
+    if svc == "reward":
+        return f["verify_http"]["mean_ms"]
+    if svc == "reader":
+        return f["reader"]["read_ack_ms_per_call"]
+    return None
+
+
 def saturation(fleets: list[dict[str, Any]]) -> dict[str, str | None]:
-    """The first fleet at which each service saturates (None: not within the fleets run)."""
-    queue_of = {"reward": "reward", "reader": "stream_lag", "engines": "engine_in_flight"}
+    """The first fleet at which each service saturates (None: not within the fleets run): its CPU
+    reaches ``SATURATED_CORES`` per process, its queue keeps growing, or its latency reaches
+    ``LATENCY_GROWTH`` x the smallest fleet's. ``machine``: the first fleet during which the load
+    average reached the number of cores. ``end_to_end``: the first fleet whose responses/s fall
+    below 80 % of the engines' capacity relative to the best fleet before it (the first fleet is
+    the reference: one worker's synchronous batches leave engines idle at any size)."""
+    queue_of = {"reward": "reward", "reader": "stream_lag"}
     out: dict[str, str | None] = {}
     for svc in SERVICE_KEYS:
         out[svc] = None
+        first = _latency_ms(fleets[0], svc) if fleets else None
         for f in fleets:
             # The workers are many processes: saturated when each uses SATURATED_CORES on average.
             per_proc = f["cores"][svc] / (f["workers"] if svc == "workers" else 1)
             q = queue_of.get(svc)
-            if per_proc >= SATURATED_CORES or (q and svc != "engines" and f["queue_growing"][q]):
+            lat = _latency_ms(f, svc)
+            slow = bool(first and lat and lat >= LATENCY_GROWTH * first)
+            if per_proc >= SATURATED_CORES or (q and f["queue_growing"][q]) or slow:
                 out[svc] = f["fleet"]
                 break
-    out["machine"] = next((f["fleet"] for f in fleets if f["cores"]["total"] >= 1.6), None)
-    out["end_to_end"] = next((f["fleet"] for f in fleets if f["ratio_to_capacity"] < 0.8), None)
+    cpus = os.cpu_count() or 1
+    out["machine"] = next((f["fleet"] for f in fleets if f.get("loadavg", 0.0) >= cpus), None)
+    out["end_to_end"] = None
+    for i, f in enumerate(fleets[1:], start=1):
+        best = max(g["ratio_to_capacity"] for g in fleets[:i])
+        if f["ratio_to_capacity"] < 0.8 * best:
+            out["end_to_end"] = f["fleet"]
+            break
     return out
 
 
@@ -609,6 +656,10 @@ def projection(fleets: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
     busiest = max(fleets, key=lambda f: f["responses_per_s"])
     reward_cost = busiest["core_s_per_response"]["reward"]
     alloc_cost = busiest["allocator_core_s_per_prompt"]
+    # The workers (engine JSON in, protobuf out) and the reader (decode) pay per token.
+    per_token = {
+        k: busiest["core_s_per_response"][k] / args.max_tokens for k in ("workers", "reader")
+    }
     gpu_rps = args.gpu_tokens_per_s / args.gpu_response_tokens
     rows = []
     for n in CLUSTER_GPUS:
@@ -624,6 +675,8 @@ def projection(fleets: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
                 "allocator_replicas": replicas_for(
                     n, alloc_cost, gpu_rps * PROMPTS_PER_STEP / RESPONSES_PER_STEP, "allocator"
                 ),
+                "worker_cores": n * args.gpu_tokens_per_s * per_token["workers"],
+                "reader_cores": n * args.gpu_tokens_per_s * per_token["reader"],
             }
         )
     return {
@@ -632,6 +685,8 @@ def projection(fleets: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
         "gpu_responses_per_s": gpu_rps,
         "reward_core_s_per_response": reward_cost,
         "allocator_core_s_per_prompt": alloc_cost,
+        "worker_core_s_per_token": per_token["workers"],
+        "reader_core_s_per_token": per_token["reader"],
         "replica_cores": REPLICA_CORES,
         "target_utilisation": TARGET_UTILISATION,
         "from_fleet": busiest["fleet"],
@@ -643,14 +698,15 @@ def sizing_markdown(proj: dict[str, Any]) -> str:
     """The sizing table as docs/deploy.md carries it (a test checks the two agree)."""
     lines = [
         "| engine GPUs | responses/s | generation per 8,192-response step | reward cores "
-        "| reward replicas | allocator cores | allocator replicas |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| reward replicas | allocator cores | allocator replicas | rollout worker cores "
+        "| stream reader cores (learner rank 0) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in proj["rows"]:
         lines.append(
             f"| {r['gpus']} | {r['responses_per_s']:.0f} | {r['step_generation_s']:.1f} s "
             f"| {r['reward_cores']:.2f} | {r['reward_replicas']} | {r['allocator_cores']:.2f} "
-            f"| {r['allocator_replicas']} |"
+            f"| {r['allocator_replicas']} | {r['worker_cores']:.1f} | {r['reader_cores']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -698,7 +754,8 @@ def print_fleet(f: dict[str, Any]) -> None:
     print(
         f"  services      Allocate {a['mean_ms']:.1f} ms mean (p99 <= {a['p99_ms_bucket']:.0f}); "
         f"/v1/verify {v['mean_ms']:.0f} ms mean (p99 <= {v['p99_ms_bucket']:.0f}); "
-        f"stream read+ack {r['read_ack_ms_per_call']:.1f} ms/call, "
+        f"stream read+ack {r['read_ack_ms_per_call']:.1f} ms/call "
+        f"({r.get('read_ack_cpu_ms_per_call', 0.0):.1f} ms of CPU), "
         f"{r['entries_per_read']:.1f} groups/call"
     )
     print("  CPU (cores)   " + ", ".join(f"{k} {v:.2f}" for k, v in f["cores"].items()))

@@ -39,7 +39,7 @@ def test_fleets_parse_and_bad_ones_are_named(fleet) -> None:
             fleet.parse_fleets(bad)
 
 
-def _fleet(label: str, n_workers: int, ratio: float, **cores: float) -> dict:
+def _fleet(label: str, n_workers: int, ratio: float, alloc_ms: float = 2.0, **cores: float) -> dict:
     base = dict.fromkeys(fleet_services(), 0.1)
     base.update(cores)
     base["total"] = sum(v for k, v in base.items() if k != "total")
@@ -49,6 +49,10 @@ def _fleet(label: str, n_workers: int, ratio: float, **cores: float) -> dict:
         "ratio_to_capacity": ratio,
         "cores": base,
         "queue_growing": {"reward": False, "stream_lag": False, "engine_in_flight": False},
+        "allocate_rpc": {"mean_ms": alloc_ms},
+        "verify_http": {"mean_ms": 100.0},
+        "reader": {"read_ack_ms_per_call": 10.0},
+        "loadavg": 0.0,
     }
 
 
@@ -56,21 +60,23 @@ def fleet_services() -> tuple[str, ...]:
     return ("redis", "allocator", "reward", "engines", "reader", "workers")
 
 
-def test_saturation_is_the_first_fleet_over_the_threshold(fleet) -> None:
+def test_saturation_is_the_first_fleet_over_a_threshold(fleet) -> None:
     runs = [
-        _fleet("8x1", 1, 0.95, reward=0.3, workers=0.5),
-        _fleet("32x4", 4, 0.9, reward=0.85, workers=2.0),  # 0.5 core per worker: not saturated
-        _fleet("128x16", 16, 0.4, reward=0.9, workers=14.0, allocator=0.9),
+        # One worker's synchronous batches: below 80% of capacity, but the reference, not saturated.
+        _fleet("8x1", 1, 0.7, reward=0.3, workers=0.5),
+        _fleet("32x4", 4, 0.75, reward=0.85, workers=2.0),  # 0.5 core per worker: not saturated
+        _fleet("128x16", 16, 0.5, alloc_ms=6.0, workers=14.0),
     ]
     runs[1]["queue_growing"]["stream_lag"] = True
+    runs[2]["loadavg"] = 1e6
     sat = fleet.saturation(runs)
-    assert sat["reward"] == "32x4"
+    assert sat["reward"] == "32x4"  # its CPU
     assert sat["reader"] == "32x4"  # its queue (the stream's lag) kept growing
-    assert sat["workers"] == "128x16"
-    assert sat["allocator"] == "128x16"
-    assert sat["redis"] is None
-    assert sat["end_to_end"] == "128x16"
-    assert sat["machine"] == "32x4"
+    assert sat["workers"] == "128x16"  # 14 cores over 16 workers
+    assert sat["allocator"] == "128x16"  # latency 3x the smallest fleet's
+    assert sat["redis"] is None and sat["engines"] is None
+    assert sat["end_to_end"] == "128x16"  # 0.5 < 0.8 x 0.75; 0.75 is not below 0.8 x 0.7
+    assert sat["machine"] == "128x16"
 
 
 def test_replicas_cover_the_load_at_the_target_utilisation(fleet) -> None:
