@@ -387,3 +387,52 @@ def test_vllm_overlay_runs_vllm_servers_and_tells_their_clients(rendered) -> Non
             "containers"
         ]
         assert c["command"] == ["dynamo-rl", "engine"]
+
+
+def _fleet_module():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fleet", REPO / "benchmarks" / "fleet.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fleet"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_replicas_follow_the_fleet_sizing_table(rendered, overlay: str) -> None:
+    """The reward and allocator replica counts are what the fleet benchmark's projection
+    (benchmarks/results/fleet.json, the table in docs/deploy.md) gives for the overlay's engine
+    GPUs (none: the minimum, one)."""
+    import json
+
+    fleet = _fleet_module()
+    proj = json.loads((REPO / "benchmarks" / "results" / "fleet.json").read_text())["projection"]
+    docs = rendered[overlay]
+    engine = objects(docs, "Deployment")["engine"]
+    (c,) = engine["spec"]["template"]["spec"]["containers"]
+    gpus = engine["spec"]["replicas"] * int(c["resources"]["limits"].get("nvidia.com/gpu", 0))
+    costs = {
+        "reward": (proj["reward_core_s_per_response"], proj["gpu_responses_per_s"]),
+        "allocator": (
+            proj["allocator_core_s_per_prompt"],
+            proj["gpu_responses_per_s"] * fleet.PROMPTS_PER_STEP / fleet.RESPONSES_PER_STEP,
+        ),
+    }
+    for svc, (cost, per_gpu) in costs.items():
+        deployment = objects(docs, "Deployment")[svc]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        limit = str(container["resources"]["limits"]["cpu"])
+        cores = float(limit[:-1]) / 1000 if limit.endswith("m") else float(limit)
+        assert cores == fleet.REPLICA_CORES[svc], f"{svc}: the sizing assumes another CPU limit"
+        want = fleet.replicas_for(gpus, cost, per_gpu, svc)
+        assert deployment["spec"]["replicas"] == want, (svc, gpus)
+
+
+def test_deploy_docs_carry_the_fleet_sizing_table() -> None:
+    import json
+
+    fleet = _fleet_module()
+    proj = json.loads((REPO / "benchmarks" / "results" / "fleet.json").read_text())["projection"]
+    assert fleet.sizing_markdown(proj) in (REPO / "docs" / "deploy.md").read_text()
