@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import sys
 import time
@@ -88,7 +89,8 @@ class StabSettings:
     def key(self, s: Settings) -> str:
         import hashlib
 
-        blob = json.dumps([asdict(self), asdict(s)], sort_keys=True).encode()
+        mine = {k: v for k, v in asdict(self).items() if k not in ("lrs", "seeds")}  # per run
+        blob = json.dumps([mine, asdict(s)], sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -304,23 +306,26 @@ def plot(summary: dict, path: Path, st: StabSettings, s: Settings) -> None:
     )
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.5))
     for ax, (key, label, scale) in zip(axes, panels, strict=True):
+        finite: list[float] = []
         for m, res in summary.items():
-            xs, ys = [], []
+            xs, ys, lrs, mean = [], [], [], []
             for row in res["by_lr"].values():
-                for v in row["per_seed"]:
-                    xs.append(row["lr"])
-                    ys.append(v[key] * scale)
+                vals = [v[key] * scale for v in row["per_seed"] if math.isfinite(v[key])]
+                xs += [row["lr"]] * len(vals)
+                ys += vals
+                if vals:
+                    lrs.append(row["lr"])
+                    mean.append(sum(vals) / len(vals))
             ax.scatter(xs, ys, label=m, alpha=0.7)
-            lrs = [row["lr"] for row in res["by_lr"].values()]
-            mean = [sum(v[key] for v in row["per_seed"]) / len(row["per_seed"]) * scale
-                    for row in res["by_lr"].values()]  # fmt: skip
             ax.plot(lrs, mean)
-        ax.set_xscale("log")
+            finite += ys
+        if finite:  # a log axis needs data (a smoke run's untrained model has no gradient)
+            ax.set_xscale("log")
+            if key == "grad_norm_max_ratio" and min(finite) > 0:
+                ax.set_yscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        if key == "grad_norm_max_ratio" and any(y > 0 for y in ys):
-            ax.set_yscale("log")
     axes[0].legend()
     fig.suptitle(
         f"stability: {st.epochs} epochs × {st.mini_batches} mini-batches per batch, staleness "
