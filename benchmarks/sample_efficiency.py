@@ -5,12 +5,17 @@ starts from the same warm-started checkpoint; each step is one on-policy update.
 
 - ``grpo``          uniform n per prompt, GRPO advantages, PPO-clip loss (the baseline);
 - ``alloc``         DynaMO allocation only: counts from ``allocator.allocate_rollouts`` (scheme
-                    ``reference``, priority ``variance``, statistics decay 1.0), same loss as grpo;
+                    ``reference``, priority ``variance``, statistics decay 1.0), grpo's loss
+                    aggregated by ``--alloc-agg`` (default prompt-mean, as the shipped recipe);
 - ``mod``           DynaMO modulation only: uniform counts, ``dynamo_modulate`` (preset decay6) on
                     the GRPO advantages before the loss, per micro-batch as in the learner;
-- ``dynamo``        both (allocation as in ``alloc``, modulation as in ``mod``);
+- ``dynamo``        both (allocation and aggregation as in ``alloc``, modulation as in ``mod``);
 - ``dynamo-wl-std`` both, allocator scheme ``water-level`` with priority ``std`` (n ∝ σ);
 - ``dynamo-decay``  both, statistics decay ``--decay`` (default 0.9).
+
+The summary gives, per method, 95% Student-t intervals over seeds of the final accuracy, of the
+rollouts to the target (over the seeds that reached it) and of the paired differences to GRPO seed
+by seed (final accuracy, mean of the evaluation curve, rollouts to target).
 
 The methods run **in this process, not through the distributed services**: the same allocator
 function (``allocate_rollouts``), the learner's objective (``learner.objective.rl_objective``:

@@ -222,3 +222,36 @@ def test_quick_run_writes_the_report(stab, tmp_path):
         assert len(run["log"]) == 3
         # 2 epochs × 2 mini-batches: four optimizer steps per RL step
         assert all(len(r["grad_norms"]) == 4 for r in run["log"])
+
+
+def _se_run(method: str, seed: int, finals: float, curve: list[float]) -> dict:
+    return {
+        "method": method,
+        "seed": seed,
+        "curve": [{"rollouts": 100 * i, "sampled": y, "greedy": y} for i, y in enumerate(curve)],
+        "final_full": {"sampled": finals, "greedy": finals},
+        "zero_adv_rollouts": 10,
+        "rollouts": 100,
+    }
+
+
+def test_summary_pairs_methods_by_seed(se):
+    """The paired difference is taken seed by seed (runs listed in any order), and rollouts to
+    target count only the seeds that reached it."""
+    runs = [
+        _se_run("grpo", 0, 0.40, [0.30, 0.35, 0.40]),
+        _se_run("grpo", 1, 0.50, [0.30, 0.40, 0.50]),
+        _se_run("grpo", 2, 0.45, [0.30, 0.30, 0.45]),
+        _se_run("dynamo", 2, 0.46, [0.30, 0.30, 0.30]),
+        _se_run("dynamo", 0, 0.43, [0.30, 0.40, 0.43]),
+        _se_run("dynamo", 1, 0.52, [0.30, 0.40, 0.52]),
+    ]
+    summary = se.summarise(runs, ["grpo", "dynamo"], "sampled", 0.5)
+    d = summary["methods"]["dynamo"]
+    assert d["paired_final_diff"]["mean"] == pytest.approx((0.03 + 0.02 + 0.01) / 3)
+    assert d["paired_final_diff"]["seeds"] == [0, 1, 2]
+    # target = 0.30 + 0.5 × (0.45 − 0.30) = 0.375; dynamo seed 2 never gets there
+    assert summary["target"] == pytest.approx(0.375)
+    assert d["rollouts_to_target_ci"]["reached"] == 2
+    assert d["rollouts_to_target_per_seed"] == [pytest.approx(75.0), pytest.approx(75.0), None]
+    assert d["paired_rollouts_to_target_diff"]["seeds"] == [0, 1]
