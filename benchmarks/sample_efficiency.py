@@ -664,9 +664,11 @@ def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: fl
             ),
             "paired_rollouts_to_target_diff": paired(
                 dict(zip(seeds, per_seed, strict=True)),
-                {r["seed"]: rollouts_to_reach(x, [p[metric] for p in r["curve"]], target)
-                 for r in by["grpo"]},
-            ),  # fmt: skip
+                {
+                    r["seed"]: rollouts_to_reach(x, [p[metric] for p in r["curve"]], target)
+                    for r in by["grpo"]
+                },
+            ),
         }
     return {"metric": metric, "start": start, "target": target, "methods": table}
 
@@ -802,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods:
             res = cache / f"run-{s.key()}-{m}-{seed}.json"
             cmd = [sys.executable, __file__, *forwarded, "--run-one", m, str(seed)]
-            tasks.append((cmd + ["--result", str(res)], res))
+            tasks.append(([*cmd, "--result", str(res)], res))
     run_children(tasks, args.jobs)
     runs = [
         json.loads((cache / f"run-{s.key()}-{m}-{seed}.json").read_text())

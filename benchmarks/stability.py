@@ -164,9 +164,7 @@ def run_one(method: str, lr: float, seed: int, s: Settings, st: StabSettings, wa
             old_logp, old_ent = forward_logp(model, seq, prompt_attn, rmask, s.temperature)
         tokens = float(rmask.sum().clamp(min=1))
         is_w = (
-            truncated_is_weights(old_logp, sampling_logp, rmask, st.is_cap)
-            if st.is_cap
-            else None
+            truncated_is_weights(old_logp, sampling_logp, rmask, st.is_cap) if st.is_cap else None
         )
         model.train()
         norms: list[float] = []
@@ -391,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in METHODS:
                 res = cache / f"stab-{st.key(s)}-{m}-{lr:g}-{seed}.json"
                 cmd = [sys.executable, __file__, *forwarded, "--run-one", m, repr(lr), str(seed)]
-                tasks.append((cmd + ["--result", str(res)], res))
+                tasks.append(([*cmd, "--result", str(res)], res))
                 files.append(res)
     run_children(tasks, args.jobs)
     runs = [json.loads(f.read_text()) for f in files]
