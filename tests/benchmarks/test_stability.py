@@ -239,9 +239,9 @@ def test_summary_pairs_methods_by_seed(se):
     """The paired difference is taken seed by seed (runs listed in any order), and rollouts to
     target count only the seeds that reached it."""
     runs = [
-        _se_run("grpo", 0, 0.40, [0.30, 0.35, 0.40]),
         _se_run("grpo", 1, 0.50, [0.30, 0.40, 0.50]),
         _se_run("grpo", 2, 0.45, [0.30, 0.30, 0.45]),
+        _se_run("grpo", 0, 0.40, [0.30, 0.35, 0.40]),
         _se_run("dynamo", 2, 0.46, [0.30, 0.30, 0.30]),
         _se_run("dynamo", 0, 0.43, [0.30, 0.40, 0.43]),
         _se_run("dynamo", 1, 0.52, [0.30, 0.40, 0.52]),
