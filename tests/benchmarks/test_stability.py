@@ -250,6 +250,9 @@ def test_summary_pairs_methods_by_seed(se):
     d = summary["methods"]["dynamo"]
     assert d["paired_final_diff"]["mean"] == pytest.approx((0.03 + 0.02 + 0.01) / 3)
     assert d["paired_final_diff"]["seeds"] == [0, 1, 2]
+    # differences 0.03, 0.02, 0.01: sd 0.01 (the mean alone would not show a wrong pairing)
+    half = 4.303 * 0.01 / math.sqrt(3)
+    assert d["paired_final_diff"]["ci"] == pytest.approx([0.02 - half, 0.02 + half])
     # target = 0.30 + 0.5 × (0.45 − 0.30) = 0.375; dynamo seed 2 never gets there
     assert summary["target"] == pytest.approx(0.375)
     assert d["rollouts_to_target_ci"]["reached"] == 2
