@@ -577,8 +577,13 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
 # Summary
 
 
-def rollouts_to_reach(curve_x: list[float], curve_y: list[float], target: float) -> float | None:
-    """First rollout count where the (linearly interpolated) curve reaches ``target``."""
+def rollouts_to_reach(
+    curve_x: list[float], curve_y: list[float], target: float | None
+) -> float | None:
+    """First rollout count where the (linearly interpolated) curve reaches ``target`` (None: no
+    target, nothing reached)."""
+    if target is None:
+        return None
     for i, y in enumerate(curve_y):
         if y >= target:
             if i == 0:
@@ -629,7 +634,8 @@ def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: fl
     mean = {m: np.mean([[p[metric] for p in r["curve"]] for r in by[m]], axis=0) for m in methods}
     start = float(np.mean([mean[m][0] for m in methods]))
     grpo_final = float(mean["grpo"][-1])
-    target = start + target_frac * (grpo_final - start)
+    # No target when GRPO's seed-mean curve did not gain: "rollouts to reach a loss" means nothing.
+    target = start + target_frac * (grpo_final - start) if grpo_final > start else None
     table = {}
     base = rollouts_to_reach(x, list(mean["grpo"]), target)
     for m in methods:
@@ -689,7 +695,7 @@ def plot(runs: list[dict], methods: list[str], path: Path, s: Settings, summary:
             y = np.array([[p[metric] for p in r["curve"]] for r in rs]) * 100
             ax.plot(x, y.mean(0), label=m, color=colors[m])
             ax.fill_between(x, y.min(0), y.max(0), alpha=0.15, color=colors[m])
-        if metric == summary["metric"]:
+        if metric == summary["metric"] and summary["target"] is not None:
             ax.axhline(summary["target"] * 100, ls=":", color="grey", lw=1)
         ax.set_xlabel("rollouts consumed")
         ax.set_ylabel(f"held-out accuracy, {metric} (%)")
@@ -851,7 +857,13 @@ def print_table(summary: dict, s: Settings) -> None:
 
     print(
         f"\nmetric: {summary['metric']} held-out accuracy ({s.test_prompts} prompts); start "
-        f"{summary['start'] * 100:.1f}%, target {summary['target'] * 100:.1f}%; [95% t interval "
+        f"{summary['start'] * 100:.1f}%, target "
+        + (
+            f"{summary['target'] * 100:.1f}%"
+            if summary["target"] is not None
+            else "none (GRPO did not gain)"
+        )
+        + "; [95% t interval "
         "over seeds]"
     )
     print(

@@ -258,3 +258,17 @@ def test_summary_pairs_methods_by_seed(se):
     assert d["rollouts_to_target_ci"]["reached"] == 2
     assert d["rollouts_to_target_per_seed"] == [pytest.approx(75.0), pytest.approx(75.0), None]
     assert d["paired_rollouts_to_target_diff"]["seeds"] == [0, 1]
+
+
+def test_no_target_when_grpo_does_not_gain(se):
+    """A GRPO curve that ends below its start sets no target: nothing is "reached" at 0 rollouts."""
+    runs = [
+        _se_run("grpo", 0, 0.28, [0.30, 0.29, 0.28]),
+        _se_run("dynamo", 0, 0.31, [0.30, 0.31, 0.31]),
+    ]
+    summary = se.summarise(runs, ["grpo", "dynamo"], "sampled", 0.8)
+    assert summary["target"] is None
+    d = summary["methods"]["dynamo"]
+    assert d["rollouts_to_target"] is None and d["rollouts_to_target_per_seed"] == [None]
+    assert d["rollouts_to_target_ci"]["reached"] == 0
+    assert d["paired_final_diff"]["mean"] == pytest.approx(0.03)
