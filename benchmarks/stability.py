@@ -14,12 +14,13 @@ Methods: ``grpo`` (uniform n, GRPO advantages, PPO-clip token-mean) and ``mod`` 
 ``dynamo_modulate``, preset decay6, per micro-batch). Everything else — task, warm start, sampling,
 scorer, evaluation — is ``benchmarks/sample_efficiency.py``'s, imported from it.
 
-Per run the JSON holds, per RL step: the policy's mean token entropy on the batch at batch start,
-every optimizer step's pre-clip gradient norm, the clip fractions and ratio means, the IS weights'
+Per run the JSON holds, per RL step: the policy's mean token entropy on the batch's tokens over
+the step's update passes (``entropy``; at batch start: ``entropy_start``), every optimizer step's
+pre-clip gradient norm, the clip fractions and ratio means, the IS weights'
 mean; and held-out accuracy at the start and the end. A (method, learning rate) is **stable** when on
 every seed (i) its final sampled held-out accuracy is at least the warm start's minus
 ``--max-drop`` (2 points) and (ii) its entropy has not collapsed nor exploded: the mean token
-entropy of the last four steps lies within a factor ``--entropy-band`` (4) of the first step's.
+entropy (over the update passes) of the last four steps lies within a factor ``--entropy-band`` (4) of the first step's.
 Gradient-norm spikes (optimizer steps whose pre-clip norm exceeds ``--spike-factor`` (5) × the
 median of that run's first RL step, which is the same warm-start batch for every learning rate)
 are reported but do not decide stability.
@@ -195,7 +196,9 @@ def run_one(method: str, lr: float, seed: int, s: Settings, st: StabSettings, wa
             {
                 "step": step,
                 "reward": float(rewards.mean()),
-                "entropy": float((old_ent * rmask).sum()) / tokens,
+                # the policy's entropy at batch start (the old pass); "entropy" below is the
+                # token-weighted mean over the update passes (accumulate_gradients' metric)
+                "entropy_start": float((old_ent * rmask).sum()) / tokens,
                 "is_weight_mean": (float(is_w.sum()) / tokens) if is_w is not None else 1.0,
                 "grad_norms": norms,
                 **{k: float(np.mean([u[k] for u in updates if k in u])) for k in keys},

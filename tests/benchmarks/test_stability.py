@@ -222,6 +222,7 @@ def test_quick_run_writes_the_report(stab, tmp_path):
         assert len(run["log"]) == 3
         # 2 epochs × 2 mini-batches: four optimizer steps per RL step
         assert all(len(r["grad_norms"]) == 4 for r in run["log"])
+        assert all({"entropy", "entropy_start", "reward"} <= set(r) for r in run["log"])
 
 
 def _se_run(method: str, seed: int, finals: float, curve: list[float]) -> dict:
