@@ -72,9 +72,9 @@ METHODS = ("grpo", "mod")
 class StabSettings:
     """The pressure and the sweep (hashed into the cache key with the task ``Settings``)."""
 
-    lrs: str = "2e-4,1e-3,3e-3,1e-2"
-    seeds: str = "0,1"
-    steps: int = 32
+    lrs: str = "3e-5,1e-4,3e-4,1e-3"
+    seeds: str = "0"
+    steps: int = 16
     epochs: int = 2
     """Passes over each batch (the learner's ``ppo_epochs``)."""
     mini_batches: int = 4
