@@ -5,12 +5,17 @@ starts from the same warm-started checkpoint; each step is one on-policy update.
 
 - ``grpo``          uniform n per prompt, GRPO advantages, PPO-clip loss (the baseline);
 - ``alloc``         DynaMO allocation only: counts from ``allocator.allocate_rollouts`` (scheme
-                    ``reference``, priority ``variance``, statistics decay 1.0), same loss as grpo;
+                    ``reference``, priority ``variance``, statistics decay 1.0), grpo's loss
+                    aggregated by ``--alloc-agg`` (default prompt-mean, as the shipped recipe);
 - ``mod``           DynaMO modulation only: uniform counts, ``dynamo_modulate`` (preset decay6) on
                     the GRPO advantages before the loss, per micro-batch as in the learner;
-- ``dynamo``        both (allocation as in ``alloc``, modulation as in ``mod``);
+- ``dynamo``        both (allocation and aggregation as in ``alloc``, modulation as in ``mod``);
 - ``dynamo-wl-std`` both, allocator scheme ``water-level`` with priority ``std`` (n ∝ σ);
 - ``dynamo-decay``  both, statistics decay ``--decay`` (default 0.9).
+
+The summary gives, per method, 95% Student-t intervals over seeds of the final accuracy, of the
+rollouts to the target (over the seeds that reached it) and of the paired differences to GRPO seed
+by seed (final accuracy, mean of the evaluation curve, rollouts to target).
 
 The methods run **in this process, not through the distributed services**: the same allocator
 function (``allocate_rollouts``), the learner's objective (``learner.objective.rl_objective``:
@@ -78,6 +83,11 @@ def method_specs(decay: float) -> dict[str, MethodSpec]:
     }
 
 
+def method_agg(spec: MethodSpec, s: Settings) -> str:
+    """The loss aggregation of a method: ``s.alloc_agg`` when it allocates, else token-mean."""
+    return s.alloc_agg if spec.allocate else "token-mean"
+
+
 @dataclass
 class Settings:
     """Everything a run depends on (hashed into the cache key)."""
@@ -125,6 +135,10 @@ class Settings:
     eval_every: int = 8
     eval_subset: int = 500
     decay: float = 0.9
+    alloc_agg: str = "prompt-mean"
+    """Loss aggregation of the methods that allocate (``alloc``, ``dynamo*``): the shipped DynaMO
+    recipe's ``prompt-mean`` (every prompt's group weighs the same whatever its n), or
+    ``token-mean`` (the first committed figures); the others use token-mean."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def key(self) -> str:
@@ -334,6 +348,23 @@ def evaluate(model, tok, rows: list[dict], s: Settings, seed: int) -> dict[str, 
 # One RL run
 
 
+def forward_logp(model, seq, prompt_attn, rmask, temperature: float):
+    """Log-probs and entropies ``[B, T]`` of the response tokens of ``seq`` under ``model``, from
+    logits divided by the sampling temperature (as the learner's forward pass)."""
+    import torch
+
+    from learner.algorithms import token_logprobs_and_entropy
+    from learner.batch import scale_by_temperature
+
+    width = prompt_attn.shape[1]
+    attn = torch.cat([prompt_attn, rmask.to(prompt_attn.dtype)], dim=1)
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=seq, attention_mask=attn, position_ids=pos).logits
+    temps = torch.full((seq.shape[0],), temperature if temperature > 0 else 1.0)
+    logits = scale_by_temperature(logits[:, width - 1 : -1].float(), temps)
+    return token_logprobs_and_entropy(logits, seq[:, width:])
+
+
 def accumulate_gradients(
     model,
     seq,
@@ -344,52 +375,74 @@ def accumulate_gradients(
     algo,
     micro_batch: int,
     temperature: float,
+    *,
+    old_logp=None,
+    is_weights=None,
 ) -> dict[str, float]:
     """One RL update's backward passes, as the learner does them: GRPO advantages over the whole
     batch, then per micro-batch of ``micro_batch`` rows a forward pass (logits divided by the
     sampling temperature) and the learner's ``rl_objective`` — modulation over that micro-batch —
-    normalised by the whole batch's token count, so the gradients add up to the batch's.
+    normalised by the whole batch's denominator (its token count for ``algo.agg`` token-mean, its
+    number of groups for prompt-mean, with each row's group token count over the whole batch), so
+    the gradients add up to the batch's.
 
     ``seq`` is ``[B, P + T]`` (left-padded prompts, then responses), ``prompt_attn`` ``[B, P]``,
-    ``rmask`` ``[B, T]``. Leaves the gradients in ``model``; returns the modulation factors'
-    token-weighted means (empty without modulation).
+    ``rmask`` ``[B, T]``. ``old_logp`` ``[B, T]``: the log-probs under the weights at batch start
+    (the PPO ratio's denominator; None: on-policy, ratio 1); ``is_weights`` ``[B, T]``: truncated
+    IS weights (None: no correction). The rows must hold their groups whole (the learner's
+    mini-batches do). Leaves the gradients in ``model``; returns token-weighted means of the
+    modulation factors (with modulation), the clip fractions and the policy's entropy.
     """
     import torch
 
-    from learner.algorithms import grpo_advantages, token_logprobs_and_entropy
-    from learner.batch import scale_by_temperature
-    from learner.objective import ObjectiveInputs, rl_objective
+    from learner.algorithms import group_token_counts, grpo_advantages
+    from learner.objective import ObjectiveInputs, loss_aggregation, rl_objective
 
-    width = prompt_attn.shape[1]
-    resp = seq[:, width:]
-    attn = torch.cat([prompt_attn, rmask.to(prompt_attn.dtype)], dim=1)
-    pos = (attn.cumsum(1) - 1).clamp(min=0)
-    adv_all = grpo_advantages(rewards, torch.tensor(group_of))[:, None] * rmask
-    norm = float(rmask.sum().clamp(min=1))  # token-mean over the whole batch
-    temps = torch.full((len(group_of),), temperature if temperature > 0 else 1.0)
+    gids = torch.tensor(group_of)
+    adv_all = grpo_advantages(rewards, gids)[:, None] * rmask
+    group_tokens = group_token_counts(gids, rmask)
+    if loss_aggregation(algo) == "prompt-mean":
+        has = rmask.sum(-1) > 0
+        norm = float(max(len(set(gids[has].tolist())), 1))  # groups in the batch
+    else:
+        norm = float(rmask.sum().clamp(min=1))  # token-mean over the whole batch
     sums: dict[str, float] = {}
     for lo in range(0, len(group_of), micro_batch):
         sl = slice(lo, lo + micro_batch)
-        logits = model(input_ids=seq[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits
-        logits = scale_by_temperature(logits[:, width - 1 : -1].float(), temps[sl])
-        logp, ent = token_logprobs_and_entropy(logits, resp[sl])
+        logp, ent = forward_logp(model, seq[sl], prompt_attn[sl], rmask[sl], temperature)
         out = rl_objective(
             ObjectiveInputs(
                 logp=logp,
-                old_logp=logp.detach(),  # one update per batch: on-policy, ratio 1
+                old_logp=logp.detach() if old_logp is None else old_logp[sl],
                 advantages=adv_all[sl],
                 mask=rmask[sl],
                 entropy=ent,
+                is_weights=None if is_weights is None else is_weights[sl],
+                group_tokens=group_tokens[sl],
             ),
             algo,
             normalizer=norm,
         )
         out.loss.backward()
         ntok = float(rmask[sl].sum())
-        for k in ("beta_comp_mean", "beta_stab_mean", "multiplier_mean"):
-            if k in out.metrics:
-                sums[k] = sums.get(k, 0.0) + float(out.metrics[k]) * ntok
-    return {k: v / norm for k, v in sums.items()}
+        metrics = {k: float(v) for k, v in out.metrics.items() if k in _UPDATE_METRICS}
+        metrics["entropy"] = float((ent.detach() * rmask[sl]).sum()) / max(ntok, 1.0)
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v * ntok
+    total = float(rmask.sum().clamp(min=1))
+    return {k: v / total for k, v in sums.items()}
+
+
+_UPDATE_METRICS = (
+    "beta_comp_mean",
+    "beta_stab_mean",
+    "multiplier_mean",
+    "clipfrac_upper",
+    "clipfrac_lower",
+    "clipfrac_dual",
+    "ratio_mean",
+    "approx_kl",
+)
 
 
 def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> None:
@@ -405,11 +458,12 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
     eval_rows = test[: s.eval_subset]
     model, tok = load(warm)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
-    # The learner's objective, configured as this benchmark's update: PPO-clip token-mean with
-    # dual clip, no KL, no entropy bonus, no IS correction (one on-policy update per batch).
+    # The learner's objective, configured as this benchmark's update: PPO-clip with dual clip,
+    # no KL, no entropy bonus, no IS correction (one on-policy update per batch); token-mean, or
+    # ``alloc_agg`` for the methods that allocate (the shipped DynaMO recipe's prompt-mean).
     algo = AlgorithmConfig(
         policy_loss=PpoLoss(clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=10.0),
-        agg="token-mean",
+        agg=method_agg(spec, s),
         modulation=ModulationConfig(enabled=spec.modulate, preset=s.preset),
         is_cap=None,
     )
@@ -523,8 +577,13 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
 # Summary
 
 
-def rollouts_to_reach(curve_x: list[float], curve_y: list[float], target: float) -> float | None:
-    """First rollout count where the (linearly interpolated) curve reaches ``target``."""
+def rollouts_to_reach(
+    curve_x: list[float], curve_y: list[float], target: float | None
+) -> float | None:
+    """First rollout count where the (linearly interpolated) curve reaches ``target`` (None: no
+    target, nothing reached)."""
+    if target is None:
+        return None
     for i, y in enumerate(curve_y):
         if y >= target:
             if i == 0:
@@ -532,6 +591,37 @@ def rollouts_to_reach(curve_x: list[float], curve_y: list[float], target: float)
             x0, x1, y0 = curve_x[i - 1], curve_x[i], curve_y[i - 1]
             return x0 + (x1 - x0) * (target - y0) / (y - y0)
     return None
+
+
+# Two-sided 97.5% quantiles of Student's t by degrees of freedom (no scipy in the environment).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
+         16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+
+
+def t_interval(values: list[float]) -> dict[str, Any]:
+    """Mean and 95% Student-t interval over ``values`` (seeds): ``{"mean", "ci", "n"}``; the
+    interval is ``[nan, nan]`` with fewer than two values."""
+    import math
+
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return {"mean": None, "ci": [float("nan")] * 2, "n": 0}
+    mean = float(v.mean())
+    if v.size < 2:
+        return {"mean": mean, "ci": [float("nan")] * 2, "n": 1}
+    df = v.size - 1
+    q = _T975[max(k for k in _T975 if k <= df)]  # conservative between tabulated df
+    half = q * float(v.std(ddof=1)) / math.sqrt(v.size)
+    return {"mean": mean, "ci": [mean - half, mean + half], "n": int(v.size)}
+
+
+def paired(a: dict[int, float | None], b: dict[int, float | None]) -> dict[str, Any]:
+    """t interval of ``a[seed] − b[seed]`` over the seeds where both are defined."""
+    seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
+    return {**t_interval([a[k] - b[k] for k in seeds]), "seeds": seeds}
 
 
 def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: float) -> dict:
@@ -544,7 +634,8 @@ def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: fl
     mean = {m: np.mean([[p[metric] for p in r["curve"]] for r in by[m]], axis=0) for m in methods}
     start = float(np.mean([mean[m][0] for m in methods]))
     grpo_final = float(mean["grpo"][-1])
-    target = start + target_frac * (grpo_final - start)
+    # No target when GRPO's seed-mean curve did not gain: "rollouts to reach a loss" means nothing.
+    target = start + target_frac * (grpo_final - start) if grpo_final > start else None
     table = {}
     base = rollouts_to_reach(x, list(mean["grpo"]), target)
     for m in methods:
@@ -552,8 +643,10 @@ def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: fl
         reach = rollouts_to_reach(x, list(mean[m]), target)
         per_seed = [rollouts_to_reach(x, [p[metric] for p in r["curve"]], target) for r in by[m]]
         zero = [r["zero_adv_rollouts"] / r["rollouts"] for r in by[m]]
+        seeds = [r["seed"] for r in by[m]]
+        reached = [x for x in per_seed if x is not None]
         table[m] = {
-            "seeds": [r["seed"] for r in by[m]],
+            "seeds": seeds,
             "final_mean": float(np.mean(finals)),
             "final_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
             "final_per_seed": finals,
@@ -563,6 +656,25 @@ def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: fl
             "rollouts_to_target_per_seed": per_seed,
             "zero_adv_share_mean": float(np.mean(zero)),
             "zero_adv_share_per_seed": zero,
+            # Intervals over seeds (95% Student t). Rollouts to target: over the seeds that
+            # reached it (``reached`` of them); paired: this method − GRPO, seed by seed.
+            "final_ci": t_interval(finals),
+            "rollouts_to_target_ci": {**t_interval(reached), "reached": len(reached)},
+            "paired_final_diff": paired(
+                dict(zip(seeds, finals, strict=True)),
+                {r["seed"]: r["final_full"][metric] for r in by["grpo"]},
+            ),
+            "paired_auc_diff": paired(
+                {r["seed"]: float(np.mean([p[metric] for p in r["curve"]])) for r in by[m]},
+                {r["seed"]: float(np.mean([p[metric] for p in r["curve"]])) for r in by["grpo"]},
+            ),
+            "paired_rollouts_to_target_diff": paired(
+                dict(zip(seeds, per_seed, strict=True)),
+                {
+                    r["seed"]: rollouts_to_reach(x, [p[metric] for p in r["curve"]], target)
+                    for r in by["grpo"]
+                },
+            ),
         }
     return {"metric": metric, "start": start, "target": target, "methods": table}
 
@@ -583,7 +695,7 @@ def plot(runs: list[dict], methods: list[str], path: Path, s: Settings, summary:
             y = np.array([[p[metric] for p in r["curve"]] for r in rs]) * 100
             ax.plot(x, y.mean(0), label=m, color=colors[m])
             ax.fill_between(x, y.min(0), y.max(0), alpha=0.15, color=colors[m])
-        if metric == summary["metric"]:
+        if metric == summary["metric"] and summary["target"] is not None:
             ax.axhline(summary["target"] * 100, ls=":", color="grey", lw=1)
         ax.set_xlabel("rollouts consumed")
         ax.set_ylabel(f"held-out accuracy, {metric} (%)")
@@ -650,6 +762,29 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     return args, s
 
 
+def run_children(tasks: list[tuple[list[str], Path]], jobs: int) -> None:
+    """Run each ``(command, result file)`` whose result file is missing as a child process, at
+    most ``jobs`` at a time, in order (one thread each); the first failure stops the driver."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    pending = [(cmd, res) for cmd, res in tasks if not res.exists()]
+    procs: list[tuple[subprocess.Popen, Path]] = []
+    try:
+        while pending or procs:
+            while pending and len(procs) < jobs:
+                cmd, res = pending.pop(0)
+                procs.append((subprocess.Popen(cmd, env=env), res))
+            for pr, res in list(procs):
+                if pr.poll() is not None:
+                    procs.remove((pr, res))
+                    if pr.returncode != 0:
+                        raise SystemExit(f"run {res.name} failed with exit code {pr.returncode}")
+            time.sleep(0.5)
+    finally:
+        for pr, _ in procs:
+            pr.kill()
+            pr.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     args, s = parse(argv)
     cache = Path(args.cache)
@@ -669,27 +804,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     warm = warm_start(s, cache)
     print(f"warm start ready: {warm} ({time.time() - t0:.0f}s)", flush=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    pending = []
+    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    tasks = []
     for seed in seeds:  # seed-major, so a partial benchmark has every method on its first seeds
         for m in methods:
             res = cache / f"run-{s.key()}-{m}-{seed}.json"
-            if not res.exists():
-                pending.append((m, seed, res))
-    procs: list[tuple[subprocess.Popen, Path]] = []
-    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
-    while pending or procs:
-        while pending and len(procs) < args.jobs:
-            m, seed, res = pending.pop(0)
             cmd = [sys.executable, __file__, *forwarded, "--run-one", m, str(seed)]
-            cmd += ["--result", str(res)]
-            procs.append((subprocess.Popen(cmd, env=env), res))
-        for pr, res in list(procs):
-            if pr.poll() is not None:
-                procs.remove((pr, res))
-                if pr.returncode != 0:
-                    raise SystemExit(f"run {res.name} failed with exit code {pr.returncode}")
-        time.sleep(0.5)
+            tasks.append(([*cmd, "--result", str(res)], res))
+    run_children(tasks, args.jobs)
     runs = [
         json.loads((cache / f"run-{s.key()}-{m}-{seed}.json").read_text())
         for seed in seeds
@@ -707,7 +829,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "what": "held-out accuracy against rollouts consumed, in-process (see module docstring)",
         "settings": asdict(s),
-        "methods": {m: asdict(method_specs(s.decay)[m]) for m in methods},
+        "methods": {
+            m: {**asdict(method_specs(s.decay)[m]), "agg": method_agg(method_specs(s.decay)[m], s)}
+            for m in methods
+        },
         "seeds": seeds,
         "target_frac": args.target_frac,
         "summary": summary,
@@ -724,22 +849,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(summary: dict, s: Settings) -> None:
+    def ci(c: dict, scale: float = 100.0, fmt: str = ".1f") -> str:
+        if c["mean"] is None:
+            return "—"
+        lo, hi = c["ci"]
+        return f"{c['mean'] * scale:{fmt}} [{lo * scale:{fmt}}, {hi * scale:{fmt}}]"
+
     print(
         f"\nmetric: {summary['metric']} held-out accuracy ({s.test_prompts} prompts); start "
-        f"{summary['start'] * 100:.1f}%, target {summary['target'] * 100:.1f}%"
+        f"{summary['start'] * 100:.1f}%, target "
+        + (
+            f"{summary['target'] * 100:.1f}%"
+            if summary["target"] is not None
+            else "none (GRPO did not gain)"
+        )
+        + "; [95% t interval "
+        "over seeds]"
     )
     print(
-        "| method | final acc % (mean ± sd) | rollouts to target | ratio to GRPO | zero-adv share |"
+        "| method | final acc % (mean ± sd) | paired Δ final vs GRPO (pp) | paired Δ mean-curve "
+        "(pp) | rollouts to target (seeds reached) | paired Δ rollouts | ratio to GRPO "
+        "(seed-mean curves) | zero-adv share |"
     )
-    print("| --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for m, r in summary["methods"].items():
-        reach = (
-            "not reached" if r["rollouts_to_target"] is None else f"{r['rollouts_to_target']:.0f}"
-        )
         ratio = "—" if r["ratio_to_grpo"] is None else f"{r['ratio_to_grpo']:.2f}"
+        reach = r["rollouts_to_target_ci"]
         print(
-            f"| {m} | {r['final_mean'] * 100:.1f} ± {r['final_std'] * 100:.1f} | {reach} | "
-            f"{ratio} | {r['zero_adv_share_mean'] * 100:.1f}% |"
+            f"| {m} | {r['final_mean'] * 100:.1f} ± {r['final_std'] * 100:.1f} | "
+            f"{ci(r['paired_final_diff'])} | {ci(r['paired_auc_diff'])} | "
+            f"{ci(reach, 1.0, '.0f')} ({reach['reached']}/{len(r['seeds'])}) | "
+            f"{ci(r['paired_rollouts_to_target_diff'], 1.0, '.0f')} | {ratio} | "
+            f"{r['zero_adv_share_mean'] * 100:.1f}% |"
         )
 
 
