@@ -16,7 +16,9 @@ auto-resume, the Hugging Face export and the step log are the RL mode's. What th
 - no weight push: there are no engines to feed.
 
 sft loss: mean negative log-likelihood of the response tokens (answer + EOS) over the batch's
-response tokens; prompt tokens carry no loss.
+response tokens; prompt tokens carry no loss. Its evaluation also reports ``eval_exact``: the share
+of held-out rows greedy decoding would answer exactly (every response token the argmax given the
+reference prefix), and ``eval_exact/<value>`` per value of ``learner.data.group_key``.
 
 dpo: sequence log-probabilities (sums over response tokens) of the chosen and the rejected
 response under the policy and under a frozen reference (the start model, sharded the same way,
@@ -54,6 +56,16 @@ EXTRA_GAUGES = {
     "data_position": "examples consumed so far (the resume position)",
     "epoch": "data epoch of the last batch",
 }
+
+
+def exact_matches(
+    logits: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """``[b]`` booleans: every response token under ``mask`` is the argmax of its logits
+    (``[b, T, V]``, each position predicting ``response_ids[:, t]`` from the reference prefix) —
+    exactly when greedy decoding writes the reference response, EOS included."""
+    wrong = (logits.argmax(-1) != response_ids) & mask.bool()
+    return ~wrong.any(-1)
 
 
 class OfflineTrainer(Trainer):
@@ -229,8 +241,8 @@ class SFTTrainer(OfflineTrainer):
                 nll_sum += float(nll.detach())
                 tok_sum += float(mb.mask.sum())
             if exact is not None and rows:
-                wrong = (logits.argmax(-1) != mb.response_ids) & mb.mask.bool()
-                for i, ok in zip(rows, (~wrong.any(-1)).tolist(), strict=True):
+                matched = exact_matches(logits, mb.response_ids, mb.mask)
+                for i, ok in zip(rows, matched.tolist(), strict=True):
                     hits = exact.setdefault(examples[i].group, [0.0, 0.0])
                     hits[0] += float(ok)
                     hits[1] += 1.0
