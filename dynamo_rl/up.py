@@ -7,8 +7,12 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    (``dynamo-rl init-model``) and warm-starts it on the task's reference answers
    (``dynamo-rl sft``, the learner's supervised mode) so that RL starts from a model that solves
    some problems but not all; with ``rollout.dataset`` set, on that dataset's reference responses
-   (``extra_info.answer``, which ``dynamo-rl data`` writes). Both steps are skipped when their
-   output already exists.
+   (``extra_info.answer``, which ``dynamo-rl data`` writes). On the built-in task, with
+   ``up.warm_start.check_rows``, that many train rows per tier are held out of the warm start and
+   checked after it (greedy accuracy per tier, the sft run's ``eval_exact/<tier>``); a tier below
+   ``min_tier_accuracy`` extends the same run by ``extend_steps`` with half of each batch from
+   the tiers not learned, at most ``max_extensions`` times, then the run stops with an error
+   naming them. Both steps are skipped when their output already exists.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM

@@ -170,9 +170,7 @@ def sft_examples(rows: list[dict[str, Any]], enc: Encoder, cfg: Any) -> list[Sft
             value = get_dotted(row, cfg.group_key, None)
             group = None if value is None else str(value)
         out.append(
-            SftExample(
-                enc.prompt(prompt, "learner.data.prompt_key"), enc.response(response), group
-            )
+            SftExample(enc.prompt(prompt, "learner.data.prompt_key"), enc.response(response), group)
         )
     return out
 

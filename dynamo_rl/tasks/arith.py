@@ -129,9 +129,7 @@ def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
     )
 
 
-def check_split(
-    rows: list[dict], tiers: list[str], per_tier: int
-) -> tuple[list[dict], list[dict]]:
+def check_split(rows: list[dict], tiers: list[str], per_tier: int) -> tuple[list[dict], list[dict]]:
     """(warm-start rows, check rows) of ``rows`` restricted to ``tiers``: the first ``per_tier``
     rows of each tier (rows are shuffled when drawn) are held out to check the warm start on
     questions it never saw; a tier keeps at least half of its rows for the warm start."""
