@@ -114,7 +114,7 @@ def result_of(run_dir: Path, method: str, seed: int, load: list[float]) -> dict:
         "run_dir": str(run_dir),
         "accuracy_before": before,
         "accuracy_after": after,
-        "gain_points": round(100 * (after - before), 1),
+        "gain_points": round(100 * (after - before), 2),
         "wall_s": summary["wall_s"],
         "stages_s": stage_times(log),
         "warm_start": warm_start_check(run_dir),
@@ -166,10 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         checks = r["warm_start"].get("checks", [])
         shown = checks[-1]["greedy_accuracy"] if checks else {}
         print(f"seed {r['seed']}: {100 * r['accuracy_before']:.1f}% -> "
-              f"{100 * r['accuracy_after']:.1f}% ({r['gain_points']:+.1f} points), "
+              f"{100 * r['accuracy_after']:.1f}% ({r['gain_points']:+.2f} points), "
               f"{r['wall_s']:.0f} s, warm start {r['warm_start'].get('steps')} steps {shown}")  # fmt: skip
-    print(f"gain: {min(gains):+.1f} .. {max(gains):+.1f} points over {len(gains)} seeds "
-          f"(mean {sum(gains) / len(gains):+.1f})")  # fmt: skip
+    print(f"gain: {min(gains):+.2f} .. {max(gains):+.2f} points over {len(gains)} seeds "
+          f"(mean {sum(gains) / len(gains):+.2f})")  # fmt: skip
     doc = {
         "command": f"dynamo-rl up --config configs/quickstart.yaml run.seed=N "
                    f"{' '.join(METHODS[args.method])}".strip(),
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "note": "through the real services; not bit-reproducible (batch composition depends on "
                 "timing); wall times on a machine shared with other jobs (load_average_1m)",
         "gain_points": {"min": min(gains), "max": max(gains),
-                        "mean": round(sum(gains) / len(gains), 1)},
+                        "mean": round(sum(gains) / len(gains), 2)},
         "runs": results,
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)

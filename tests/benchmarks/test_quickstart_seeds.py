@@ -58,7 +58,7 @@ def test_quick_sweep_runs_up_and_writes_the_gains(qs, tmp_path: Path) -> None:
     assert run["seed"] == 3 and doc["quick"] is True
     summary = json.loads((tmp_path / "runs" / "dynamo-seed3" / "summary.json").read_text())
     assert run["gain_points"] == round(
-        100 * (summary["accuracy_after"] - summary["accuracy_before"]), 1
+        100 * (summary["accuracy_after"] - summary["accuracy_before"]), 2
     )
     assert doc["gain_points"]["min"] == doc["gain_points"]["max"] == run["gain_points"]
     # The warm start was checked per tier on held-out train rows after its 20 steps.
