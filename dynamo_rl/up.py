@@ -7,8 +7,12 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    (``dynamo-rl init-model``) and warm-starts it on the task's reference answers
    (``dynamo-rl sft``, the learner's supervised mode) so that RL starts from a model that solves
    some problems but not all; with ``rollout.dataset`` set, on that dataset's reference responses
-   (``extra_info.answer``, which ``dynamo-rl data`` writes). Both steps are skipped when their
-   output already exists.
+   (``extra_info.answer``, which ``dynamo-rl data`` writes). On the built-in task, with
+   ``up.warm_start.check_rows``, that many train rows per tier are held out of the warm start and
+   checked after it (greedy accuracy per tier, the sft run's ``eval_exact/<tier>``); a tier below
+   ``min_tier_accuracy`` extends the same run by ``extend_steps`` with half of each batch from
+   the tiers not learned, at most ``max_extensions`` times, then the run stops with an error
+   naming them. Both steps are skipped when their output already exists.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM
@@ -57,6 +61,9 @@ from dynamo_rl.services import SERVICES, cli_argv, engine_service
 from dynamo_rl.supervisor import Interrupted, Supervisor
 
 __all__ = ["Launcher", "main"]
+
+# Share of each batch an extension of the warm start spends on the tiers not yet learned.
+FOCUS_SHARE = 0.5
 
 
 class Launcher:
@@ -114,25 +121,102 @@ class Launcher:
             return str(init)
         sft = self.run_dir / "model" / "sft"
         if not (sft / "config.json").exists():
-            ws = up.warm_start
             # The built-in task's tiers, or the user's dataset as it is: its rows' reference
             # responses (extra_info.answer, as `dynamo-rl data` writes them) are the targets.
-            given = self.cfg.rollout.dataset
-            data = given or str(self.run_dir / "data" / "train.parquet")
-            tiers = [] if given else ["--tiers", ",".join(ws.tiers)]
-            self.say(f"supervised warm start: {ws.steps} steps on {data}")
-            self.sup.run_step(
-                "sft",
-                cli_argv("sft", "--model", str(init), "--data", data,
-                         "--out", str(sft), "--steps", str(ws.steps), "--lr", str(ws.lr),
-                         "--batch-size", str(ws.batch_size), *tiers,
-                         "--seed", str(self.cfg.run.seed),
-                         f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
-                         f"learner.optim.weight_decay={ws.weight_decay}",
-                         # The warm start renders prompts exactly as the rollout worker will.
-                         f"learner.data.template={self.cfg.rollout.prompt_template}"),
-            )  # fmt: skip
+            if self.cfg.rollout.dataset:
+                self.warm_start(init, sft, self.cfg.rollout.dataset, up.warm_start.steps)
+            else:
+                self.warm_start_task(init, sft)
         return str(sft)
+
+    def warm_start(
+        self,
+        init: Path,
+        sft: Path,
+        data: str,
+        steps: int,
+        options: Sequence[str] = (),
+        overrides: Sequence[str] = (),
+        label: str = "",
+    ) -> None:
+        """One ``dynamo-rl sft`` call; a later call with more steps resumes the same run."""
+        ws = self.cfg.up.warm_start
+        self.say(f"supervised warm start{label}: {steps} steps on {data}")
+        self.sup.run_step(
+            "sft",
+            cli_argv("sft", "--model", str(init), "--data", data,
+                     "--out", str(sft), "--steps", str(steps), "--lr", str(ws.lr),
+                     "--batch-size", str(ws.batch_size), *options,
+                     "--seed", str(self.cfg.run.seed),
+                     f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
+                     f"learner.optim.weight_decay={ws.weight_decay}",
+                     # The warm start renders prompts exactly as the rollout worker will.
+                     f"learner.data.template={self.cfg.rollout.prompt_template}", *overrides),
+        )  # fmt: skip
+
+    def warm_start_task(self, init: Path, sft: Path) -> None:
+        """The built-in task's warm start, checked: greedy accuracy per tier on held-out train
+        rows after it, and ``extend_steps`` more steps weighted toward the tiers below
+        ``min_tier_accuracy`` until every tier is learned (or an error after
+        ``max_extensions``)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from dynamo_rl.tasks.arith import check_split, focus_mix
+
+        ws = self.cfg.up.warm_start
+        data = self.run_dir / "data"
+        rows = pq.read_table(data / "train.parquet").to_pylist()
+        present = {r["extra_info"]["tier"] for r in rows}
+        missing = [t for t in ws.tiers if t not in present]
+        if missing:
+            raise RuntimeError(
+                f"up.warm_start.tiers: no train rows of {', '.join(missing)} (the task's tiers: "
+                f"{', '.join(sorted(present))})"
+            )
+        if not ws.check_rows:
+            tiers = ["--tiers", ",".join(ws.tiers)]
+            self.warm_start(init, sft, str(data / "train.parquet"), ws.steps, tiers)
+            return
+        train, check = check_split(rows, ws.tiers, ws.check_rows)
+        checked_tiers = [t for t in ws.tiers if any(r["extra_info"]["tier"] == t for r in check)]
+        paths = {"warm_start": train, "warm_check": check}
+        for name, part in paths.items():
+            pq.write_table(pa.Table.from_pylist(part), data / f"{name}.parquet")
+        checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
+                   "learner.data.group_key=extra_info.tier"]  # fmt: skip
+        steps = ws.steps
+        self.warm_start(init, sft, str(data / "warm_start.parquet"), steps, (), checked)
+        for extension in range(ws.max_extensions + 1):
+            accuracy = self.tier_accuracy(sft, checked_tiers)
+            shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
+            self.say(f"warm start checked (greedy accuracy on {len(check)} held-out train rows): "
+                     f"{shown}")  # fmt: skip
+            weak = [t for t, a in accuracy.items() if a < ws.min_tier_accuracy]
+            if not weak:
+                return
+            if extension == ws.max_extensions:
+                raise RuntimeError(
+                    f"up.warm_start: tiers {', '.join(weak)} still below "
+                    f"up.warm_start.min_tier_accuracy ({ws.min_tier_accuracy}) after {steps} "
+                    f"steps and {ws.max_extensions} extensions (up.warm_start.max_extensions); "
+                    "raise up.warm_start.steps or lr, or leave those tiers out of "
+                    "up.warm_start.tiers"
+                )
+            mix = focus_mix(train, weak, FOCUS_SHARE, seed=self.cfg.run.seed + extension)
+            path = data / f"warm_focus{extension + 1}.parquet"
+            pq.write_table(pa.Table.from_pylist(mix), path)
+            steps += ws.extend_steps
+            label = f" extended for {', '.join(weak)} (below {ws.min_tier_accuracy})"
+            self.warm_start(init, sft, str(path), steps, (), checked, label)
+
+    @staticmethod
+    def tier_accuracy(sft: Path, tiers: list[str]) -> dict[str, float]:
+        """Per-tier greedy accuracy of the sft run's last evaluation (its ``eval_exact/<tier>``)."""
+        log = sft.with_name(sft.name + ".run") / "metrics.jsonl"
+        records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+        last = [r for r in records if r.get("kind") == "eval"][-1]
+        return {t: float(last.get(f"eval_exact/{t}", 0.0)) for t in tiers}
 
     def resolve(self, dataset: str, model: str) -> ExperimentConfig:
         """Pick free ports and write the one config every child reads."""

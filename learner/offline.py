@@ -16,7 +16,9 @@ auto-resume, the Hugging Face export and the step log are the RL mode's. What th
 - no weight push: there are no engines to feed.
 
 sft loss: mean negative log-likelihood of the response tokens (answer + EOS) over the batch's
-response tokens; prompt tokens carry no loss.
+response tokens; prompt tokens carry no loss. Its evaluation also reports ``eval_exact``: the share
+of held-out rows greedy decoding would answer exactly (every response token the argmax given the
+reference prefix), and ``eval_exact/<value>`` per value of ``learner.data.group_key``.
 
 dpo: sequence log-probabilities (sums over response tokens) of the chosen and the rejected
 response under the policy and under a frozen reference (the start model, sharded the same way,
@@ -54,6 +56,16 @@ EXTRA_GAUGES = {
     "data_position": "examples consumed so far (the resume position)",
     "epoch": "data epoch of the last batch",
 }
+
+
+def exact_matches(
+    logits: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """``[b]`` booleans: every response token under ``mask`` is the argmax of its logits
+    (``[b, T, V]``, each position predicting ``response_ids[:, t]`` from the reference prefix) —
+    exactly when greedy decoding writes the reference response, EOS included."""
+    wrong = (logits.argmax(-1) != response_ids) & mask.bool()
+    return ~wrong.any(-1)
 
 
 class OfflineTrainer(Trainer):
@@ -206,21 +218,34 @@ class SFTTrainer(OfflineTrainer):
         return len(example.prompt) + len(example.response)
 
     def _nll_sums(
-        self, examples: list[SftExample], train: bool, total_tokens: float
+        self,
+        examples: list[SftExample],
+        train: bool,
+        total_tokens: float,
+        exact: dict[str | None, list[float]] | None = None,
     ) -> tuple[float, float]:
         """(summed NLL, tokens) of this rank's share; backward of the normalised loss if
-        ``train``."""
+        ``train``. With ``exact``, adds [exact matches, rows] per example group: a row matches
+        when every response token (EOS included) is the model's argmax given the reference
+        prefix — exactly when greedy decoding writes the reference response."""
         nll_sum = tok_sum = 0.0
         world = self.env.world_size
         for rows in self.plan(len(examples)):
             mb = self.collate([(examples[i].prompt, examples[i].response) for i in rows])
-            logp = self.seq_logp(self.model, mb)
+            logits, _ = self.model(mb.input_ids, mb.attention_mask, mb.response_len)
+            logp = A.token_logprobs(logits, mb.response_ids) * mb.mask
             nll = -logp.sum()
             if train:  # a dummy (no rows) backpropagates 0 to keep the collectives in step
                 (nll * (world / total_tokens)).backward()
             if rows:
                 nll_sum += float(nll.detach())
                 tok_sum += float(mb.mask.sum())
+            if exact is not None and rows:
+                matched = exact_matches(logits, mb.response_ids, mb.mask)
+                for i, ok in zip(rows, matched.tolist(), strict=True):
+                    hits = exact.setdefault(examples[i].group, [0.0, 0.0])
+                    hits[0] += float(ok)
+                    hits[1] += 1.0
         return nll_sum, tok_sum
 
     def train_step(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -242,8 +267,22 @@ class SFTTrainer(OfflineTrainer):
         return record
 
     def eval_metrics(self) -> dict[str, Any]:
-        nll, tokens = all_reduce_sum(list(self._nll_sums(self.eval_examples, False, 1.0)))
-        return {"eval_loss": nll / max(tokens, 1.0), "eval_tokens": int(tokens)}
+        exact: dict[str | None, list[float]] = {}
+        sums = list(self._nll_sums(self.eval_examples, False, 1.0, exact))
+        # Every rank knows every group (all hold the same examples): reduce in one fixed order.
+        groups = sorted({e.group for e in self.eval_examples if e.group is not None})
+        for g in [None, *groups]:
+            sums += exact.get(g, [0.0, 0.0])
+        nll, tokens, *counts = all_reduce_sum(sums)
+        hits = [sum(counts[0::2]), sum(counts[1::2])]
+        record = {
+            "eval_loss": nll / max(tokens, 1.0),
+            "eval_tokens": int(tokens),
+            "eval_exact": hits[0] / max(hits[1], 1.0),
+        }
+        for j, g in enumerate(groups, 1):
+            record[f"eval_exact/{g}"] = counts[2 * j] / max(counts[2 * j + 1], 1.0)
+        return record
 
 
 class DPOTrainer(OfflineTrainer):

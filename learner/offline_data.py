@@ -43,6 +43,7 @@ class DataError(ValueError):
 class SftExample:
     prompt: list[int]
     response: list[int]  # answer tokens + EOS
+    group: str | None = None  # the row's value at ``group_key`` (per-group evaluation figures)
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,12 @@ def sft_examples(rows: list[dict[str, Any]], enc: Encoder, cfg: Any) -> list[Sft
                     f"(fields: {sorted(row)})"
                 )
             response = _text_of(value, "a response", "learner.data.response_key")
+        group = None
+        if cfg.group_key is not None:
+            value = get_dotted(row, cfg.group_key, None)
+            group = None if value is None else str(value)
         out.append(
-            SftExample(enc.prompt(prompt, "learner.data.prompt_key"), enc.response(response))
+            SftExample(enc.prompt(prompt, "learner.data.prompt_key"), enc.response(response), group)
         )
     return out
 

@@ -301,6 +301,9 @@ class DataConfig(Section):
     """Keep only rows whose value at this field is in ``filter_values`` (e.g. extra_info.tier)."""
     filter_values: list[str] | None = None
     """Values kept by ``filter_key`` (compared as strings)."""
+    group_key: str | None = None
+    """sft: the evaluation also reports ``eval_exact/<value>`` per value of this field (e.g.
+    extra_info.tier); null: only the totals."""
     template: Literal["auto", "chat", "plain", "raw"] = "auto"
     """Prompt rendering: auto is the tokenizer's chat template when it has one, else plain; raw
     is the messages' contents alone (base models)."""

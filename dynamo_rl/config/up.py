@@ -56,6 +56,16 @@ class WarmStartConfig(Section):
     """Task tiers the warm start sees (the rest are left for RL to find, or not). With ``hard``
     (two two-digit numbers) the short warm start leaves many of those half-solved: what RL learns
     most from; without it they stay at 0% and RL has nothing to go on there."""
+    check_rows: Annotated[int, Field(ge=0)] = 0
+    """Built-in task: train rows per tier held out of the warm start to check it (greedy exact
+    match per tier, ``eval_exact/<tier>`` of the sft run); 0: no check (the quickstart: 64)."""
+    min_tier_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """A tier whose checked greedy accuracy is below this is not learned: the warm start goes on
+    for ``extend_steps`` more steps with half of each batch from the tiers not learned."""
+    extend_steps: Annotated[int, Field(ge=1)] = 100
+    """Steps of each extension."""
+    max_extensions: Annotated[int, Field(ge=0)] = 3
+    """Extensions before ``up`` gives up with an error naming the tiers still not learned."""
 
 
 class EvalConfig(Section):

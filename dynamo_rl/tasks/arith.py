@@ -129,6 +129,48 @@ def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
     )
 
 
+def check_split(rows: list[dict], tiers: list[str], per_tier: int) -> tuple[list[dict], list[dict]]:
+    """(warm-start rows, check rows) of ``rows`` restricted to ``tiers``: the first ``per_tier``
+    rows of each tier (rows are shuffled when drawn) are held out to check the warm start on
+    questions it never saw; a tier keeps at least half of its rows for the warm start."""
+    train: list[dict] = []
+    check: list[dict] = []
+    taken = dict.fromkeys(tiers, 0)
+    sizes = {t: sum(1 for r in rows if r["extra_info"]["tier"] == t) for t in tiers}
+    for row in rows:
+        tier = row["extra_info"]["tier"]
+        if tier not in taken:
+            continue
+        if taken[tier] < min(per_tier, sizes[tier] // 2):
+            taken[tier] += 1
+            check.append(row)
+        else:
+            train.append(row)
+    return train, check
+
+
+def focus_mix(rows: list[dict], focus: list[str], share: float, seed: int = 0) -> list[dict]:
+    """Every row of ``rows`` once, plus the rows of the ``focus`` tiers repeated (in a seeded
+    order) until they make up ``share`` of the result: a warm-start extension that spends that
+    share of each batch on the tiers not yet learned without forgetting the others."""
+    if not 0 < share < 1:
+        raise ValueError(f"share must be in (0, 1), got {share}")
+    inside = [r for r in rows if r["extra_info"]["tier"] in focus]
+    outside = [r for r in rows if r["extra_info"]["tier"] not in focus]
+    if not inside:
+        raise ValueError(f"no rows of the tiers {', '.join(focus)}")
+    if not outside:
+        return list(inside)
+    want = max(len(inside), round(share * len(outside) / (1 - share)))
+    rng = random.Random(seed)
+    extra: list[dict] = []
+    while len(inside) + len(extra) < want:
+        pool = list(inside)
+        rng.shuffle(pool)
+        extra += pool[: want - len(inside) - len(extra)]
+    return outside + inside + extra
+
+
 def write_task(
     out_dir: str | Path, n_train: int = 4000, n_test: int = 1000, seed: int = 0
 ) -> dict[str, Path]:

@@ -1,0 +1,192 @@
+"""The quickstart over seeds: ``dynamo-rl up --config configs/quickstart.yaml run.seed=N`` for each
+seed, through the real services, and its held-out accuracy before and after RL.
+
+    .venv/bin/python benchmarks/quickstart_seeds.py                  # seeds 0-4, 2 at a time
+    .venv/bin/python benchmarks/quickstart_seeds.py --seeds 1,3 --jobs 1
+    .venv/bin/python benchmarks/quickstart_seeds.py --method grpo     # the same, allocation
+                                                                     # uniform and modulation off
+    .venv/bin/python benchmarks/quickstart_seeds.py --quick          # smoke run (tiny settings)
+
+Each run goes to ``<runs>/<method>-seed<N>`` with ``up``'s output in ``up.log`` there; a run whose
+``summary.json`` exists is read, not run again (so an interrupted sweep continues). Written to
+``--out`` (default ``benchmarks/results/quickstart_seeds.json``; with ``--quick``,
+``/tmp/quickstart_seeds_quick.json``): per seed the accuracies and the gain in points, the
+warm start's steps and its per-tier check (greedy accuracy on held-out train rows), the wall time
+of the whole run and of its stages (from ``up``'s timestamps), and the load average while it ran;
+then the range of the gains. Runs through the services are not bit-reproducible: which rollouts
+form a batch depends on timing (workers, engine and learner run concurrently), so one seed run
+twice gives close but not identical figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "quickstart.yaml"
+METHODS = {
+    "dynamo": [],
+    # GRPO as the quickstart runs it: uniform n = 8 per prompt, no modulation; all else equal.
+    "grpo": ["rollout.allocation=uniform", "learner.algorithm.modulation.enabled=false"],
+}
+# Tiny settings for a smoke run: every stage runs, in a minute or two on an idle machine.
+QUICK = [
+    "up.task_train=300", "up.task_test=40", "up.tiny_model.hidden_size=32",
+    "up.tiny_model.num_layers=1", "up.warm_start.steps=20", "up.warm_start.batch_size=16",
+    "up.warm_start.check_rows=8", "up.warm_start.min_tier_accuracy=0", "up.eval.prompts=16",
+    "up.eval.samples=2", "learner.max_steps=2", "rollout.batch_size=8", "rollout.n=4",
+    "rollout.n_min=2", "rollout.n_max=8", "allocator.n_per_prompt=4", "allocator.n_min=2",
+    "allocator.n_max=8", "learner.train_batch_size=8", "rollout.max_pending_groups=8",
+]  # fmt: skip
+STAMP = re.compile(r"^\[\s*([0-9.]+)s\] (.*)$")
+# up's log lines that open each stage (the first match wins).
+STAGES = (
+    ("warm_start", "supervised warm start"),
+    ("services", "embedded Redis"),  # the services until each answers its health check
+    ("eval_before", "held-out accuracy before RL ("),
+    ("rl", "held-out accuracy before RL: "),
+    ("eval_after", "held-out accuracy after RL ("),
+    ("end", "held-out accuracy: "),
+)
+
+
+def stage_times(log: str) -> dict[str, float]:
+    """Seconds spent in each stage, from ``up``'s timestamped lines (``[  36.6s] ...``)."""
+    starts: dict[str, float] = {}
+    for line in log.splitlines():
+        m = STAMP.match(line)
+        if not m:
+            continue
+        t, text = float(m.group(1)), m.group(2)
+        for name, prefix in STAGES:
+            if name not in starts and text.startswith(prefix):
+                starts[name] = t
+    names = [n for n, _ in STAGES if n in starts]
+    return {a: round(starts[b] - starts[a], 1) for a, b in itertools.pairwise(names)}
+
+
+def warm_start_check(run_dir: Path) -> dict:
+    """The warm start's steps and each check of it (per-tier greedy accuracy), from its run log."""
+    log = run_dir / "model" / "sft.run" / "metrics.jsonl"
+    if not log.exists():
+        return {}
+    records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    steps = max((r["step"] for r in records if r.get("kind") != "eval"), default=0)
+    checks, seen = [], set()
+    for r in records:
+        if r.get("kind") == "eval" and r["step"] > 0 and r["step"] not in seen:
+            seen.add(r["step"])
+            tiers = {k.split("/", 1)[1]: round(v, 3) for k, v in r.items()
+                     if k.startswith("eval_exact/")}  # fmt: skip
+            checks.append({"step": r["step"], "greedy_accuracy": tiers})
+    return {"steps": steps, "checks": checks}
+
+
+def run_dir_of(runs: Path, method: str, seed: int) -> Path:
+    return runs / f"{method}-seed{seed}"
+
+
+def start(run_dir: Path, method: str, seed: int, quick: bool) -> subprocess.Popen:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "dynamo_rl.cli", "up", "--config", str(CONFIG),
+            f"run.seed={seed}", f"run.dir={run_dir}", *METHODS[method],
+            *(QUICK if quick else [])]  # fmt: skip
+    log = open(run_dir / "up.log", "w")  # noqa: SIM115 - closed with the process
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+
+
+def result_of(run_dir: Path, method: str, seed: int, load: list[float]) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    before, after = summary["accuracy_before"], summary["accuracy_after"]
+    log = (run_dir / "up.log").read_text() if (run_dir / "up.log").exists() else ""
+    out = {
+        "method": method,
+        "seed": seed,
+        "run_dir": str(run_dir),
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "gain_points": round(100 * (after - before), 2),
+        "wall_s": summary["wall_s"],
+        "stages_s": stage_times(log),
+        "warm_start": warm_start_check(run_dir),
+        "restarts": summary.get("restarts", {}),
+    }
+    if load:
+        out["load_average_1m"] = {"min": min(load), "max": max(load)}
+    return out
+
+
+def sweep(seeds: list[int], method: str, runs: Path, jobs: int, quick: bool) -> list[dict]:
+    todo = [s for s in seeds if not (run_dir_of(runs, method, s) / "summary.json").exists()]
+    running: dict[int, subprocess.Popen] = {}
+    load: dict[int, list[float]] = {s: [] for s in seeds}
+    while todo or running:
+        while todo and len(running) < jobs:
+            seed = todo.pop(0)
+            print(f"seed {seed}: starting {run_dir_of(runs, method, seed)}", flush=True)
+            running[seed] = start(run_dir_of(runs, method, seed), method, seed, quick)
+        for seed, proc in list(running.items()):
+            load[seed].append(round(os.getloadavg()[0], 1))
+            if proc.poll() is not None:
+                del running[seed]
+                if proc.returncode != 0:
+                    log = run_dir_of(runs, method, seed) / "up.log"
+                    raise SystemExit(f"seed {seed}: up exited {proc.returncode}; see {log}")
+                print(f"seed {seed}: done", flush=True)
+        time.sleep(2)
+    return [result_of(run_dir_of(runs, method, s), method, s, load[s]) for s in seeds]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seeds", default="0,1,2,3,4", help="run.seed values (default 0,1,2,3,4)")
+    p.add_argument("--method", choices=sorted(METHODS), default="dynamo")
+    p.add_argument("--jobs", type=int, default=2, help="runs at the same time (default 2)")
+    p.add_argument("--runs", default="runs/quickstart-seeds", help="folder of the run folders")
+    p.add_argument("--out", help="result JSON (see above for the default)")
+    p.add_argument("--quick", action="store_true", help="tiny smoke settings")
+    args = p.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    default_out = "/tmp/quickstart_seeds_quick.json" if args.quick else (
+        REPO / "benchmarks" / "results" / "quickstart_seeds.json")  # fmt: skip
+    out = Path(args.out or default_out)
+    runs = Path(args.runs).resolve()
+    results = sweep(seeds, args.method, runs, max(1, args.jobs), args.quick)
+    gains = [r["gain_points"] for r in results]
+    for r in results:
+        checks = r["warm_start"].get("checks", [])
+        shown = checks[-1]["greedy_accuracy"] if checks else {}
+        print(f"seed {r['seed']}: {100 * r['accuracy_before']:.1f}% -> "
+              f"{100 * r['accuracy_after']:.1f}% ({r['gain_points']:+.2f} points), "
+              f"{r['wall_s']:.0f} s, warm start {r['warm_start'].get('steps')} steps {shown}")  # fmt: skip
+    print(f"gain: {min(gains):+.2f} .. {max(gains):+.2f} points over {len(gains)} seeds "
+          f"(mean {sum(gains) / len(gains):+.2f})")  # fmt: skip
+    doc = {
+        "command": f"dynamo-rl up --config configs/quickstart.yaml run.seed=N "
+                   f"{' '.join(METHODS[args.method])}".strip(),
+        "method": args.method,
+        "quick": args.quick,
+        "cpus": os.cpu_count(),
+        "note": "through the real services; not bit-reproducible (batch composition depends on "
+                "timing); wall times on a machine shared with other jobs (load_average_1m)",
+        "gain_points": {"min": min(gains), "max": max(gains),
+                        "mean": round(sum(gains) / len(gains), 2)},
+        "runs": results,
+    }  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""The quickstart-over-seeds benchmark: its stage timings from ``up``'s log, and its ``--quick``
+form end to end through ``dynamo-rl up``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "quickstart_seeds.py"
+
+
+@pytest.fixture(scope="module")
+def qs():
+    spec = importlib.util.spec_from_file_location("quickstart_seeds", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["quickstart_seeds"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+LOG = """\
+[   0.0s] run folder /tmp/r (logs in /tmp/r/logs)
+[   1.2s] building a tiny Qwen2 model
+[  36.6s] supervised warm start: 500 steps on /tmp/r/data/warm_start.parquet
+[ 130.0s] warm start checked (greedy accuracy on 320 held-out train rows): easy 1.00
+[ 140.0s] embedded Redis at redis://127.0.0.1:4000/0
+[ 150.5s] held-out accuracy before RL (1000 prompts x 4 samples)
+[ 170.5s] held-out accuracy before RL: 0.300
+[ 180.0s] step 1/120  rollouts 256
+[ 300.0s] held-out accuracy after RL (1000 prompts x 4 samples)
+[ 321.0s] held-out accuracy after RL: 0.450
+[ 321.0s] held-out accuracy: 0.300 -> 0.450 (+15.0 points)
+"""
+
+
+def test_stage_times_come_from_ups_timestamps(qs) -> None:
+    assert qs.stage_times(LOG) == {
+        "warm_start": 103.4,
+        "services": 10.5,
+        "eval_before": 20.0,
+        "rl": 129.5,
+        "eval_after": 21.0,
+    }
+
+
+@pytest.mark.slow
+def test_quick_sweep_runs_up_and_writes_the_gains(qs, tmp_path: Path) -> None:
+    out = tmp_path / "quick.json"
+    code = qs.main(["--quick", "--seeds", "3", "--jobs", "1", "--runs", str(tmp_path / "runs"),
+                    "--out", str(out)])  # fmt: skip
+    assert code == 0
+    doc = json.loads(out.read_text())
+    [run] = doc["runs"]
+    assert run["seed"] == 3 and doc["quick"] is True
+    summary = json.loads((tmp_path / "runs" / "dynamo-seed3" / "summary.json").read_text())
+    assert run["gain_points"] == round(
+        100 * (summary["accuracy_after"] - summary["accuracy_before"]), 2
+    )
+    assert doc["gain_points"]["min"] == doc["gain_points"]["max"] == run["gain_points"]
+    # The warm start was checked per tier on held-out train rows after its 20 steps.
+    assert run["warm_start"]["steps"] == 20
+    assert set(run["warm_start"]["checks"][-1]["greedy_accuracy"]) == {
+        "easy", "medium", "medium-rev", "medium-sub", "hard",
+    }  # fmt: skip
+    assert set(run["stages_s"]) == {"warm_start", "services", "eval_before", "rl", "eval_after"}
+    # A finished run is read back, not run again.
+    mtime = (tmp_path / "runs" / "dynamo-seed3" / "summary.json").stat().st_mtime_ns
+    assert qs.main(["--quick", "--seeds", "3", "--runs", str(tmp_path / "runs"),
+                    "--out", str(out)]) == 0  # fmt: skip
+    assert (tmp_path / "runs" / "dynamo-seed3" / "summary.json").stat().st_mtime_ns == mtime
