@@ -1,0 +1,151 @@
+"""Experiment trackers (``learner.trackers``): TensorBoard and Weights & Biases.
+
+The learner feeds every step record to :class:`Trackers` (its JSONL step log stays the source of
+truth); ``up`` feeds the held-out evaluations before and after RL to the same run after training.
+Both write into the run folder:
+
+- ``tensorboard``: event files in ``<run.dir>/tensorboard`` (one scalar per numeric key, the step
+  as x; the run config as the text ``config``). Needs the ``tensorboard`` package.
+- ``wandb``: one run in ``<run.dir>/wandb`` whose id is kept in ``<run.dir>/wandb/run_id`` so that
+  a restarted learner and ``up``'s evaluations resume the same run; ``learner.wandb.mode`` offline
+  (the default) needs no network and no account (``wandb sync <run.dir>/wandb/offline-run-*``
+  uploads it later). Needs the ``wandb`` package.
+
+``pip install 'dynamo-rl[trackers]'`` installs both.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TrackerError", "Trackers", "eval_metrics", "missing_packages"]
+
+KINDS = ("tensorboard", "wandb")
+
+
+class TrackerError(RuntimeError):
+    """A tracker asked for in ``learner.trackers`` cannot start (its package is missing)."""
+
+
+def _numeric(record: Mapping[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if key != "step" and math.isfinite(value):
+            out[key] = float(value)
+    return out
+
+
+def eval_metrics(label: str, result: Mapping[str, Any]) -> dict[str, float]:
+    """An ``eval_<label>.json`` (``dynamo-rl eval``'s output) as tracker scalars:
+    ``eval/<label>/accuracy`` and ``eval/<label>/<data source>/accuracy`` per tier/benchmark."""
+    out = {f"eval/{label}/accuracy": float(result["accuracy"])}
+    for source, figures in (result.get("by_data_source") or {}).items():
+        out[f"eval/{label}/{source}/accuracy"] = float(figures["accuracy"])
+    return out
+
+
+def missing_packages(kinds: Sequence[str]) -> str | None:
+    """An error naming ``learner.trackers`` if a tracker's package is not installed, else None
+    (checked by ``up`` and the learner before anything starts)."""
+    import importlib.util
+
+    missing = [k for k in dict.fromkeys(kinds) if importlib.util.find_spec(k) is None]
+    if not missing:
+        return None
+    return (
+        f"learner.trackers: {', '.join(missing)} requested but not installed "
+        "(pip install 'dynamo-rl[trackers]', or remove it from learner.trackers; allowed: "
+        f"{', '.join(KINDS)})"
+    )
+
+
+class Trackers:
+    """The trackers named in ``kinds``, opened for the run in ``run_dir``."""
+
+    def __init__(
+        self,
+        kinds: Sequence[str],
+        run_dir: str | Path,
+        run_name: str,
+        config: Mapping[str, Any],
+        wandb: Any = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self._tb: Any = None
+        self._wandb: Any = None
+        for kind in kinds:
+            if kind not in KINDS:
+                raise TrackerError(f"learner.trackers: unknown tracker {kind!r} (allowed: {KINDS})")
+        if "tensorboard" in kinds:
+            self._tb = self._open_tensorboard(config)
+        if "wandb" in kinds:
+            self._wandb = self._open_wandb(run_name, config, wandb)
+
+    def _open_tensorboard(self, config: Mapping[str, Any]) -> Any:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise TrackerError(
+                "learner.trackers: tensorboard needs the tensorboard package "
+                "(pip install 'dynamo-rl[trackers]')"
+            ) from e
+        import yaml
+
+        writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+        text = yaml.safe_dump(dict(config), sort_keys=False)
+        writer.add_text("config", "```\n" + text + "\n```", 0)
+        return writer
+
+    def _open_wandb(self, run_name: str, config: Mapping[str, Any], settings: Any) -> Any:
+        try:
+            import wandb
+        except ImportError as e:
+            raise TrackerError(
+                "learner.trackers: wandb needs the wandb package (pip install 'dynamo-rl[trackers]')"
+            ) from e
+        folder = self.run_dir / "wandb"
+        folder.mkdir(parents=True, exist_ok=True)
+        id_file = folder / "run_id"
+        if not id_file.exists():
+            id_file.write_text(secrets.token_hex(4) + "\n")
+        run_id = id_file.read_text().strip()
+        return wandb.init(
+            project=getattr(settings, "project", "dynamo-rl"),
+            entity=getattr(settings, "entity", None),
+            mode=getattr(settings, "mode", "offline"),
+            name=run_name,
+            id=run_id,
+            resume="allow",
+            dir=str(self.run_dir),
+            config=dict(config),
+            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+        )
+
+    def log(self, record: Mapping[str, Any], step: int) -> None:
+        """Every numeric field of ``record`` (bools and ``step`` left out) at ``step``."""
+        values = _numeric(record)
+        if self._tb is not None:
+            for key, value in values.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None and values:
+            self._wandb.log(values, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.finish()
+            # finish() returns before wandb's service has written everything; teardown waits
+            # for it to exit, so the offline run is complete on disk when close() returns.
+            wandb.teardown()
+            self._wandb = None
