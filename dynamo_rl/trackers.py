@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrackerError", "Trackers", "eval_metrics", "missing_packages"]
+__all__ = ["TrackerError", "Trackers", "eval_breakdown", "eval_metrics", "missing_packages"]
 
 KINDS = ("tensorboard", "wandb")
 
@@ -41,12 +41,26 @@ def _numeric(record: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def eval_breakdown(result: Mapping[str, Any]) -> dict[str, float]:
+    """Accuracy per part of an ``eval_<label>.json`` (``dynamo-rl eval``'s output): per data
+    source, and per benchmark when it ran several (``<benchmark>`` and ``<benchmark>/<source>``)."""
+    benchmarks = result.get("benchmarks") or {"": result}
+    out: dict[str, float] = {}
+    for name, part in benchmarks.items():
+        prefix = f"{name}/" if len(benchmarks) > 1 else ""
+        if prefix:
+            out[name] = float(part["accuracy"])
+        for source, figures in (part.get("by_data_source") or {}).items():
+            out[prefix + source] = float(figures["accuracy"])
+    return out
+
+
 def eval_metrics(label: str, result: Mapping[str, Any]) -> dict[str, float]:
-    """An ``eval_<label>.json`` (``dynamo-rl eval``'s output) as tracker scalars:
-    ``eval/<label>/accuracy`` and ``eval/<label>/<data source>/accuracy`` per tier/benchmark."""
+    """An ``eval_<label>.json`` as tracker scalars: ``eval/<label>/accuracy`` and
+    ``eval/<label>/<part>/accuracy`` for each part of :func:`eval_breakdown`."""
     out = {f"eval/{label}/accuracy": float(result["accuracy"])}
-    for source, figures in (result.get("by_data_source") or {}).items():
-        out[f"eval/{label}/{source}/accuracy"] = float(figures["accuracy"])
+    for part, accuracy in eval_breakdown(result).items():
+        out[f"eval/{label}/{part}/accuracy"] = accuracy
     return out
 
 

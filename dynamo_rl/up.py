@@ -183,6 +183,13 @@ class Launcher:
             sup.adopt(proc)
             self.env["REDIS_URL"] = url
             self.say(f"embedded Redis at {redact_url(url)}")
+            # config.yaml names it too (no password: it has none), so that `dynamo-rl dashboard
+            # --config <run>/config.yaml` finds the stream while the run goes on.
+            import yaml
+
+            written = yaml.safe_load((self.run_dir / "config.yaml").read_text())
+            written["endpoints"]["redis_url"] = redact_url(url)
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
             redis_port = int(url.rsplit(":", 1)[1].split("/")[0])
 
             def restart_redis() -> ServiceProcess:

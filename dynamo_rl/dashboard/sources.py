@@ -574,8 +574,11 @@ class RunFolder:
         return self._json("summary.json") is not None
 
     def evaluations(self) -> dict[str, Any]:
-        """``{"before"|"after": {"accuracy", "n", "prompts", "by_data_source": {source:
-        {"accuracy", "prompts"}}}}`` for the evaluations present."""
+        """``{"before"|"after": {"accuracy", "n", "prompts", "by_data_source": {part:
+        {"accuracy"}}}}`` for the evaluations present; the parts are each data source (and
+        benchmark, when several ran: :func:`dynamo_rl.trackers.eval_breakdown`)."""
+        from dynamo_rl.trackers import eval_breakdown
+
         out: dict[str, Any] = {}
         for label in ("before", "after"):
             result = self._json(f"eval_{label}.json")
@@ -586,8 +589,7 @@ class RunFolder:
                 "n": result.get("n"),
                 "prompts": result.get("prompts"),
                 "by_data_source": {
-                    k: {"accuracy": v.get("accuracy"), "prompts": v.get("prompts")}
-                    for k, v in (result.get("by_data_source") or {}).items()
+                    k: {"accuracy": v} for k, v in eval_breakdown(result).items()
                 },
             }
         return out

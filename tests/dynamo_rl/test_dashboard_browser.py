@@ -61,9 +61,13 @@ def body_attrs(dom: str) -> dict[str, str]:
 
 @pytest.fixture
 def live_dashboard(redis_url: str, tmp_path: Path, service, free_port: int):
-    write_stream(redis_url, "browser-run", groups=16)
+    from dynamo_rl.sample_log import SampleLog
+
+    groups = write_stream(redis_url, "browser-run", groups=16)
     log = tmp_path / "run" / "metrics.jsonl"
     write_metrics_log(log, steps=60)
+    # A live run's rollout worker logs what it pushes to the run folder (the DynaMO views).
+    SampleLog.in_run(tmp_path / "run", "w0", 32).write(groups)
     with serving_service_metrics(engines=2) as urls:
         argv = dynamo_rl_argv(
             "dashboard",
@@ -76,6 +80,7 @@ def live_dashboard(redis_url: str, tmp_path: Path, service, free_port: int):
             *[a for url in urls for a in ("--scrape", url)],
             f"endpoints.redis_url={redis_url}",
             "run.name=browser-run",
+            f"run.dir={tmp_path / 'run'}",
         )
         base = f"http://127.0.0.1:{free_port}"
         service("dashboard", argv, http_ok(base + "/healthz"), timeout=60)

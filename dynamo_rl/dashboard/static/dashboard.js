@@ -203,11 +203,14 @@ async function refreshCharts() {
     const s = data.sources;
     const scrape = s.scrape.map((t) => `${t.ok ? "ok  " : "DOWN"} ${t.url}${t.error ? "  " + t.error : ""}`);
     const folder = s.run_folder;
+    // Only the last part of a path: the page is shared and screenshotted, the machine's layout
+    // is nobody's business.
+    const short = (p) => (p ? p.split("/").filter(Boolean).slice(-1)[0] : "none");
     const redis = !s.redis.configured ? "off" : s.redis.skipped ? `not read (${s.redis.skipped})`
       : s.redis.ok ? "ok" : "DOWN " + (s.redis.error || "") + (folder.sample_groups ? " (samples from the run folder)" : "");
     document.getElementById("sources").textContent =
-      `metrics log: ${s.metrics_log.path} (${s.metrics_log.records} records${s.metrics_log.exists ? "" : ", not found yet"})\n` +
-      `run folder: ${folder.path} (${folder.state}; ${folder.history_files.length} metric histories, ${folder.sample_groups} sampled groups)\n` +
+      `metrics log: ${short(s.metrics_log.path)} (${s.metrics_log.records} records${s.metrics_log.exists ? "" : ", not found yet"})\n` +
+      `run folder: ${short(folder.path)} (${folder.state}; ${folder.history_files.length} metric histories, ${folder.sample_groups} sampled groups)\n` +
       `redis: ${redis}\n` +
       (s.metrics === "run folder" ? `service metrics: run folder (${folder.history_files.join(", ")})`
         : `scrape:\n  ${scrape.join("\n  ")}`);
