@@ -11,10 +11,10 @@ finished run keeps what the Prometheus scrapes saw (see :class:`History` for the
 size bound).
 """
 
-
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -196,10 +196,9 @@ class History:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
+            # A full or vanished disk must not take the service down.
+            with contextlib.suppress(OSError):
                 self.write_once()
-            except OSError:  # a full or vanished disk must not take the service down
-                pass
 
     def start(self) -> History:
         self.write_once()
@@ -215,10 +214,8 @@ class History:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        try:
+        with contextlib.suppress(OSError):
             self.write_once()
-        except OSError:
-            pass
 
 
 def read_history(path: str | Path) -> list[dict[str, object]]:

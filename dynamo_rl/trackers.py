@@ -79,6 +79,57 @@ def missing_packages(kinds: Sequence[str]) -> str | None:
     )
 
 
+class _TensorBoard:
+    """TensorBoard event files with tensorboard's own writer and protobufs (no torch: this module
+    is shared by ``up``, which imports no torch): scalars as ``simple_value`` summaries and text
+    through the text plugin, as ``torch.utils.tensorboard.SummaryWriter`` writes them."""
+
+    def __init__(self, folder: Path) -> None:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self._writer = EventFileWriter(str(folder))
+
+    def _emit(self, value: Any, step: int) -> None:
+        import time
+
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._writer.add_event(
+            Event(wall_time=time.time(), step=step, summary=Summary(value=[value]))
+        )
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._emit(Summary.Value(tag=tag, simple_value=value), step)
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+        from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
+
+        metadata = SummaryMetadata(
+            plugin_data=SummaryMetadata.PluginData(
+                plugin_name="text", content=TextPluginData(version=0).SerializeToString()
+            )
+        )
+        tensor = TensorProto(
+            dtype="DT_STRING",
+            string_val=[text.encode()],
+            tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
+        )
+        self._emit(Summary.Value(tag=f"{tag}/text_summary", metadata=metadata, tensor=tensor), step)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class Trackers:
     """The trackers named in ``kinds``, opened for the run in ``run_dir``."""
 
@@ -103,7 +154,7 @@ class Trackers:
 
     def _open_tensorboard(self, config: Mapping[str, Any]) -> Any:
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            writer = _TensorBoard(self.run_dir / "tensorboard")
         except ImportError as e:
             raise TrackerError(
                 "learner.trackers: tensorboard needs the tensorboard package "
@@ -111,7 +162,6 @@ class Trackers:
             ) from e
         import yaml
 
-        writer = SummaryWriter(str(self.run_dir / "tensorboard"))
         text = yaml.safe_dump(dict(config), sort_keys=False)
         writer.add_text("config", "```\n" + text + "\n```", 0)
         return writer

@@ -588,9 +588,7 @@ class RunFolder:
                 "accuracy": result["accuracy"],
                 "n": result.get("n"),
                 "prompts": result.get("prompts"),
-                "by_data_source": {
-                    k: {"accuracy": v} for k, v in eval_breakdown(result).items()
-                },
+                "by_data_source": {k: {"accuracy": v} for k, v in eval_breakdown(result).items()},
             }
         return out
 

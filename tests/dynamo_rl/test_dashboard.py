@@ -16,8 +16,8 @@ from dynamo_rl.dashboard.charts import CHARTS, Chart, Series, jsonl_fields, metr
 from dynamo_rl.dashboard.cli import default_targets
 from dynamo_rl.dashboard.server import Dashboard, make_server, serve_in_thread
 from dynamo_rl.dashboard.sources import (
-    RunFolder,
     JsonlLog,
+    RunFolder,
     SampleFilter,
     SampleReader,
     Scraper,
@@ -297,7 +297,10 @@ def test_api_charts_has_log_lines_and_stream_allocation(dashboard_url: str) -> N
     data = httpx.get(dashboard_url + "/api/charts").json()
     charts = {c["id"]: c for c in data["charts"]}
     assert set(charts) == {c.id for c in CHARTS} | {"stream_alloc", "stream_half_solved"} | {
-        "zero_advantage", "prompt_success", "prompt_alloc", "prompt_priority"
+        "zero_advantage",
+        "prompt_success",
+        "prompt_alloc",
+        "prompt_priority",
     }
     reward = charts["reward"]["lines"]
     assert [line["label"] for line in reward] == ["reward mean", "accuracy"]
@@ -523,9 +526,7 @@ def test_run_folder_replaces_the_scrape_and_redis_after_the_run(
     assert rows["origin"] == "run folder"
     assert rows["rows"] and all(r["data_source"] == "gsm8k" and r["correct"] for r in rows["rows"])
     redis_rows = live.samples.read(SampleFilter(source="gsm8k", correct=True, limit=1000))["rows"]
-    assert sorted(r["response"] for r in rows["rows"]) == sorted(
-        r["response"] for r in redis_rows
-    )
+    assert sorted(r["response"] for r in rows["rows"]) == sorted(r["response"] for r in redis_rows)
 
 
 def test_zero_advantage_share_against_grpo_expectation(redis_url: str, tmp_path: Path) -> None:

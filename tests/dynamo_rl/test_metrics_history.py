@@ -54,7 +54,7 @@ def test_downsampling_keeps_the_whole_run_within_the_bound(tmp_path: Path) -> No
     m, c, _g, _h = _metrics()
     max_bytes = 8192
     history = History(m, tmp_path / "metrics" / "demo-0.jsonl", 1.0, max_bytes)
-    for i in range(400):
+    for _ in range(400):
         c.labels("a").inc()
         history.write_once()
         assert history.path.stat().st_size <= max_bytes

@@ -80,7 +80,9 @@ def tensorboard_scalars(run_dir: Path) -> tuple[dict[str, dict[int, float]], str
     acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
     scalars = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
-    texts = acc.Tensors("config/text_summary") if "config/text_summary" in acc.Tags()["tensors"] else []
+    texts = (
+        acc.Tensors("config/text_summary") if "config/text_summary" in acc.Tags()["tensors"] else []
+    )
     config = texts[0].tensor_proto.string_val[0].decode() if texts else ""
     return scalars, config
 
@@ -124,7 +126,7 @@ def test_step_records_and_evaluations_reach_both_trackers(tmp_path: Path) -> Non
 def test_trackers_field_accepts_a_list_or_comma_separated_text() -> None:
     cfg = load_config(None, ["learner.trackers=tensorboard,wandb"])
     assert cfg.learner.trackers == ["tensorboard", "wandb"]
-    with pytest.raises(ValueError, match="learner.trackers"):
+    with pytest.raises(ValueError, match=r"learner\.trackers"):
         load_config(None, ["learner.trackers=[mlflow]"])
 
 
