@@ -270,6 +270,10 @@ def chart_data(chart: Chart, log: JsonlLog, scraper: Scraper) -> dict[str, Any]:
             pts = log.points(s.field)
             if pts:
                 out["lines"].append({"label": s.label, "x": "step", "points": pts})
+            if pts or log.records:
+                # With a log, its fields are the chart's whole story: a key the learner does not
+                # write (kl without a KL term) stays out rather than drawn on a time axis next
+                # to the others' steps.
                 continue
         if s.split == "target":
             for url, snaps in targets:

@@ -4,8 +4,8 @@ The run is live in every part the dashboard reads: a real Redis holding codec-en
 groups, a learner JSONL metrics log on disk, and every service's real metric class serving
 ``/metrics`` with values that keep changing. The page marks its body with ``data-ready`` and the
 number of charts that drew data; ``--dump-dom`` reads that back after the scripts ran. The
-screenshot lands in the test's tmp dir (``DYNAMO_SCREENSHOT_DIR`` copies it elsewhere, which is how
-``docs/img/dashboard.png`` is refreshed).
+screenshot lands in the test's tmp dir (``DYNAMO_SCREENSHOT_DIR`` copies it elsewhere). The
+screenshots in ``docs/img/`` are of a real run, not of this fixture (test_dashboard_run.py).
 """
 
 from __future__ import annotations
