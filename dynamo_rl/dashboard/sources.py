@@ -33,6 +33,8 @@ __all__ = ["JsonlLog", "RunFolder", "SampleFilter", "SampleReader", "Scraper", "
 # A snapshot's samples: (sample name, sorted label pairs) -> value.
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 MAX_POINTS = 2000
+# Snapshots per run-folder history file that the charts are drawn from (RunFolder.snapshots).
+MAX_SNAPSHOTS = 400
 # Accuracy range of a "half-solved" prompt, for the allocation chart computed from the stream.
 HALF_SOLVED = (0.25, 0.75)
 
@@ -506,8 +508,8 @@ class RunFolder:
     - ``eval_before.json``/``eval_after.json``: ``up``'s held-out evaluations;
     - ``summary.json``: written by ``up`` at the end, so the run reads as finished.
 
-    Files are re-read when their size or modification time changes (the history files are
-    rewritten in place when downsampled).
+    History files are read incrementally (only what was appended since the last refresh; from the
+    start again when downsampling rewrote one shorter).
     """
 
     def __init__(
@@ -518,7 +520,7 @@ class RunFolder:
         self.estimator = estimator
         self.scan = scan
         self.interval = 5.0
-        self._history: dict[Path, tuple[tuple[int, float], list[Snapshot]]] = {}
+        self._history: dict[Path, tuple[int, list[Snapshot]]] = {}  # path -> (offset, snapshots)
         self._samples: tuple[tuple[tuple[str, int, float], ...], list[dict[str, Any]]] = ((), [])
         self._lock = threading.Lock()
 
@@ -530,28 +532,38 @@ class RunFolder:
         return sorted((self.run_dir / sub).glob(pattern))
 
     def refresh(self) -> None:
-        from dynamo_rl.metrics import read_history
-
+        """Read what was appended to each history file since the last call (a file that shrank
+        was rewritten by downsampling: read again from its start)."""
         with self._lock:
             seen = set()
             for path in self._files("metrics", "*.jsonl"):
                 seen.add(path)
                 try:
-                    st = path.stat()
+                    size = path.stat().st_size
                 except FileNotFoundError:
                     continue
-                key = (st.st_size, st.st_mtime)
-                if path in self._history and self._history[path][0] == key:
+                offset, snaps = self._history.get(path, (0, []))
+                if size < offset:
+                    offset, snaps = 0, []
+                if size == offset:
+                    self._history[path] = (offset, snaps)
                     continue
-                snaps: list[Snapshot] = []
-                for record in read_history(path):
-                    samples = {
-                        (str(name), tuple(sorted(labels.items()))): float(value)
-                        for name, labels, value in record["samples"]  # type: ignore[attr-defined]
-                    }
-                    snaps.append(Snapshot(float(record["t"]), samples))  # type: ignore[arg-type]
-                    self.interval = max(float(record.get("interval_s", 5.0)), 0.5)  # type: ignore[arg-type]
-                self._history[path] = (key, snaps)
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read(size - offset)
+                end = chunk.rfind(b"\n") + 1  # a line still being written waits for next time
+                for line in chunk[:end].splitlines():
+                    try:
+                        record = json.loads(line)
+                        samples = {
+                            (str(name), tuple(sorted(labels.items()))): float(value)
+                            for name, labels, value in record["samples"]
+                        }
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                    snaps.append(Snapshot(float(record["t"]), samples))
+                    self.interval = max(float(record.get("interval_s", 5.0)), 0.5)
+                self._history[path] = (offset + end, snaps)
             for gone in set(self._history) - seen:
                 del self._history[gone]
 
@@ -560,8 +572,16 @@ class RunFolder:
             return any(snaps for _key, snaps in self._history.values())
 
     def snapshots(self) -> list[tuple[str, list[Snapshot]]]:
+        """Each file's snapshots, thinned to at most ``MAX_SNAPSHOTS`` evenly spaced ones (the
+        last kept): counters are cumulative, so rates between the kept ones stay exact, and a
+        long run's charts cost the same to draw as a short one's."""
         with self._lock:
-            return [(path.stem, snaps) for path, (_key, snaps) in sorted(self._history.items())]
+            out = []
+            for path, (_offset, snaps) in sorted(self._history.items()):
+                stride = -(-len(snaps) // MAX_SNAPSHOTS)
+                kept = snaps[::-1][::stride][::-1] if stride > 1 else list(snaps)
+                out.append((path.stem, kept))
+            return out
 
     # -- run state and evaluations -------------------------------------------------------------
 

@@ -43,8 +43,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"run.dir={run_dir}", "run.name=dashrun", "up.warm_start.steps=0", "up.eval.prompts=12",
         "up.eval.samples=2", "up.task_train=16", "up.task_test=40", "up.tiny_model.hidden_size=32",
         "up.tiny_model.num_layers=1", "rollout.batch_size=8", "learner.train_batch_size=8",
-        # Snapshots every half second: even a run this short leaves several per service.
-        "run.history.interval_s=0.5",
+        # Snapshots every second: even a run this short leaves several per service.
+        "run.history.interval_s=1",
         # 16 prompts, 8 per batch: each comes back, so the allocator has priorities to show.
         *([f"learner.trackers=[{','.join(TRACKERS)}]"] if TRACKERS else []),
     )  # fmt: skip
@@ -77,7 +77,7 @@ def test_dashboard_after_the_run_shows_everything(
     argv = dynamo_rl_argv("dashboard", "--config", str(finished_run / "config.yaml"),
                           "--port", str(free_port))  # fmt: skip
     service("dashboard", argv, http_ok(base + "/healthz"), timeout=60)
-    api = httpx.get(base + "/api/charts").json()
+    api = httpx.get(base + "/api/charts", timeout=120).json()
     assert api["state"] == "finished"
     assert api["sources"]["metrics"] == "run folder"
     empty = [c["id"] for c in api["charts"]
