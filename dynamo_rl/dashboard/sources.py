@@ -509,7 +509,7 @@ class RunFolder:
     - ``summary.json``: written by ``up`` at the end, so the run reads as finished.
 
     History files are read incrementally (only what was appended since the last refresh; from the
-    start again when downsampling rewrote one shorter).
+    start again when downsampling replaced one: a new inode, or a shorter file).
     """
 
     def __init__(
@@ -520,7 +520,8 @@ class RunFolder:
         self.estimator = estimator
         self.scan = scan
         self.interval = 5.0
-        self._history: dict[Path, tuple[int, list[Snapshot]]] = {}  # path -> (offset, snapshots)
+        # path -> (inode, offset read up to, snapshots)
+        self._history: dict[Path, tuple[int, int, list[Snapshot]]] = {}
         self._samples: tuple[tuple[tuple[str, int, float], ...], list[dict[str, Any]]] = ((), [])
         self._lock = threading.Lock()
 
@@ -539,14 +540,15 @@ class RunFolder:
             for path in self._files("metrics", "*.jsonl"):
                 seen.add(path)
                 try:
-                    size = path.stat().st_size
+                    st = path.stat()
                 except FileNotFoundError:
                     continue
-                offset, snaps = self._history.get(path, (0, []))
-                if size < offset:
+                size = st.st_size
+                inode, offset, snaps = self._history.get(path, (st.st_ino, 0, []))
+                if st.st_ino != inode or size < offset:  # replaced by a downsampled copy
                     offset, snaps = 0, []
                 if size == offset:
-                    self._history[path] = (offset, snaps)
+                    self._history[path] = (st.st_ino, offset, snaps)
                     continue
                 with open(path, "rb") as f:
                     f.seek(offset)
@@ -563,13 +565,13 @@ class RunFolder:
                         continue
                     snaps.append(Snapshot(float(record["t"]), samples))
                     self.interval = max(float(record.get("interval_s", 5.0)), 0.5)
-                self._history[path] = (offset + end, snaps)
+                self._history[path] = (st.st_ino, offset + end, snaps)
             for gone in set(self._history) - seen:
                 del self._history[gone]
 
     def has_history(self) -> bool:
         with self._lock:
-            return any(snaps for _key, snaps in self._history.values())
+            return any(snaps for _inode, _offset, snaps in self._history.values())
 
     def snapshots(self) -> list[tuple[str, list[Snapshot]]]:
         """Each file's snapshots, thinned to at most ``MAX_SNAPSHOTS`` evenly spaced ones (the
@@ -577,7 +579,7 @@ class RunFolder:
         long run's charts cost the same to draw as a short one's."""
         with self._lock:
             out = []
-            for path, (_offset, snaps) in sorted(self._history.items()):
+            for path, (_inode, _offset, snaps) in sorted(self._history.items()):
                 stride = -(-len(snaps) // MAX_SNAPSHOTS)
                 kept = snaps[::-1][::stride][::-1] if stride > 1 else list(snaps)
                 out.append((path.stem, kept))

@@ -25,7 +25,7 @@ from dynamo_rl.dashboard.sources import (
     chart_data,
     parse_exposition,
 )
-from dynamo_rl.metrics import ServiceMetrics
+from dynamo_rl.metrics import ServiceMetrics, read_history
 from tests.deploy.registry import METRIC_CLASSES, service_of, service_registry
 from tests.dynamo_rl.dashboard_data import write_metrics_log, write_stream
 
@@ -559,3 +559,31 @@ def test_zero_advantage_share_against_grpo_expectation(redis_url: str, tmp_path:
     assert [p[1] for p in alloc["points"]] == [float(groups[5].allocated_n)]
     (prio,) = by_id["prompt_priority"]["lines"]
     assert prio["points"][0][1] == pytest.approx(groups[5].priority)
+
+
+def test_run_folder_follows_a_growing_and_downsampled_history(tmp_path: Path) -> None:
+    from dynamo_rl.metrics import History, history_path
+
+    m = ServiceMetrics("rollout")
+    pushed = m.counter("groups_total", "groups")
+    history = History(m, history_path(tmp_path, "rollout", "w0"), 5.0, 6000)
+    folder = RunFolder(tmp_path)
+
+    def values() -> list[float]:
+        folder.refresh()
+        ((_name, snaps),) = folder.snapshots()
+        return [s.samples[("dynamo_rollout_groups_total", ())] for s in snaps]
+
+    for _ in range(3):
+        pushed.inc()
+        history.write_once()
+    assert values() == [1.0, 2.0, 3.0]
+    pushed.inc()
+    history.write_once()
+    assert values() == [1.0, 2.0, 3.0, 4.0]  # only the appended line was new
+    while history.downsamples == 0:
+        pushed.inc()
+        history.write_once()
+    # Rewritten shorter: read again from the start, every other snapshot, first and last kept.
+    assert values() == [s[2] for line in read_history(history.path) for s in line["samples"]]
+    assert values()[0] == 1.0 and values()[-1] == pushed._value.get()
