@@ -86,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         acfg, store, metrics, control_token=token.get_secret_value() if token else None
     )
     metrics_port = metrics.metrics.serve(acfg.metrics_port, acfg.host)
+    h = cfg.run.history
+    metrics.metrics.record(cfg.run.run_dir, "0", h.interval_s, h.max_mb)
     print(
         f"allocator listening on {acfg.host}:{running.port} (metrics on :{metrics_port}, "
         f"redis {redact_url(cfg.endpoints.redis_url)})",

@@ -3,12 +3,26 @@
 Each service builds a :class:`ServiceMetrics` once and registers its metrics through it, so names
 follow one scheme (counters end in ``_total``, durations in ``_seconds``, sizes in ``_bytes``) and
 every service has its own registry (no global state shared between tests in one process).
+
+The same registry is also the service's **run-folder history**: :meth:`ServiceMetrics.record`
+appends a snapshot of every sample (the names and labels ``/metrics`` exposes) as one JSON line to
+``<run dir>/metrics/<service>-<instance>.jsonl`` every ``run.history.interval_s`` seconds, so a
+finished run keeps what the Prometheus scrapes saw (see :class:`History` for the format and the
+size bound).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
+import math
+import os
 import re
+import threading
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,7 +34,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-__all__ = ["CONTENT_TYPE_LATEST", "LATENCY_BUCKETS", "ServiceMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "LATENCY_BUCKETS", "History", "ServiceMetrics", "read_history"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SUFFIXES = {
@@ -98,6 +112,127 @@ class ServiceMetrics:
         """Serve ``/metrics`` on its own port (for non-HTTP services); returns the bound port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return int(server.server_port)
+
+    def snapshot(self) -> list[list[object]]:
+        """Every sample now, ``[[name, {label: value}, value], ...]`` (``_created`` samples, the
+        counters' creation times, left out)."""
+        out: list[list[object]] = []
+        for family in self.registry.collect():
+            for s in family.samples:
+                if s.name.endswith("_created") or not math.isfinite(s.value):
+                    continue
+                out.append([s.name, dict(s.labels), float(s.value)])
+        return out
+
+    def record(
+        self, run_dir: str | Path, instance: str, interval_s: float, max_mb: float
+    ) -> History | None:
+        """Start appending snapshots to ``<run_dir>/metrics/<service>-<instance>.jsonl`` every
+        ``interval_s`` seconds (and once more at exit); ``interval_s`` 0: nothing is recorded."""
+        if interval_s <= 0:
+            return None
+        path = history_path(run_dir, self.service, instance)
+        return History(self, path, interval_s, int(max_mb * 2**20)).start()
+
+
+def history_path(run_dir: str | Path, service: str, instance: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", instance) or "0"
+    return Path(run_dir) / "metrics" / f"{service}-{safe}.jsonl"
+
+
+class History:
+    """A service's metrics, appended to a JSONL file while it runs.
+
+    Each line is ``{"t": unix time, "service": ..., "instance": ..., "interval_s": ...,
+    "samples": [[name, {labels}, value], ...]}``: the registry as ``/metrics`` would expose it at
+    that moment (counters cumulative, histograms as ``_bucket``/``_sum``/``_count``), so rates come
+    from consecutive lines exactly as from consecutive scrapes. Every line is flushed when written:
+    a crash loses at most the last interval. Bounded size by downsampling: when the file grows past
+    ``max_bytes`` every other line is dropped (the first and last kept; the file replaced
+    atomically) and the interval doubles, so the file always spans the whole run at a coarser
+    resolution instead of losing its beginning.
+    """
+
+    def __init__(
+        self, metrics: ServiceMetrics, path: Path, interval_s: float, max_bytes: int
+    ) -> None:
+        self.metrics = metrics
+        self.path = path
+        self.interval_s = interval_s
+        self.max_bytes = max(max_bytes, 4096)
+        self.instance = path.stem.split("-", 1)[1]
+        self.downsamples = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def write_once(self) -> None:
+        line = json.dumps(
+            {
+                "t": time.time(),
+                "service": self.metrics.service,
+                "instance": self.instance,
+                "interval_s": self.interval_s,
+                "samples": self.metrics.snapshot(),
+            },
+            separators=(",", ":"),
+        )
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+                f.flush()
+            if self.path.stat().st_size > self.max_bytes:
+                self._downsample()
+
+    def _downsample(self) -> None:
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = lines[::2] if len(lines) % 2 else [*lines[:-1:2], lines[-1]]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.path)
+        self.interval_s *= 2
+        self.downsamples += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            # A full or vanished disk must not take the service down.
+            with contextlib.suppress(OSError):
+                self.write_once()
+
+    def start(self) -> History:
+        self.write_once()
+        self._thread = threading.Thread(target=self._run, name="metrics-history", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        """Stop recording after one last snapshot (also run at interpreter exit)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            self.write_once()
+
+
+def read_history(path: str | Path) -> list[dict[str, object]]:
+    """The snapshots of a history file (a half-written last line is skipped)."""
+    out: list[dict[str, object]] = []
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "samples" in record:
+            out.append(record)
+    return out
 
 
 def observe_many(histogram: Histogram, values: Sequence[float]) -> None:

@@ -26,7 +26,8 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    reward, train accuracy, tokens/s, ETA) read from the learner's ``metrics.jsonl``. It ends when the
    learner reaches ``learner.max_steps``.
 6. **Held-out accuracy after RL**, on the engines that hold the last pushed weights; the summary
-   prints both figures.
+   prints both figures, and they go to the experiment trackers (``learner.trackers``:
+   TensorBoard, wandb) as ``eval/<before|after>/accuracy`` and per data source, at the last step.
 
 Logs per service are in ``logs/``. Ctrl-C (or SIGTERM) stops every child — whole process groups,
 SIGTERM then SIGKILL — and so does the end of training: nothing is left behind.
@@ -266,6 +267,13 @@ class Launcher:
             sup.adopt(proc)
             self.env["REDIS_URL"] = url
             self.say(f"embedded Redis at {redact_url(url)}")
+            # config.yaml names it too (no password: it has none), so that `dynamo-rl dashboard
+            # --config <run>/config.yaml` finds the stream while the run goes on.
+            import yaml
+
+            written = yaml.safe_load((self.run_dir / "config.yaml").read_text())
+            written["endpoints"]["redis_url"] = redact_url(url)
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
             redis_port = int(url.rsplit(":", 1)[1].split("/")[0])
 
             def restart_redis() -> ServiceProcess:
@@ -346,6 +354,7 @@ class Launcher:
                 before = self.evaluate(test_data, "before")
                 self.train(cfg)
                 after = self.evaluate(test_data, "after")
+                self.track(cfg, before, after)
                 self.summary(before, after)
                 return 0
         except Interrupted as e:
@@ -354,6 +363,30 @@ class Launcher:
         except (RuntimeError, TimeoutError) as e:
             self.say(f"error: {e}")
             return 1
+
+    def track(
+        self, cfg: ExperimentConfig, before: dict[str, Any] | None, after: dict[str, Any] | None
+    ) -> None:
+        """The evaluations into the learner's trackers (``learner.trackers``), same run, at the
+        last step."""
+        if not cfg.learner.trackers or not (before or after):
+            return
+        from dynamo_rl.trackers import Trackers, eval_metrics
+
+        config = cfg.model_dump(mode="json", exclude={"endpoints": {"control_token"}})
+        config["endpoints"].pop("redis_url", None)
+        values: dict[str, float] = {}
+        for label, result in (("before", before), ("after", after)):
+            if result:
+                values |= eval_metrics(label, result)
+        trackers = Trackers(
+            cfg.learner.trackers, self.run_dir, cfg.run.name, config, cfg.learner.wandb
+        )
+        try:
+            trackers.log(values, cfg.learner.max_steps or 0)
+        finally:
+            trackers.close()
+        self.say(f"evaluations logged to {', '.join(cfg.learner.trackers)}")
 
     def summary(self, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
         result: dict[str, Any] = {
@@ -421,7 +454,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engines", dest="up.engines", metavar="N", help="engine replicas")
     parser.add_argument("--workers", dest="up.rollout_workers", metavar="N",
                         help="rollout workers")  # fmt: skip
+    parser.add_argument("--trackers", dest="learner.trackers", metavar="A,B",
+                        help="experiment trackers: tensorboard, wandb (learner.trackers)")  # fmt: skip
     _args, cfg = parse_config(parser, argv)
+    from dynamo_rl.trackers import missing_packages
+
+    if error := missing_packages(cfg.learner.trackers):
+        print(f"dynamo-rl up: {error}", file=sys.stderr)
+        return 2
     if not cfg.learner.max_steps:
         print("dynamo-rl up: learner.max_steps: required (e.g. --steps 50)", file=sys.stderr)
         return 2

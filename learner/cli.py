@@ -46,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from learner.offline_data import check_data_paths
 
         error = check_data_paths(lc.data)
+    if error is None:
+        from dynamo_rl.trackers import missing_packages
+
+        error = missing_packages(lc.trackers)
     if error:
         print(f"dynamo-rl learner: {error}", file=sys.stderr)
         return EXIT_CONFIG

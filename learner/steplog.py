@@ -1,4 +1,5 @@
-"""The learner's JSONL step log (``<run dir>/metrics.jsonl``), plus TensorBoard when installed."""
+"""The learner's JSONL step log (``<run dir>/metrics.jsonl``), and the trackers fed the same record
+(``learner.trackers``: TensorBoard, wandb; see :mod:`dynamo_rl.trackers`)."""
 
 from __future__ import annotations
 
@@ -9,29 +10,25 @@ from typing import Any
 
 
 class StepLog:
-    """One JSON object per line in ``<run dir>/metrics.jsonl`` (appended across restarts)."""
+    """One JSON object per line in ``<run dir>/metrics.jsonl`` (appended across restarts); each
+    record also goes to ``trackers`` (a :class:`dynamo_rl.trackers.Trackers`) when given."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, trackers: Any = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tb: Any = None
-        try:  # TensorBoard only when installed; the JSONL log is the source of truth.
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
-        except Exception:
-            self._tb = None
+        self.trackers = trackers
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps({"time_unix": time.time(), **record}, sort_keys=True)
         with open(self.path, "a") as f:
             f.write(line + "\n")
-        if self._tb is not None:
-            step = int(record.get("step", 0))
-            for key, value in record.items():
-                if isinstance(value, int | float) and key != "step":
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+        if self.trackers is not None:
+            self.trackers.log(record, int(record.get("step", 0)))
+
+    def close(self) -> None:
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:

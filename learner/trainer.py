@@ -106,7 +106,18 @@ class Trainer:
             if self.lc.metrics_port is not None:
                 port = self.metrics.metrics.serve(self.lc.metrics_port, self.lc.metrics_host)
                 log.info("metrics on :%d/metrics", port)
-            self.steplog = StepLog(self.run_dir / "metrics.jsonl")
+            trackers = None
+            if self.lc.trackers:
+                from dynamo_rl.trackers import Trackers
+
+                config = cfg.model_dump(mode="json", exclude={"endpoints": {"control_token"}})
+                config["endpoints"].pop("redis_url", None)  # may hold a password
+                trackers = Trackers(
+                    self.lc.trackers, self.run_dir, cfg.run.name, config, self.lc.wandb
+                )
+            self.steplog = StepLog(self.run_dir / "metrics.jsonl", trackers)
+            h = cfg.run.history
+            self.metrics.metrics.record(self.run_dir, "0", h.interval_s, h.max_mb)
         self.transport = self._make_transport()
 
     # --- hooks -------------------------------------------------------------------------------
@@ -171,6 +182,8 @@ class Trainer:
             self.save_checkpoint()
         self.export(self.run_dir / "export" / "final")
         self.transport.close()
+        if self.steplog is not None:
+            self.steplog.close()
         if self.env.is_main:
             log.info("stopped after step %d", self.step)
         return 0

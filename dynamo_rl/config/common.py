@@ -12,6 +12,17 @@ Port = Annotated[int, Field(ge=0, le=65535, description="TCP port; 0 picks a fre
 Host = Annotated[str, Field(min_length=1, description="address to bind")]
 
 
+class HistoryConfig(Section):
+    """Each service's metrics, appended to the run folder while it runs
+    (``<run.dir>/metrics/<service>-<instance>.jsonl``; see :class:`dynamo_rl.metrics.History`)."""
+
+    interval_s: Annotated[float, Field(ge=0)] = 5.0
+    """Seconds between snapshots of a service's metrics (0: no history is written)."""
+    max_mb: Annotated[float, Field(gt=0)] = 16.0
+    """Size bound of one service's file: past it, every other snapshot is dropped and the
+    interval doubles (the file keeps spanning the whole run, more coarsely)."""
+
+
 class RunConfig(Section):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")] = "dynamo"
     """Experiment name: the allocator namespace, stream names and run folder derive from it."""
@@ -20,6 +31,8 @@ class RunConfig(Section):
     dir: str = "runs/{name}"
     """Run folder (logs, checkpoints, metrics); ``{name}`` is replaced by the run name."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    history: HistoryConfig = HistoryConfig()
+    """Run-folder time series of every service (the dashboard reads them after the run)."""
 
     @property
     def run_dir(self) -> str:

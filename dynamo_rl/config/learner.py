@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
@@ -324,6 +324,18 @@ class DpoConfig(Section):
     """Conservative DPO's label smoothing ε (sigmoid only)."""
 
 
+class WandbConfig(Section):
+    """The ``wandb`` tracker (``learner.trackers``)."""
+
+    project: Annotated[str, Field(min_length=1)] = "dynamo-rl"
+    """Weights & Biases project of the run."""
+    entity: str | None = None
+    """Team or user (None: wandb's default)."""
+    mode: Literal["offline", "online"] = "offline"
+    """``offline`` writes the run to ``<run.dir>/wandb`` with no network (``wandb sync`` uploads it
+    later); ``online`` streams to the server (needs ``WANDB_API_KEY``)."""
+
+
 class LearnerConfig(Section):
     mode: Literal["rl", "sft", "dpo"] = "rl"
     """What to train: rl (the trajectory stream), sft (supervised on learner.data) or dpo
@@ -362,6 +374,19 @@ class LearnerConfig(Section):
     """Prometheus /metrics port on rank 0 (0: a free port; null: off)."""
     metrics_host: Host = "127.0.0.1"
     """Address /metrics binds (0.0.0.0 in containers, so Prometheus can scrape it)."""
+    trackers: list[Literal["tensorboard", "wandb"]] = []
+    """Experiment trackers fed every step record and ``up``'s held-out evaluations, with the
+    run config (``tensorboard``: event files in ``<run.dir>/tensorboard``; ``wandb``: a run in
+    ``<run.dir>/wandb``, offline unless ``learner.wandb.mode`` says otherwise). Each needs its
+    package (``pip install dynamo-rl[trackers]``). A comma-separated string is accepted."""
+    wandb: WandbConfig = WandbConfig()
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _trackers_from_text(cls, value: object) -> object:
+        if isinstance(value, str):  # `up --trackers wandb,tensorboard`
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @model_validator(mode="after")
     def _check_combinations(self) -> LearnerConfig:

@@ -38,6 +38,10 @@ class RolloutConfig(Section):
     """Prometheus /metrics port (0: a free port)."""
     metrics_host: Host = "127.0.0.1"
     """Address /metrics binds (0.0.0.0 in containers, so Prometheus can scrape it)."""
+    sample_log_mb: Annotated[float, Field(ge=0)] = 32.0
+    """Size bound of the worker's sample log (``<run.dir>/samples/<worker_id>.jsonl``, one line
+    per group pushed: prompt, responses, rewards, allocated n, priority); past it the file becomes
+    ``<worker_id>.jsonl.1`` (replacing the older one) and a new one starts. 0: no sample log."""
     namespace: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
     """Allocator namespace and stream scope (None: run.name)."""
     worker_id: Annotated[str, Field(min_length=1)] | None = None

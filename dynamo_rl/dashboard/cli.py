@@ -1,9 +1,12 @@
 """``dynamo-rl dashboard``: serve the built-in dashboard of one run.
 
-By default it watches what the experiment config points at: the learner's metrics log in the run
-folder, the trajectory stream of ``run.name`` in ``endpoints.redis_url``, and the ``/metrics`` of
+By default it watches what the experiment config points at: the run folder (``run.dir``: the
+learner's metrics log, every service's metric history in ``metrics/``, the rollout workers'
+sample logs in ``samples/``, ``up``'s evaluations), the trajectory stream of ``run.name`` in
+``endpoints.redis_url``, and — when the run folder holds no metric history — the ``/metrics`` of
 every service at its configured address. ``--scrape`` replaces that list (compose and Kubernetes
-pass their service names); ``--no-redis`` leaves the samples page empty.
+pass their service names); ``--no-redis`` reads samples only from the run folder. A run that
+``up`` finished (``summary.json``) is shown as finished, entirely from its folder.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from dynamo_rl.dashboard.server import Dashboard, make_server
-    from dynamo_rl.dashboard.sources import JsonlLog, SampleReader, Scraper
+    from dynamo_rl.dashboard.sources import JsonlLog, RunFolder, SampleReader, Scraper
 
     parser = build_parser()
     args, cfg = parse_config(parser, argv)
@@ -82,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.no_redis
         else SampleReader(cfg.endpoints.redis_url, namespace, estimator=estimator),
         run_name=cfg.run.name,
+        run=RunFolder(Path(cfg.run.run_dir), grpo_n=cfg.rollout.n, estimator=estimator),
     )
     server = make_server(dashboard, args.host, args.port)
     host, port = server.server_address[:2]

@@ -131,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
     engine = Engine(model, tokenizer, ecfg, name, token_value, registry, seed=cfg.run.seed)
     app = create_app(engine)
+    h = cfg.run.history
+    engine.metrics.metrics.record(cfg.run.run_dir, str(port), h.interval_s, h.max_mb)
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
         "serving %s (%.1fM parameters, %s, %s) on http://%s:%d",

@@ -112,8 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from services.reward.app import create_app
+    from services.reward.metrics import RewardMetrics
 
-    app = create_app(cfg)
+    metrics = RewardMetrics()
+    h = exp.run.history
+    metrics.metrics.record(exp.run.run_dir, "0", h.interval_s, h.max_mb)
+    app = create_app(cfg, metrics)
     log.info(
         "reward service on http://%s:%d (kinds: %s)",
         cfg.host,

@@ -69,6 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dynamo-rl rollout: {e}", file=sys.stderr)
         return 2
     port = metrics.metrics.serve(cfg.rollout.metrics_port, cfg.rollout.metrics_host)
+    h = cfg.run.history
+    metrics.metrics.record(cfg.run.run_dir, worker.worker_id, h.interval_s, h.max_mb)
+    if cfg.rollout.sample_log_mb > 0:
+        from dynamo_rl.sample_log import SampleLog
+
+        worker.sample_log = SampleLog.in_run(
+            cfg.run.run_dir, worker.worker_id, cfg.rollout.sample_log_mb
+        )
     log.info(
         "worker %s: namespace %s, %d engine(s), metrics on :%d",
         worker.worker_id, worker.namespace, len(worker.pool.urls), port,

@@ -139,6 +139,7 @@ class RolloutWorker:
         self.session = secrets.token_hex(4)
         self.lease = self.writer.lease
         self.reissued = 0  # prompts taken over from lapsed leases
+        self.sample_log: Any = None  # a dynamo_rl.sample_log.SampleLog, set by the CLI
 
     # -- waiting --------------------------------------------------------------------------------
 
@@ -503,7 +504,9 @@ class RolloutWorker:
         """Produce batches until ``num_batches`` (None: the config's; 0: forever)."""
         limit = self.cfg.num_batches if num_batches is None else num_batches
         while not limit or self.batches_done < limit:
-            await self.run_batch(self.batches_done)
+            result = await self.run_batch(self.batches_done)
+            if self.sample_log is not None:
+                self.sample_log.write(result.groups)
             self.batches_done += 1
         return self.batches_done
 

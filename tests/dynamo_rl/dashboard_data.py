@@ -81,6 +81,7 @@ def learner_record(step: int) -> dict[str, float]:
         "reward_mean": min(1.0, 0.2 + 0.015 * step + 0.05 * rng.random()),
         "accuracy_mean": min(1.0, 0.15 + 0.015 * step),
         "staleness_mean": rng.choice((0.0, 0.5, 1.0)),
+        "equal_reward_streak": step % 3,
         "push_seconds": 0.3 + 0.05 * rng.random(),
         "time_read": 0.02 + 0.01 * rng.random(),
         "time_forward": 0.4 + 0.05 * rng.random(),

@@ -4,8 +4,8 @@ The run is live in every part the dashboard reads: a real Redis holding codec-en
 groups, a learner JSONL metrics log on disk, and every service's real metric class serving
 ``/metrics`` with values that keep changing. The page marks its body with ``data-ready`` and the
 number of charts that drew data; ``--dump-dom`` reads that back after the scripts ran. The
-screenshot lands in the test's tmp dir (``DYNAMO_SCREENSHOT_DIR`` copies it elsewhere, which is how
-``docs/img/dashboard.png`` is refreshed).
+screenshot lands in the test's tmp dir (``DYNAMO_SCREENSHOT_DIR`` copies it elsewhere). The
+screenshots in ``docs/img/`` are of a real run, not of this fixture (test_dashboard_run.py).
 """
 
 from __future__ import annotations
@@ -61,9 +61,13 @@ def body_attrs(dom: str) -> dict[str, str]:
 
 @pytest.fixture
 def live_dashboard(redis_url: str, tmp_path: Path, service, free_port: int):
-    write_stream(redis_url, "browser-run", groups=16)
+    from dynamo_rl.sample_log import SampleLog
+
+    groups = write_stream(redis_url, "browser-run", groups=16)
     log = tmp_path / "run" / "metrics.jsonl"
     write_metrics_log(log, steps=60)
+    # A live run's rollout worker logs what it pushes to the run folder (the DynaMO views).
+    SampleLog.in_run(tmp_path / "run", "w0", 32).write(groups)
     with serving_service_metrics(engines=2) as urls:
         argv = dynamo_rl_argv(
             "dashboard",
@@ -76,6 +80,7 @@ def live_dashboard(redis_url: str, tmp_path: Path, service, free_port: int):
             *[a for url in urls for a in ("--scrape", url)],
             f"endpoints.redis_url={redis_url}",
             "run.name=browser-run",
+            f"run.dir={tmp_path / 'run'}",
         )
         base = f"http://127.0.0.1:{free_port}"
         service("dashboard", argv, http_ok(base + "/healthz"), timeout=60)

@@ -3,7 +3,8 @@
 // polylines, axes and a legend.
 //
 // After each refresh the body carries data-ready="true", data-charts (charts on the page) and
-// data-charts-with-data (charts that drew at least one point or bar); the headless-browser test
+// data-charts-with-data (charts that drew at least one point or bar), data-evaluations (rows of
+// the held-out evaluation table) and data-state (running or finished); the headless-browser test
 // reads those from the DOM.
 "use strict";
 
@@ -126,20 +127,71 @@ function renderChart(chart) {
   return card;
 }
 
+function renderEvaluations(evals) {
+  // Held-out accuracy before and after RL, overall and per data source (tier or benchmark).
+  const labels = Object.keys(evals);
+  const box = el("div", { class: "card", id: "evaluations" });
+  if (labels.length === 0) {
+    box.appendChild(el("div", { class: "empty" }, "no evaluation yet"));
+    return [box, 0];
+  }
+  const table = el("table", {});
+  const head = el("tr", {});
+  for (const h of ["", ...labels, ...(labels.length === 2 ? ["change"] : [])]) head.appendChild(el("th", {}, h));
+  table.appendChild(head);
+  const sources = new Set();
+  for (const l of labels) for (const s of Object.keys(evals[l].by_data_source || {})) sources.add(s);
+  const rows = [["all held-out prompts", (l) => evals[l].accuracy],
+    ...[...sources].sort().map((s) => [s, (l) => (evals[l].by_data_source[s] || {}).accuracy])];
+  for (const [name, get] of rows) {
+    const tr = el("tr", {});
+    tr.appendChild(el("td", {}, name));
+    const vals = labels.map(get);
+    for (const v of vals) tr.appendChild(el("td", { class: "num" }, v === undefined ? "–" : (100 * v).toFixed(1) + "%"));
+    if (labels.length === 2) {
+      const d = vals[1] - vals[0];
+      tr.appendChild(el("td", { class: "num" }, isFinite(d) ? `${d >= 0 ? "+" : ""}${(100 * d).toFixed(1)} pts` : "–"));
+    }
+    table.appendChild(tr);
+  }
+  box.appendChild(table);
+  return [box, rows.length];
+}
+
+let chosenPrompt = "";
+
+function promptPicker(prompts, chosen) {
+  const select = el("select", { id: "prompt" });
+  for (const p of prompts) {
+    const option = el("option", { value: p.id }, `${p.id} (${p.groups} groups) ${p.text}`);
+    if (p.id === chosen) option.selected = true;
+    select.appendChild(option);
+  }
+  select.addEventListener("change", () => { chosenPrompt = select.value; refreshCharts(); });
+  const label = el("label", { class: "picker" }, "prompt of the per-prompt views: ");
+  label.appendChild(select);
+  return label;
+}
+
 async function refreshCharts() {
   const status = document.getElementById("status");
   try {
-    const r = await fetch("/api/charts", { cache: "no-store" });
+    const query = chosenPrompt ? `?prompt=${encodeURIComponent(chosenPrompt)}` : "";
+    const r = await fetch(`/api/charts${query}`, { cache: "no-store" });
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     const data = await r.json();
     document.getElementById("run").textContent = `run ${data.run}`;
     const root = document.getElementById("charts");
     root.replaceChildren();
+    root.appendChild(el("h2", {}, "held-out evaluation"));
+    const [evalBox, evalRows] = renderEvaluations(data.evaluations || {});
+    root.appendChild(evalBox);
     const groups = {};
     for (const chart of data.charts) (groups[chart.group] ||= []).push(chart);
     let withData = 0;
     for (const [group, charts] of Object.entries(groups)) {
       root.appendChild(el("h2", {}, group));
+      if (group === "dynamo" && (data.prompts || []).length > 0) root.appendChild(promptPicker(data.prompts, data.prompt));
       const grid = el("div", { class: "grid" });
       for (const chart of charts) {
         const card = renderChart(chart);
@@ -150,11 +202,22 @@ async function refreshCharts() {
     }
     const s = data.sources;
     const scrape = s.scrape.map((t) => `${t.ok ? "ok  " : "DOWN"} ${t.url}${t.error ? "  " + t.error : ""}`);
+    const folder = s.run_folder;
+    // Only the last part of a path: the page is shared and screenshotted, the machine's layout
+    // is nobody's business.
+    const short = (p) => (p ? p.split("/").filter(Boolean).slice(-1)[0] : "none");
+    const redis = !s.redis.configured ? "off" : s.redis.skipped ? `not read (${s.redis.skipped})`
+      : s.redis.ok ? "ok" : "DOWN " + (s.redis.error || "") + (folder.sample_groups ? " (samples from the run folder)" : "");
     document.getElementById("sources").textContent =
-      `metrics log: ${s.metrics_log.path} (${s.metrics_log.records} records${s.metrics_log.exists ? "" : ", not found yet"})\n` +
-      `redis: ${s.redis.configured ? (s.redis.ok ? "ok" : "DOWN " + (s.redis.error || "")) : "off"}\n` +
-      `scrape:\n  ${scrape.join("\n  ")}`;
-    status.textContent = `updated ${new Date(data.now * 1000).toTimeString().slice(0, 8)}`;
+      `metrics log: ${short(s.metrics_log.path)} (${s.metrics_log.records} records${s.metrics_log.exists ? "" : ", not found yet"})\n` +
+      `run folder: ${short(folder.path)} (${folder.state}; ${folder.history_files.length} metric histories, ${folder.sample_groups} sampled groups)\n` +
+      `redis: ${redis}\n` +
+      (s.metrics === "run folder" ? `service metrics: run folder (${folder.history_files.join(", ")})`
+        : `scrape:\n  ${scrape.join("\n  ")}`);
+    const when = new Date(data.now * 1000).toTimeString().slice(0, 8);
+    status.textContent = data.state === "finished" ? `run finished · read ${when}` : `updated ${when}`;
+    document.body.dataset.state = data.state;
+    document.body.dataset.evaluations = String(evalRows);
     document.body.dataset.charts = String(data.charts.length);
     document.body.dataset.chartsWithData = String(withData);
     document.body.dataset.ready = "true";
@@ -195,8 +258,11 @@ async function refreshSamples() {
       for (const [text, cls] of cells) tr.appendChild(el("td", { class: cls }, text));
       body.appendChild(tr);
     }
-    status.textContent = `${data.rows.length} rows from ${data.scanned_groups} newest groups; ` +
-      `stream length ${data.stream_length}; weight version ${data.weight_version ?? "–"}`;
+    status.textContent = data.origin === "run folder"
+      ? `${data.rows.length} rows from the run folder's sample log (${data.scanned_groups} groups); ` +
+        `last weight version ${data.weight_version ?? "–"}`
+      : `${data.rows.length} rows from ${data.scanned_groups} newest groups; ` +
+        `stream length ${data.stream_length}; weight version ${data.weight_version ?? "–"}`;
     document.body.dataset.rows = String(data.rows.length);
     document.body.dataset.ready = "true";
   } catch (e) {
