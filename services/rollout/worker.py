@@ -623,7 +623,6 @@ class RolloutWorker:
                 n_tokens += e.model_tokens
             if not responses:
                 continue
-            self._episode_metrics(group)
             reported = [t.weight_version for e in group for t in e.turns if t.weight_version]
             groups.append(
                 TrajectoryGroup(
@@ -657,6 +656,7 @@ class RolloutWorker:
         entry_ids = await self.push(groups, batch_id)
         t_end = time.monotonic()
         await self.report(outcomes)
+        self._episode_metrics([e for group in episodes for e in group])
         m = self.metrics
         m.batches.inc()
         m.groups.inc(len(groups))

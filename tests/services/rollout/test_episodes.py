@@ -7,6 +7,7 @@ observations are fixed, which makes every token of an episode checkable by hand.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,20 @@ import pytest
 from dynamo_rl.codec import TrajectoryGroup, decode_group, encode_group
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
-from dynamo_rl.envs import Environment, EnvUnavailable, Step, ToolCallRecord
+from dynamo_rl.envs import (
+    ENVIRONMENTS,
+    EnvContext,
+    Environment,
+    EnvUnavailable,
+    Step,
+    ToolCallRecord,
+    make_env,
+)
 from learner.batch import batch_mask, placed_turn_rewards, samples_from_groups
 from services.rollout.engines import EnginePool, Sample, Sampling, make_engine
 from services.rollout.episodes import Conversation, episode_responses, run_episode
 from services.rollout.loop import load_tokenizer
+from tests.conftest import REPO
 
 SAMPLING = Sampling(max_tokens=6, temperature=1.0, seed=7)
 
@@ -222,3 +232,25 @@ def test_turn_rewards_land_on_each_turns_last_model_token(engine: str, tokenizer
         want[t.end - 1] += r
     want[resp.turns[-1].end - 1] += 1.0  # the outcome, on the last model token
     assert tr[0].tolist() == pytest.approx(want)
+
+
+def docs_example() -> str:
+    text = (REPO / "docs" / "agents.md").read_text()
+    [block] = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    return block
+
+
+def test_the_docs_example_runs_as_written_and_plays_on_the_engine(
+    engine: str, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert 25 <= len(docs_example().splitlines()) <= 60
+    try:
+        namespace: dict[str, Any] = {"__name__": "__main__"}
+        exec(compile(docs_example(), "docs/agents.md", "exec"), namespace)
+        assert capsys.readouterr().out == "total reward 3.0\n"
+        env = make_env(EnvContext(EnvConfig(name="drill", max_turns=8), None, seed=1))
+        ep, pool = play(engine, env, Conversation(tokenizer, "plain"), limits())
+        assert ep.end_reason == "done" and len(pool.sampled) == 3
+        assert [t.reward in (0.0, 1.0) for t in ep.turns] == [True] * 3
+    finally:
+        ENVIRONMENTS.pop("drill", None)
