@@ -86,6 +86,7 @@ def run(worker: RolloutWorker, batches: int) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_guess_number_batch_reaches_the_stream_masked_and_counted_as_episodes(
     redis_url, engine, reward, allocator, dataset, model
 ) -> None:
@@ -137,6 +138,7 @@ OLD_FIELDS = ("token_ids", "logprobs", "reward", "correct", "format_ok", "reason
               "finish_reason", "reward_components", "text")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_single_turn_default_keeps_todays_trajectories(
     redis_url, engine, reward, allocator, dataset, model
 ) -> None:
