@@ -666,6 +666,7 @@ class RolloutWorker:
             m.tokens_per_second.set(n_tokens / generate_s)
         if rewards:
             m.reward_mean.set(sum(rewards) / len(rewards))
+            m.correct_fraction.set(sum(o[2] for o in outcomes) / len(rewards))
         for phase, seconds in (
             ("allocate", t_gen - t_alloc),
             ("generate", generate_s),
