@@ -22,7 +22,9 @@ from dynamo_rl.proto.dynamo.v1.trajectory_pb2 import (
     Response,
     SamplingParams,
     Timing,
+    ToolCall,
     TrajectoryGroup,
+    Turn,
 )
 
 __all__ = [
@@ -31,12 +33,16 @@ __all__ = [
     "Response",
     "SamplingParams",
     "Timing",
+    "ToolCall",
     "TrajectoryDecodeError",
     "TrajectoryGroup",
+    "Turn",
     "decode_entry",
     "decode_group",
     "encode_entry",
     "encode_group",
+    "response_loss_mask",
+    "response_prompt",
 ]
 
 CODEC_VERSION = b"1"
@@ -65,7 +71,43 @@ def validate_group(group: TrajectoryGroup) -> TrajectoryGroup:
             raise TrajectoryDecodeError(f"response {i}: log-probs must be finite and <= 0")
         if any(t < 0 for t in r.token_ids):
             raise TrajectoryDecodeError(f"response {i}: negative token id")
+        _validate_episode(i, r)
     return group
+
+
+def _validate_episode(i: int, r: Response) -> None:
+    """A multi-turn response's mask and turns (absent on single-turn responses)."""
+    n = len(r.token_ids)
+    if r.loss_mask:
+        if len(r.loss_mask) != n:
+            raise TrajectoryDecodeError(
+                f"response {i}: {len(r.loss_mask)} loss_mask values for {n} tokens"
+            )
+        if any(m not in (0, 1) for m in r.loss_mask):
+            raise TrajectoryDecodeError(f"response {i}: loss_mask values must be 0 or 1")
+    if any(t < 0 for t in r.prompt_token_ids):
+        raise TrajectoryDecodeError(f"response {i}: prompt_token_ids: negative token id")
+    prev = 0
+    for k, t in enumerate(r.turns):
+        if not prev <= t.start <= t.end <= t.observation_end <= n:
+            raise TrajectoryDecodeError(
+                f"response {i} turn {k}: spans [{t.start}, {t.end}, {t.observation_end}] out of "
+                f"order or beyond its {n} tokens"
+            )
+        if not math.isfinite(t.reward):
+            raise TrajectoryDecodeError(f"response {i} turn {k}: reward is not finite")
+        prev = t.observation_end
+
+
+def response_prompt(group: TrajectoryGroup, response: Response) -> list[int]:
+    """The prompt a response continues: its own (a forked sample) or the group's."""
+    return list(response.prompt_token_ids or group.prompt_token_ids)
+
+
+def response_loss_mask(response: Response) -> list[int]:
+    """1 at the tokens trained on: every token of a single-turn response, the model's tokens of
+    a multi-turn one."""
+    return list(response.loss_mask) if response.loss_mask else [1] * len(response.token_ids)
 
 
 def encode_group(group: TrajectoryGroup) -> bytes:

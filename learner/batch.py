@@ -32,6 +32,22 @@ class Sample:
     truncated: bool = False
     temperature: float = 1.0
     """Temperature the response was sampled at; the learner divides its logits by it."""
+    loss_mask: list[int] | None = None
+    """Multi-turn episodes: 1 at model tokens, 0 at observation tokens (None: all trained)."""
+    turn_rewards: list[tuple[int, float]] | None = None
+    """Multi-turn episodes: (token position, reward) of each turn reward the environment placed;
+    ``reward`` already includes them (its remainder is the outcome)."""
+
+    def trained(self) -> list[float]:
+        """1.0 at each response token the loss counts, 0.0 at observation tokens."""
+        if self.loss_mask is None:
+            return [1.0] * len(self.response)
+        return [float(m) for m in self.loss_mask]
+
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the loss counts (length normalisation, overlong penalties)."""
+        return len(self.response) if self.loss_mask is None else int(sum(self.loss_mask))
 
 
 def sampling_temperature(group: Any) -> float:
@@ -48,9 +64,10 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
         prompt = list(g.prompt_token_ids)
         temperature = sampling_temperature(g)
         for r in g.responses:
+            placed = [(t.end - 1, float(t.reward)) for t in r.turns if t.has_reward]
             out.append(
                 Sample(
-                    prompt=prompt,
+                    prompt=list(r.prompt_token_ids) if r.prompt_token_ids else prompt,
                     response=list(r.token_ids),
                     sampling_logprobs=list(r.logprobs),
                     reward=float(r.reward),
@@ -59,6 +76,8 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
                     staleness=max(0, weight_version - int(g.weight_version)),
                     truncated=r.finish_reason == "length",
                     temperature=temperature,
+                    loss_mask=list(r.loss_mask) if r.loss_mask else None,
+                    turn_rewards=placed or None,
                 )
             )
     return out
@@ -72,7 +91,7 @@ class MicroBatch:
     input_ids: torch.Tensor  # [b, P + T]
     attention_mask: torch.Tensor  # [b, P + T]
     response_ids: torch.Tensor  # [b, T]
-    mask: torch.Tensor  # [b, T] float, 1 at response tokens
+    mask: torch.Tensor  # [b, T] float, 1 at the response tokens trained on (not observations)
     sampling_logprobs: torch.Tensor  # [b, T]
     temperature: torch.Tensor  # [b] float, each row's sampling temperature
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -127,7 +146,7 @@ def collate(samples: list[Sample], rows: list[int], pad_id: int) -> MicroBatch:
         if lr:
             input_ids[i, p_len : p_len + lr] = torch.tensor(s.response)
             response[i, :lr] = torch.tensor(s.response)
-            mask[i, :lr] = 1.0
+            mask[i, :lr] = torch.tensor(s.trained())
             sampling[i, :lr] = torch.tensor(s.sampling_logprobs)
     temperature = torch.tensor([s.temperature for s in chosen], dtype=torch.float32)
     return MicroBatch(list(rows), input_ids, attention, response, mask, sampling, temperature)
@@ -147,12 +166,32 @@ def scale_by_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> tor
 
 
 def batch_mask(samples: list[Sample]) -> torch.Tensor:
-    """``[N, T_max]`` response mask of the whole batch (for batch-level advantage estimators)."""
+    """``[N, T_max]`` mask of the whole batch's trained tokens (for batch-level advantage
+    estimators): 1 at response tokens, 0 at padding and at observation tokens."""
     t_len = max(1, max((len(s.response) for s in samples), default=1))
     mask = torch.zeros((len(samples), t_len))
     for i, s in enumerate(samples):
-        mask[i, : len(s.response)] = 1.0
+        if s.response:
+            mask[i, : len(s.response)] = torch.tensor(s.trained())
     return mask
+
+
+def placed_turn_rewards(samples: list[Sample], mask: torch.Tensor) -> torch.Tensor | None:
+    """Token rewards of a batch with per-turn rewards (None when no sample has one): each turn
+    reward on its turn's last model token, the rest of the response's reward (its outcome) on
+    its last trained token."""
+    if not any(s.turn_rewards for s in samples):
+        return None
+    from learner.algorithms import outcome_token_rewards
+
+    outcome = torch.tensor(
+        [s.reward - sum(r for _, r in s.turn_rewards or ()) for s in samples], dtype=torch.float32
+    )
+    out = outcome_token_rewards(outcome, mask)
+    for i, s in enumerate(samples):
+        for pos, r in s.turn_rewards or ():
+            out[i, pos] += r
+    return out
 
 
 def to_rows(values: list[list[float]], t_len: int) -> torch.Tensor:

@@ -40,6 +40,7 @@ from learner.batch import (
     micro_splits,
     mini_batches,
     num_micro,
+    placed_turn_rewards,
     rank_share,
     samples_from_groups,
     scale_by_temperature,
@@ -322,7 +323,7 @@ class RLTrainer(Trainer):
         # groups whole, so the whole batch's count is the mini-batch's (and every rank's).
         group_tokens: dict[int, int] = defaultdict(int)
         for s in samples:
-            group_tokens[s.group] += len(s.response)
+            group_tokens[s.group] += s.model_tokens
         plan: list[list[MicroBatch]] = []
         for rows in minis:
             mine = rank_share(rows, env.rank, env.world_size)
@@ -362,7 +363,8 @@ class RLTrainer(Trainer):
         mask = batch_mask(samples)
         t_len = mask.shape[1]
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        lengths = torch.tensor([len(s.response) for s in samples])
+        # Model tokens only: observation tokens count for neither length nor overlong penalty.
+        lengths = torch.tensor([s.model_tokens for s in samples])
         dapo = algo.dapo
         if dapo.overlong_buffer > 0:
             assert dapo.max_response_len is not None
@@ -370,7 +372,9 @@ class RLTrainer(Trainer):
                 lengths, dapo.max_response_len, dapo.overlong_buffer, dapo.overlong_factor
             )
         group_ids = torch.tensor([s.group for s in samples], dtype=torch.long)
-        values_full = token_rewards = None
+        values_full = None
+        # Per-turn environment rewards on their turns' last model tokens (None: outcome only).
+        token_rewards = placed_turn_rewards(samples, mask)
         kl_in_reward = 0.0
         if lc.critic.enabled or self.kl_ctl.beta > 0:  # the same decision on every rank
             gathered = self._gather_rows(plan)
@@ -379,7 +383,10 @@ class RLTrainer(Trainer):
             if self.kl_ctl.beta > 0:
                 kl_tok = to_rows([gathered[i]["kl"] for i in range(n)], t_len)
                 kl_in_reward = float((kl_tok * mask).sum() / mask.sum().clamp(min=1))
-                token_rewards = kl_shaped_token_rewards(rewards, mask, kl_tok, self.kl_ctl.beta)
+                if token_rewards is None:
+                    token_rewards = kl_shaped_token_rewards(rewards, mask, kl_tok, self.kl_ctl.beta)
+                else:
+                    token_rewards = token_rewards - self.kl_ctl.beta * kl_tok
         adv_kwargs: dict[str, Any] = {}
         if hasattr(algo.advantage, "gamma"):
             adv_kwargs["gamma"] = algo.advantage.gamma
@@ -501,7 +508,7 @@ class RLTrainer(Trainer):
         """The mini-batch's denominator: valid tokens (token-mean), groups with a token
         (prompt-mean) or rows with a token."""
         if self.agg == "token-mean":
-            return float(max(1, sum(len(samples[i].response) for i in rows)))
+            return float(max(1, sum(samples[i].model_tokens for i in rows)))
         if self.agg == "prompt-mean":
             return float(max(1, len({samples[i].group for i in rows if samples[i].response})))
         return float(max(1, sum(1 for i in rows if samples[i].response)))
@@ -512,7 +519,8 @@ class RLTrainer(Trainer):
         for mbs in plan:
             for mb in mbs:
                 for j, row in enumerate(mb.rows):
-                    length = int(mb.mask[j].sum())
+                    valid = mb.mask[j].nonzero()  # interior zeros: observation tokens
+                    length = int(valid[-1]) + 1 if len(valid) else 0
                     item: dict[str, list[float]] = {}
                     if "old_values" in mb.extra:
                         item["values"] = mb.extra["old_values"][j, :length].tolist()

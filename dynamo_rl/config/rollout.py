@@ -3,7 +3,7 @@ protocol, and the bounds that keep the worker from running ahead of the learner.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -31,6 +31,96 @@ class SamplingConfig(Section):
     seed: int | None = None
     """Base seed; each request gets its own seed derived from it, the batch, prompt and chunk
     (None: unseeded sampling)."""
+
+
+class EnvConfig(Section):
+    """The environment of each episode (``docs/agents.md``). ``single_turn``, the default, is
+    one prompt -> one response, exactly as before; any other name runs multi-turn episodes."""
+
+    name: str = "single_turn"
+    """Registered environment: single_turn, guess_number, code_interpreter, tools, or one that
+    ``import_module`` registers."""
+    import_module: str | None = None
+    """A Python module imported before ``name`` is looked up (registers your environments)."""
+    max_turns: Annotated[int, Field(ge=1)] = 4
+    """Most model turns per episode; the episode ends after this many."""
+    max_tool_calls: Annotated[int, Field(ge=0)] = 8
+    """Most tool calls per episode; the episode ends at the turn that reaches it (its
+    observation is not appended)."""
+    max_episode_tokens: Annotated[int, Field(ge=2)] = 2048
+    """Per-episode budget of prompt + response tokens (observations included); each turn may
+    generate at most what is left, and an observation that does not fit ends the episode."""
+    tool_timeout_s: Seconds = 10.0
+    """Deadline of one environment step (its tool calls); past it the model sees a timeout
+    error and the episode goes on. Also the sandbox's run timeout."""
+    observation_max_chars: Annotated[int, Field(ge=16)] = 1024
+    """Tool output kept per call (head and tail, the cut named)."""
+    tool_parser: str = "hermes"
+    """Tool-call parser of the tools environment (dynamo_rl.envs.TOOL_PARSERS)."""
+    tools: list[dict[str, Any]] = []
+    """OpenAI-style function schemas ``{"type": "function", "function": {"name", "description",
+    "parameters"}}`` of the tools environment; each name must be in dynamo_rl.envs.TOOL_FUNCTIONS
+    (built in: calculator, python)."""
+    system_prompt: str | None = None
+    """System message of code_interpreter/tools (None: the environment's own)."""
+    stateful_cells: bool = False
+    """code_interpreter: re-run earlier cells silently before each new one (state across
+    cells)."""
+    sandbox_url: str | None = None
+    """SandboxFusion-compatible /run_code server (None: endpoints.reward_url)."""
+    sandbox_max_wait_s: Annotated[float, Field(ge=0)] = 30.0
+    """How long an unreachable sandbox is retried before the episode is dropped (counted)."""
+    turn_rewards: bool = False
+    """Add the environment's per-turn rewards to the outcome reward, placed on each turn's last
+    model token (false: outcome reward only)."""
+    turn_reward_discount: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """Discount of per-turn rewards: turn k of K counts discount^(K-1-k) in the response's
+    reward."""
+    malformed_penalty: Annotated[float, Field(ge=0)] = 0.0
+    """Subtracted from the reward once per malformed tool call."""
+    guess_low: int = 1
+    """guess_number: smallest secret."""
+    guess_high: int = 100
+    """guess_number: largest secret."""
+
+    @model_validator(mode="after")
+    def _known(self) -> EnvConfig:
+        from dynamo_rl.envs import TOOL_FUNCTIONS, TOOL_PARSERS, env_names
+
+        if self.import_module:
+            import importlib
+
+            try:
+                importlib.import_module(self.import_module)
+            except ImportError as e:
+                raise ValueError(f"rollout.env.import_module {self.import_module!r}: {e}") from None
+        names = env_names()
+        if self.name not in names:
+            raise ValueError(f"rollout.env.name must be one of {names}, got {self.name!r}")
+        if self.tool_parser not in TOOL_PARSERS:
+            raise ValueError(
+                f"rollout.env.tool_parser must be one of {sorted(TOOL_PARSERS)}, "
+                f"got {self.tool_parser!r}"
+            )
+        for i, t in enumerate(self.tools):
+            fn = t.get("function") if isinstance(t, dict) else None
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if t.get("type") != "function" or not isinstance(name, str):
+                raise ValueError(
+                    f"rollout.env.tools[{i}] must be {{type: function, function: {{name: ...}}}}"
+                )
+            if name not in TOOL_FUNCTIONS:
+                raise ValueError(
+                    f"rollout.env.tools[{i}]: no implementation of tool {name!r}; "
+                    f"allowed: {sorted(TOOL_FUNCTIONS)}"
+                )
+        if self.name == "tools" and not self.tools:
+            raise ValueError("rollout.env.name 'tools' needs rollout.env.tools (function schemas)")
+        if self.guess_low > self.guess_high:
+            raise ValueError(
+                f"rollout.env.guess_low ({self.guess_low}) must be <= guess_high ({self.guess_high})"
+            )
+        return self
 
 
 class RolloutConfig(Section):
@@ -153,6 +243,8 @@ class RolloutConfig(Section):
 
     sampling: SamplingConfig = SamplingConfig()
     """Sampling parameters of every generation request."""
+    env: EnvConfig = EnvConfig()
+    """The episodes' environment and limits (default single_turn: one prompt, one response)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutConfig:

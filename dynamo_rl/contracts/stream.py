@@ -58,7 +58,13 @@ from typing import Any
 import redis
 
 from dynamo_rl import keys
-from dynamo_rl.codec import TrajectoryDecodeError, TrajectoryGroup, decode_entry, encode_entry
+from dynamo_rl.codec import (
+    TrajectoryDecodeError,
+    TrajectoryGroup,
+    decode_entry,
+    encode_entry,
+    response_prompt,
+)
 
 __all__ = [
     "CLAIM_SCRIPT",
@@ -386,7 +392,10 @@ class TrajectoryReader:
         """What the codec cannot know: the model's vocabulary and context length."""
         prompt_len = len(group.prompt_token_ids)
         if self.vocab_size is not None:
-            ids = [*group.prompt_token_ids, *(t for r in group.responses for t in r.token_ids)]
+            ids = [
+                *group.prompt_token_ids,
+                *(t for r in group.responses for t in (*r.prompt_token_ids, *r.token_ids)),
+            ]
             if ids and max(ids) >= self.vocab_size:
                 raise TrajectoryDecodeError(
                     f"token id {max(ids)} outside the model's vocabulary of {self.vocab_size}"
@@ -394,7 +403,9 @@ class TrajectoryReader:
         if prompt_len == 0:
             raise TrajectoryDecodeError("prompt_token_ids is empty")
         if self.max_seq_len is not None:
-            longest = prompt_len + max(len(r.token_ids) for r in group.responses)
+            longest = max(
+                len(response_prompt(group, r)) + len(r.token_ids) for r in group.responses
+            )
             if longest > self.max_seq_len:
                 raise TrajectoryDecodeError(
                     f"prompt+response of {longest} tokens exceeds learner.max_seq_len "

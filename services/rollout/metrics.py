@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from dynamo_rl.metrics import ServiceMetrics
 
+TOOL_ERROR_KINDS = ("malformed", "timeout", "failed", "unknown", "bad", "other")
+"""Labels of ``dynamo_rollout_tool_errors_total``: a malformed call, a step past
+``rollout.env.tool_timeout_s``, a tool that failed (non-zero exit, exception), an unknown tool,
+bad arguments, anything else."""
+
 
 class WorkerMetrics:
     """The rollout worker's metrics (``dynamo_rollout_*``)."""
@@ -72,4 +77,32 @@ class WorkerMetrics:
             "Wall time of one batch, by phase (allocate, generate, verify, push, total)",
             ["phase"],
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )
+        # Multi-turn episodes (rollout.env; docs/agents.md).
+        self.episodes = m.counter(
+            "episodes_total",
+            "Episodes pushed, by why they ended (done, max_turns, max_tool_calls, token_budget)",
+            ["end"],
+        )
+        self.episodes_dropped = m.counter(
+            "episodes_dropped_total", "Episodes dropped because the sandbox stayed down"
+        )
+        self.episode_turns = m.histogram(
+            "episode_turns", "Model turns per episode", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32)
+        )
+        self.episode_forks = m.counter(
+            "episode_forks_total",
+            "Samples forked because the chat template's next prompt did not extend the tokens",
+        )
+        self.tool_calls = m.counter("tool_calls_total", "Tool calls made by episodes")
+        self.tool_errors = m.counter(
+            "tool_errors_total",
+            "Tool calls that did not run cleanly, by kind (malformed, timeout, failed, unknown, "
+            "bad, other)",
+            ["kind"],
+        )
+        self.tool_latency = m.histogram("tool_latency_seconds", "Latency of one tool call")
+        self.masked_token_share = m.gauge(
+            "masked_token_share",
+            "Share of the last batch's episode tokens that are observations (loss mask 0)",
         )

@@ -57,6 +57,8 @@ from dynamo_rl.config import ExperimentConfig, RolloutConfig
 from dynamo_rl.config.reward import unrouted
 from dynamo_rl.contracts.engine import alist_engines
 from dynamo_rl.contracts.stream import TrajectoryWriter
+from dynamo_rl.envs import EnvContext, make_env
+from dynamo_rl.envs.sandbox import SandboxClient
 from dynamo_rl.keys import weight_version_key
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
@@ -65,8 +67,16 @@ from services.rollout.datasets import (
     PromptRenderer,
     PromptSampler,
     check_prompt_lengths,
+    reward_item,
 )
 from services.rollout.engines import Engine, EnginePool, EngineRequestError, Sample
+from services.rollout.episodes import (
+    Conversation,
+    Episode,
+    episode_responses,
+    record_row,
+    run_episode,
+)
 from services.rollout.loop import (
     load_tokenizer,
     make_engine_factory,
@@ -77,7 +87,7 @@ from services.rollout.loop import (
     split_count,
     verify_groups,
 )
-from services.rollout.metrics import WorkerMetrics
+from services.rollout.metrics import TOOL_ERROR_KINDS, WorkerMetrics
 from services.rollout.reward_client import RewardClient
 
 __all__ = ["BatchResult", "RolloutWorker", "build_worker", "check_routes", "split_count"]
@@ -114,6 +124,7 @@ class RolloutWorker:
         engines_namespace: str | None = None,
         allocator_factory: Callable[[], Any] | None = None,
         rendered: dict[str, tuple[str, list[int]]] | None = None,
+        sandbox: SandboxClient | None = None,
     ) -> None:
         self.cfg = cfg
         self.namespace = namespace
@@ -140,6 +151,9 @@ class RolloutWorker:
         self.lease = self.writer.lease
         self.reissued = 0  # prompts taken over from lapsed leases
         self.sample_log: Any = None  # a dynamo_rl.sample_log.SampleLog, set by the CLI
+        # Multi-turn episodes (rollout.env): conversations rendered like the prompts.
+        self.sandbox = sandbox
+        self.conversation = Conversation(renderer.tokenizer, renderer.template)
 
     # -- waiting --------------------------------------------------------------------------------
 
@@ -389,6 +403,12 @@ class RolloutWorker:
         for c in counts:
             self.metrics.allocation.observe(c)
 
+        if self.cfg.env.name != "single_turn":
+            return await self._run_episode_batch(
+                batch_index, batch_id, records, rendered, counts, priorities, fallback,
+                engine_version, (t0, t_alloc),
+            )  # fmt: skip
+
         t_gen = time.monotonic()
         samples = await asyncio.gather(
             *(
@@ -495,6 +515,174 @@ class RolloutWorker:
         )  # fmt: skip
         return BatchResult(batch_index, groups, entry_ids, fallback)
 
+    # -- multi-turn episodes (rollout.env) ------------------------------------------------------
+
+    async def generate_episodes(
+        self, record: PromptRecord, prompt_tokens: int, count: int, batch_index: int
+    ) -> list[Episode]:
+        """``count`` episodes of one prompt, concurrently (their tool calls too); dropped ones
+        (sandbox down) are counted and left out; none when an engine refuses the prompt."""
+        env_cfg = self.cfg.env
+        base = self.sampling.seed
+
+        async def one(j: int) -> Episode:
+            seed = request_seed(base, self.worker_id, batch_index, record.prompt_id, j)
+            env = make_env(EnvContext(env_cfg, self.sandbox, seed=seed))
+            try:
+                return await run_episode(
+                    self.pool, env, record_row(record), self.conversation, self.sampling, env_cfg,
+                    seed_of=lambda turn: request_seed(
+                        base, self.worker_id, batch_index, record.prompt_id, j, turn
+                    ),
+                )  # fmt: skip
+            finally:
+                await env.aclose()
+
+        try:
+            episodes = await asyncio.gather(*(one(j) for j in range(count)))
+        except EngineRequestError as e:
+            await self.refuse(record, prompt_tokens, str(e))
+            return []
+        kept = []
+        for e in episodes:
+            if e.dropped is not None:
+                log.warning("episode of prompt %s dropped: %s", record.prompt_id, e.dropped)
+                self.metrics.episodes_dropped.inc()
+            else:
+                kept.append(e)
+        return kept
+
+    def _episode_metrics(self, episodes: Sequence[Episode]) -> None:
+        m = self.metrics
+        model = obs = 0
+        for e in episodes:
+            m.episodes.labels(e.end_reason).inc()
+            m.episode_turns.observe(len(e.turns))
+            m.episode_forks.inc(e.forks)
+            model += e.model_tokens
+            obs += e.observation_tokens
+            for c in e.tool_calls:
+                m.tool_calls.inc()
+                m.tool_latency.observe(c.latency_s)
+                if c.error:
+                    kind = "malformed" if c.malformed else c.error.split(":")[0].split(" ")[0]
+                    m.tool_errors.labels(kind if kind in TOOL_ERROR_KINDS else "other").inc()
+        if model + obs:
+            m.masked_token_share.set(obs / (model + obs))
+
+    async def _run_episode_batch(
+        self,
+        batch_index: int,
+        batch_id: str,
+        records: list[PromptRecord],
+        rendered: list[tuple[str, list[int]]],
+        counts: list[int],
+        priorities: list[float],
+        fallback: bool,
+        engine_version: int,
+        started: tuple[float, float],
+    ) -> BatchResult:
+        t0, t_alloc = started
+        t_gen = time.monotonic()
+        episodes = await asyncio.gather(
+            *(
+                self.generate_episodes(r, len(tokens), count, batch_index)
+                for r, (_text, tokens), count in zip(records, rendered, counts, strict=True)
+            )
+        )
+        generate_s = time.monotonic() - t_gen
+        t_ver = time.monotonic()
+        # The outcome reward scores the final turn's text; its length term counts model tokens.
+        items = [
+            reward_item(r, f"{batch_index}:{p}:{j}", e.final_text, e.model_tokens)
+            for p, (r, group) in enumerate(zip(records, episodes, strict=True))
+            for j, e in enumerate(group)
+        ]
+        results = await self.reward.verify(items) if items else []
+        by_id = {str(it.id): res for it, res in zip(items, results, strict=True)}
+        verdicts = [
+            [by_id[f"{batch_index}:{p}:{j}"] for j in range(len(group))]
+            for p, group in enumerate(episodes)
+        ]
+        verify_s = time.monotonic() - t_ver
+        created = time.time()
+        groups: list[TrajectoryGroup] = []
+        outcomes: list[tuple[str, int, int]] = []
+        rewards: list[float] = []
+        n_tokens = 0
+        for p, (r, (text, _tokens), group, count, priority) in enumerate(
+            zip(records, rendered, episodes, counts, priorities, strict=True)
+        ):
+            responses: list[Response] = []
+            for j, e in enumerate(group):
+                res = verdicts[p][j]
+                made = episode_responses(
+                    e, j, res, group[0].segments[0].prompt_ids, self.cfg.env, self.conversation
+                )
+                responses += made
+                rewards += [made[0].reward] if made else []
+                n_tokens += e.model_tokens
+            if not responses:
+                continue
+            reported = [t.weight_version for e in group for t in e.turns if t.weight_version]
+            groups.append(
+                TrajectoryGroup(
+                    prompt_id=r.prompt_id,
+                    prompt_token_ids=group[0].segments[0].prompt_ids,
+                    responses=responses,
+                    weight_version=min(reported) if reported else engine_version,
+                    sampling=SamplingParams(
+                        temperature=self.sampling.temperature,
+                        top_p=self.sampling.top_p,
+                        top_k=self.sampling.top_k,
+                        max_tokens=self.sampling.max_tokens,
+                        seed=self.sampling.seed,
+                    ),
+                    data_source=r.data_source,
+                    namespace=self.namespace,
+                    prompt_text=text,
+                    timing=Timing(created_unix=created, generate_s=generate_s, verify_s=verify_s),
+                    worker_id=self.worker_id,
+                    allocated_n=count,
+                    priority=priority,
+                    batch_id=batch_id,
+                )
+            )
+            # DynaMO counts episodes: n episodes, successes = correct outcomes (forks add
+            # training samples, not attempts).
+            successes = sum(res.correct for res in verdicts[p])
+            outcomes.append((r.prompt_id, len(group), successes))
+
+        t_push = time.monotonic()
+        entry_ids = await self.push(groups, batch_id)
+        t_end = time.monotonic()
+        await self.report(outcomes)
+        self._episode_metrics([e for group in episodes for e in group])
+        m = self.metrics
+        m.batches.inc()
+        m.groups.inc(len(groups))
+        m.responses.inc(sum(len(g.responses) for g in groups))
+        m.tokens.inc(n_tokens)
+        if generate_s > 0:
+            m.tokens_per_second.set(n_tokens / generate_s)
+        if rewards:
+            m.reward_mean.set(sum(rewards) / len(rewards))
+            m.correct_fraction.set(sum(o[2] for o in outcomes) / len(rewards))
+        for phase, seconds in (
+            ("allocate", t_gen - t_alloc),
+            ("generate", generate_s),
+            ("verify", verify_s),
+            ("push", t_end - t_push),
+            ("total", t_end - t0),
+        ):
+            m.batch_seconds.labels(phase).observe(seconds)
+        log.info(
+            "batch %d: %d groups, %d episodes, %d model tokens, reward %.3f",
+            batch_index, len(groups), len(rewards), n_tokens,
+            sum(rewards) / len(rewards) if rewards else 0.0,
+        )  # fmt: skip
+        return BatchResult(batch_index, groups, entry_ids, fallback)
+
     async def push(self, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
         """Add a batch's groups atomically and at most once, releasing the lease; their ids
         (:meth:`TrajectoryWriter.push`: a retry after a lost reply adds nothing twice)."""
@@ -512,6 +700,8 @@ class RolloutWorker:
 
     async def aclose(self) -> None:
         await self.pool.aclose()
+        if self.sandbox is not None:
+            await self.sandbox.aclose()
         await self.reward.aclose()
         await self.redis.aclose()
         if self.allocator is not None:
@@ -621,6 +811,15 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         engine_factory=engine_factory,
         engines_namespace=cfg.run.name,
         rendered=lengths.rendered,
+        sandbox=SandboxClient(
+            rc.env.sandbox_url or cfg.endpoints.reward_url,
+            timeout_s=rc.env.tool_timeout_s + 30.0,
+            backoff_s=rc.backoff_s,
+            backoff_max_s=rc.backoff_max_s,
+            max_wait_s=rc.env.sandbox_max_wait_s,
+        )
+        if rc.env.name != "single_turn"
+        else None,
     )
 
 

@@ -103,12 +103,23 @@ class EnginePool:
         await asyncio.sleep(delay)
 
     async def generate(
-        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+        self,
+        prompt_token_ids: Sequence[int],
+        n: int,
+        sampling: Sampling,
+        *,
+        prefer: str | None = None,
     ) -> list[Sample]:
-        """``n`` samples from one replica, moving to another (or waiting) on failure."""
+        """``n`` samples from one replica, moving to another (or waiting) on failure.
+
+        ``prefer``: the URL of the replica to use while it is healthy (a multi-turn episode
+        keeps its engine, for prefix-cache reuse); each sample's ``engine_url`` names the one
+        that answered."""
         waiting_since: float | None = None
         while True:
-            replica = self._pick(time.monotonic())
+            now = time.monotonic()
+            pinned = [r for r in self.replicas if r.engine.url == prefer and r.benched_until <= now]
+            replica = pinned[0] if pinned else self._pick(now)
             if replica is None:
                 if waiting_since is None:
                     waiting_since = time.monotonic()

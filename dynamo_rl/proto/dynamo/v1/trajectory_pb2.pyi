@@ -21,7 +21,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "reward", "correct", "format_ok", "reason", "finish_reason", "reward_components", "text")
+    __slots__ = ("token_ids", "logprobs", "reward", "correct", "format_ok", "reason", "finish_reason", "reward_components", "text", "loss_mask", "turns", "prompt_token_ids", "episode", "segment", "end_reason")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,12 @@ class Response(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     reward: float
@@ -47,7 +53,45 @@ class Response(_message.Message):
     finish_reason: str
     reward_components: _containers.ScalarMap[str, float]
     text: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., correct: _Optional[bool] = ..., format_ok: _Optional[bool] = ..., reason: _Optional[str] = ..., finish_reason: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., text: _Optional[str] = ...) -> None: ...
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    episode: int
+    segment: int
+    end_reason: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., correct: _Optional[bool] = ..., format_ok: _Optional[bool] = ..., reason: _Optional[str] = ..., finish_reason: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., episode: _Optional[int] = ..., segment: _Optional[int] = ..., end_reason: _Optional[str] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("name", "arguments", "error", "latency_s", "malformed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    MALFORMED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    arguments: str
+    error: str
+    latency_s: float
+    malformed: bool
+    def __init__(self, name: _Optional[str] = ..., arguments: _Optional[str] = ..., error: _Optional[str] = ..., latency_s: _Optional[float] = ..., malformed: _Optional[bool] = ...) -> None: ...
+
+class Turn(_message.Message):
+    __slots__ = ("start", "end", "observation_end", "reward", "has_reward", "tool_calls", "weight_version")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_END_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    observation_end: int
+    reward: float
+    has_reward: bool
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    weight_version: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., observation_end: _Optional[int] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("created_unix", "generate_s", "verify_s")

@@ -1,0 +1,344 @@
+"""Multi-turn episodes, token in and token out (``rollout.env``; ``docs/agents.md``).
+
+One episode (:func:`run_episode`):
+
+1. ``env.reset(row)`` gives the first messages; they are rendered like a single-turn prompt
+   (:class:`Conversation`), so a first turn sees exactly what a single-turn rollout would;
+2. the engine samples a turn from the token ids kept so far; its token ids and log-probs are
+   appended as they came (loss mask 1) — model output is never re-tokenised;
+3. ``env.step(text)`` (under ``tool_timeout_s``) gives observation messages. The whole
+   conversation is rendered again; when that text extends the text of the tokens kept so far,
+   only the new part (the observation and the template's markers around it) is tokenised and
+   appended with loss mask 0. When it does not — a chat template that drops earlier ``<think>``
+   blocks, say — the sample so far is closed and a new one starts from the new rendering (a
+   **fork**, counted), never re-tokenising what the model sampled;
+4. until the environment says done or a limit ends it: ``max_turns``, ``max_tool_calls``,
+   ``max_episode_tokens`` (the context: a segment's prompt + response tokens), or a turn cut at
+   ``max_tokens`` by the budget.
+
+A hung step becomes a ``tool`` error message (the episode goes on); a sandbox that stays down
+(:class:`~dynamo_rl.envs.EnvUnavailable`) drops the episode. An episode keeps one engine while it
+is healthy (prefix-cache reuse). Episodes of a batch, and so their tool calls, run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamo_rl.codec import Response, ToolCall, Turn
+from dynamo_rl.envs import Environment, EnvUnavailable, Step, ToolCallRecord
+from dynamo_rl.prompts import render_plain, uses_chat_template
+from services.rollout.datasets import PromptRecord
+from services.rollout.engines import EnginePool, Sampling
+
+__all__ = [
+    "Conversation",
+    "Episode",
+    "Segment",
+    "TurnRecord",
+    "episode_responses",
+    "record_row",
+    "render_conversation",
+    "run_episode",
+]
+
+END_REASONS = ("done", "max_turns", "max_tool_calls", "token_budget")
+
+
+def render_conversation(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], template: str
+) -> str:
+    """The text of a conversation, ending in the generation prompt unless the last message is
+    the assistant's. Without assistant messages it is the single-turn prompt text
+    (:func:`dynamo_rl.prompts.render_prompt`); an assistant message is written exactly where
+    generation continued (``Assistant:`` + its text in the plain template, its text right after
+    the previous message in the raw one), so a model turn extends the text it was sampled from."""
+    msgs = list(messages)
+    last_is_model = bool(msgs) and msgs[-1]["role"] == "assistant"
+    if template != "raw" and uses_chat_template(tokenizer, template):
+        return str(
+            tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=not last_is_model
+            )
+        )
+    if template == "raw":
+        text = ""
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                text += m["content"]
+            else:
+                text += ("\n" if i else "") + m["content"]
+        return text
+    parts: list[str] = []
+    for m in msgs:
+        if m["role"] == "assistant":
+            parts.append("Assistant:" + m["content"])
+        else:
+            parts.append(render_plain([m]).removesuffix("\nAssistant:"))
+    return "\n".join(parts) + ("" if last_is_model else "\nAssistant:")
+
+
+class Conversation:
+    """Renders conversations to text and tokens with the worker's tokenizer and template."""
+
+    def __init__(self, tokenizer: Any, template: str) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.chat = template != "raw" and uses_chat_template(tokenizer, template)
+
+    def text(self, messages: Sequence[Mapping[str, str]]) -> str:
+        return render_conversation(self.tokenizer, messages, self.template)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """A whole prompt's ids, as :func:`dynamo_rl.prompts.render_prompt` encodes it."""
+        return list(self.tokenizer.encode(text, add_special_tokens=not self.chat))
+
+    def piece_ids(self, text: str) -> list[int]:
+        """Ids of text appended to a conversation (no special tokens added)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # A chat template writes the turn's end token itself; the plain and raw templates do not,
+        # so there the model's end-of-text token is not part of the conversation's text.
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=not self.chat))
+
+
+def record_row(record: PromptRecord) -> dict[str, Any]:
+    """The row an environment's ``reset`` sees."""
+    return {
+        **record.reward_extra,
+        "prompt_id": record.prompt_id,
+        "prompt": record.prompt,
+        "ground_truth": record.ground_truth,
+        "data_source": record.data_source,
+        "kind": record.kind,
+    }
+
+
+@dataclass
+class TurnRecord:
+    start: int
+    end: int
+    observation_end: int
+    weight_version: int = 0
+    reward: float | None = None
+    """The environment's reward for the turn (before discount)."""
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+
+
+@dataclass
+class Segment:
+    """One training sample of an episode: a prompt and the response that continues it."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+
+    @property
+    def context(self) -> int:
+        return len(self.prompt_ids) + len(self.token_ids)
+
+    def append(self, ids: Sequence[int], logprobs: Sequence[float], trained: int) -> None:
+        self.token_ids += list(ids)
+        self.logprobs += list(logprobs)
+        self.loss_mask += [trained] * len(ids)
+
+
+@dataclass
+class Episode:
+    segments: list[Segment]
+    model_texts: list[str] = field(default_factory=list)
+    end_reason: str = ""
+    forks: int = 0
+    dropped: str | None = None
+    """Why the episode was dropped (the sandbox stayed down); None when it was not."""
+    finish_reason: str = "stop"
+    """The last turn's finish reason."""
+
+    @property
+    def final_text(self) -> str:
+        """The last model turn's text: what the outcome reward scores."""
+        return self.model_texts[-1] if self.model_texts else ""
+
+    @property
+    def turns(self) -> list[TurnRecord]:
+        return [t for s in self.segments for t in s.turns]
+
+    @property
+    def tool_calls(self) -> list[ToolCallRecord]:
+        return [c for t in self.turns for c in t.tool_calls]
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(sum(s.loss_mask) for s in self.segments)
+
+    @property
+    def observation_tokens(self) -> int:
+        return sum(len(s.loss_mask) - sum(s.loss_mask) for s in self.segments)
+
+
+def _timeout_step(seconds: float) -> Step:
+    return Step(
+        [{"role": "tool", "content": f"error: the tool timed out after {seconds:g}s"}],
+        None,
+        False,
+        {"tool_calls": [ToolCallRecord("", "", "timeout", seconds)]},
+    )
+
+
+async def run_episode(
+    pool: EnginePool,
+    env: Environment,
+    row: Mapping[str, Any],
+    conversation: Conversation,
+    sampling: Sampling,
+    limits: Any,
+    *,
+    seed_of: Callable[[int], int | None] = lambda _turn: None,
+) -> Episode:
+    """Play one episode (see the module docstring); ``limits`` is ``rollout.env``.
+
+    Raises :class:`~services.rollout.engines.EngineRequestError` when an engine refuses the
+    first prompt (the caller dead-letters it)."""
+    messages = list(await env.reset(row))
+    kept = conversation.text(messages)
+    seg = Segment(conversation.prompt_ids(kept))
+    episode = Episode([seg])
+    engine_url: str | None = None
+    calls = 0
+    for turn_index in range(limits.max_turns):
+        room = limits.max_episode_tokens - seg.context
+        if room < 1:
+            episode.end_reason = "token_budget"
+            break
+        s = dataclasses.replace(
+            sampling, max_tokens=min(sampling.max_tokens, room), seed=seed_of(turn_index)
+        )
+        [sample] = await pool.generate(seg.prompt_ids + seg.token_ids, 1, s, prefer=engine_url)
+        engine_url = sample.engine_url or engine_url
+        turn = TurnRecord(len(seg.token_ids), 0, 0, sample.weight_version or 0)
+        seg.append(sample.token_ids, sample.logprobs, 1)
+        turn.end = turn.observation_end = len(seg.token_ids)
+        seg.turns.append(turn)
+        episode.model_texts.append(sample.text)
+        episode.finish_reason = sample.finish_reason
+        kept += conversation.decode(sample.token_ids)
+        messages.append({"role": "assistant", "content": sample.text})
+        if sample.finish_reason == "length" and s.max_tokens < sampling.max_tokens:
+            episode.end_reason = "token_budget"  # cut by the budget, not by max_tokens
+            break
+        try:
+            step = await asyncio.wait_for(env.step(sample.text), limits.tool_timeout_s)
+        except TimeoutError:
+            step = _timeout_step(limits.tool_timeout_s)
+        except EnvUnavailable as e:
+            episode.dropped = str(e)
+            return episode
+        obs, reward, done, info = step
+        turn.reward = reward
+        turn.tool_calls = list((info or {}).get("tool_calls", []))
+        calls += len(turn.tool_calls)
+        if done:
+            episode.end_reason = "done"
+            break
+        if calls > limits.max_tool_calls:
+            episode.end_reason = "max_tool_calls"
+            break
+        if turn_index + 1 == limits.max_turns:
+            episode.end_reason = "max_turns"
+            break
+        messages += obs
+        text = conversation.text(messages)
+        if text.startswith(kept):
+            ids = conversation.piece_ids(text[len(kept) :])
+            if seg.context + len(ids) >= limits.max_episode_tokens:
+                episode.end_reason = "token_budget"
+                break
+            seg.append(ids, [0.0] * len(ids), 0)
+            turn.observation_end = len(seg.token_ids)
+        else:  # the template rewrote what came before: a new sample continues the episode
+            ids = conversation.prompt_ids(text)
+            if len(ids) >= limits.max_episode_tokens:
+                episode.end_reason = "token_budget"
+                break
+            seg = Segment(ids)
+            episode.segments.append(seg)
+            episode.forks += 1
+        kept = text
+    return episode
+
+
+def episode_responses(
+    episode: Episode,
+    index: int,
+    res: Any,
+    group_prompt: list[int],
+    env_cfg: Any,
+    conversation: Conversation,
+) -> list[Response]:
+    """The training samples of one episode scored ``res`` (an ``ItemResult``): one per segment.
+
+    Every segment gets the episode's reward — the outcome, plus the per-turn rewards after
+    discount (``rollout.env.turn_rewards``: turn ``k`` of ``K`` counts
+    ``turn_reward_discount^(K-1-k)``, placed on its last model token), minus
+    ``malformed_penalty`` per malformed call. ``prompt_token_ids`` is set only where a segment's
+    prompt is not the group's (a fork)."""
+    turns = episode.turns
+    k_last = len(turns) - 1
+    placed: dict[int, float] = {}
+    if env_cfg.turn_rewards:
+        for k, t in enumerate(turns):
+            if t.reward is not None:
+                placed[id(t)] = t.reward * env_cfg.turn_reward_discount ** (k_last - k)
+    malformed = sum(c.malformed for c in episode.tool_calls)
+    reward = res.score + sum(placed.values()) - env_cfg.malformed_penalty * malformed
+    out = []
+    for k, seg in enumerate(episode.segments):
+        if not seg.token_ids:
+            continue
+        out.append(
+            Response(
+                token_ids=seg.token_ids,
+                logprobs=seg.logprobs,
+                reward=reward,
+                correct=res.correct,
+                format_ok=res.format_ok,
+                reason=res.reason,
+                finish_reason=episode.finish_reason,
+                reward_components={str(a): float(b) for a, b in (res.components or {}).items()},
+                text=conversation.decode(seg.token_ids),
+                loss_mask=seg.loss_mask,
+                turns=[
+                    Turn(
+                        start=t.start,
+                        end=t.end,
+                        observation_end=t.observation_end,
+                        reward=placed.get(id(t), 0.0),
+                        has_reward=id(t) in placed,
+                        weight_version=t.weight_version,
+                        tool_calls=[
+                            ToolCall(
+                                name=c.name,
+                                arguments=c.arguments,
+                                error=c.error,
+                                latency_s=c.latency_s,
+                                malformed=c.malformed,
+                            )
+                            for c in t.tool_calls
+                        ],
+                    )
+                    for t in seg.turns
+                ],
+                prompt_token_ids=seg.prompt_ids if seg.prompt_ids != group_prompt else [],
+                episode=index,
+                segment=k,
+                end_reason=episode.end_reason,
+            )
+        )
+    return out

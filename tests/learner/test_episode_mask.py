@@ -1,0 +1,124 @@
+"""Multi-turn samples in the learner: the loss mask through the learner's own plumbing
+(``RLTrainer._plan``, ``_normalizer``, ``_advantages``) and ``rl_objective``, against a
+plain-Python loop twin that visits model tokens only."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dynamo_rl.config.learner import AlgorithmConfig, DapoConfig, KlConfig, PpoLoss
+from learner import algorithms as A
+from learner.batch import Sample
+from learner.objective import ObjectiveInputs, rl_objective
+from learner.rl import RLTrainer
+
+PPO = PpoLoss(clip_low=0.2, clip_high=0.28)
+
+
+def episode_samples(seed: int) -> list[Sample]:
+    """Two groups of episodes: model turns (mask 1) with observations (mask 0) between them,
+    one single-turn sample (no mask) among them."""
+    gen = torch.Generator().manual_seed(seed)
+    masks = [
+        [1, 1, 0, 0, 0, 1, 1, 1],
+        [1, 0, 0, 1],
+        None,  # a single-turn response: every token trained
+        [1, 1, 1, 0, 0, 0, 0, 1],
+    ]
+    out = []
+    for i, m in enumerate(masks):
+        n = len(m) if m is not None else 5
+        out.append(
+            Sample(
+                prompt=[5, 6, 7],
+                response=torch.randint(3, 50, (n,), generator=gen).tolist(),
+                sampling_logprobs=(-torch.rand(n, generator=gen)).tolist(),
+                reward=float(i % 2),
+                correct=bool(i % 2),
+                group=i // 2,
+                loss_mask=m,
+            )
+        )
+    return out
+
+
+def loop_loss(samples: list[Sample], lp, old, ref, ent, adv, kl_coef: float, ent_coef: float):
+    """token-mean of PPO-clip + k3 KL − entropy over model tokens only."""
+    total, n = 0.0, 0
+    for i, s in enumerate(samples):
+        for k, m in enumerate(s.trained()):
+            if not m:
+                continue
+            r = math.exp(lp[i][k] - old[i][k])
+            a = adv[i]
+            pg = max(-a * r, -a * min(max(r, 0.8), 1.28))
+            d = lp[i][k] - ref[i][k]
+            total += pg + kl_coef * (math.exp(-d) + d - 1) - ent_coef * ent[i][k]
+            n += 1
+    return total / n
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mask_applies_to_policy_kl_entropy_and_normaliser(seed: int) -> None:
+    samples = episode_samples(seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    lp = [(-torch.rand(len(s.response), generator=gen) * 2).tolist() for s in samples]
+    old = [[x + 0.3 * float(torch.randn(1, generator=gen)) for x in row] for row in lp]
+    ref = [[x + 0.2 * float(torch.randn(1, generator=gen)) for x in row] for row in lp]
+    ent = [(torch.rand(len(s.response), generator=gen) * 3).tolist() for s in samples]
+    adv = [float(torch.randn(1, generator=gen)) for _ in samples]
+    algo = AlgorithmConfig(policy_loss=PPO, kl=KlConfig(coef=0.1, kind="k3"), entropy_coef=0.01)
+    lc = SimpleNamespace(mini_batch_size=2, train_batch_size=2, micro_batch_size=4)
+    env = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
+    me = SimpleNamespace(lc=lc, env=env, pad_id=0, agg="token-mean")
+    minis, plan = RLTrainer._plan(me, samples)
+    [rows], [[mb]] = minis, plan
+    norm = RLTrainer._normalizer(me, samples, rows)
+    assert norm == sum(s.model_tokens for s in samples) == 5 + 2 + 5 + 4
+
+    def pad(rows_: list[list[float]]) -> torch.Tensor:
+        t = torch.full(mb.mask.shape, 7.0)  # garbage everywhere a mask is 0
+        for j, i in enumerate(mb.rows):
+            t[j, : len(rows_[i])] = torch.tensor(rows_[i])
+        return t
+
+    a = torch.tensor([adv[i] for i in mb.rows])[:, None].expand_as(mb.mask).clone()
+    out = rl_objective(
+        ObjectiveInputs(
+            logp=pad(lp), old_logp=pad(old), advantages=a, mask=mb.mask,
+            entropy=pad(ent), ref_logp=pad(ref),
+        ),
+        algo,
+        normalizer=norm,
+    )  # fmt: skip
+    assert out.loss.item() == pytest.approx(loop_loss(samples, lp, old, ref, ent, adv, 0.1, 0.01),
+                                            rel=1e-5)  # fmt: skip
+    # The collated mask is 0 exactly at observation tokens and padding.
+    for j, i in enumerate(mb.rows):
+        n = len(samples[i].response)
+        assert mb.mask[j, :n].tolist() == samples[i].trained()
+        assert not mb.mask[j, n:].any()
+
+
+def test_overlong_penalty_counts_model_tokens_only() -> None:
+    """DAPO's overlong shaping sees 4 model tokens, not the 8 tokens of the sample."""
+    s = Sample(prompt=[5], response=[9] * 8, sampling_logprobs=[-1.0] * 8, reward=1.0,
+               correct=True, group=0, loss_mask=[1, 1, 0, 0, 0, 0, 1, 1])  # fmt: skip
+    algo = AlgorithmConfig(
+        policy_loss=PPO,
+        dapo=DapoConfig(overlong_buffer=2, max_response_len=6),
+        advantage={"type": "drgrpo"},
+    )
+    me = SimpleNamespace(
+        lc=SimpleNamespace(algorithm=algo, critic=SimpleNamespace(enabled=False)),
+        env=SimpleNamespace(device=torch.device("cpu")),
+        kl_ctl=SimpleNamespace(beta=0.0),
+        estimator=A.ADVANTAGE_ESTIMATORS["drgrpo"],
+    )
+    rewards, lengths, _ = RLTrainer._advantages(me, [s], [])
+    assert lengths.tolist() == [4]
+    assert rewards.tolist() == [1.0]  # 4 <= 6 - 2: no penalty (8 tokens would get -1)
