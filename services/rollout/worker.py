@@ -40,6 +40,7 @@ the batch goes on without it (connection errors and 5xx are retried as before).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -151,9 +152,12 @@ class RolloutWorker:
         self.lease = self.writer.lease
         self.reissued = 0  # prompts taken over from lapsed leases
         self.sample_log: Any = None  # a dynamo_rl.sample_log.SampleLog, set by the CLI
-        # Multi-turn episodes (rollout.env): conversations rendered like the prompts.
-        self.sandbox = sandbox
-        self.conversation = Conversation(renderer.tokenizer, renderer.template)
+        self.sandbox = sandbox  # the /run_code client of multi-turn environments (rollout.env)
+
+    @functools.cached_property
+    def conversation(self) -> Conversation:
+        """Multi-turn episodes' conversations, rendered like the prompts (built on first use)."""
+        return Conversation(self.renderer.tokenizer, self.renderer.template)
 
     # -- waiting --------------------------------------------------------------------------------
 
