@@ -186,8 +186,10 @@ class Stack:
 
     def engine_version(self) -> int:
         """The engine's weight version, read inside its container (its port is not published)."""
-        code = ("import json, urllib.request; print(json.load(urllib.request.urlopen("
-                "'http://127.0.0.1:8000/get_weight_version', timeout=30))['weight_version'])")
+        code = (
+            "import json, urllib.request; print(json.load(urllib.request.urlopen("
+            "'http://127.0.0.1:8000/get_weight_version', timeout=30))['weight_version'])"
+        )
         return int(self.compose("exec", "-T", "engine", "python", "-c", code).strip())
 
 
@@ -199,7 +201,9 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
     try:
         # 1. `up -d --wait`: the one-shots prepare and eval-before completed (services wait for
         # them), every service healthy, eval-after running (it waits for the learner's last step).
-        stack.compose("up", "-d", "--wait", "--wait-timeout", "900", *SERVICES, timeout=1000)
+        # A deadline for a loaded machine: at load 60-70 on 2 cores the 300-step warm start alone
+        # took over 15 minutes (a few minutes idle).
+        stack.compose("up", "-d", "--wait", "--wait-timeout", "1800", *SERVICES, timeout=1900)
         for service in SERVICES:
             if service != "eval-after":
                 assert stack.inspect(service, "{{.State.Health.Status}}") == "healthy", service
