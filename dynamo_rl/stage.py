@@ -12,6 +12,13 @@ start each service separately (docker-compose.yml's one-shot services).
 - ``eval-before`` / ``eval-after``: ``up``'s held-out evaluation (``up.eval``: avg@k on the task's
   test split through the engines and the reward service) into ``<run.dir>/eval_<label>.json``;
   ``eval-after`` also prints both figures and writes ``summary.json`` as ``up`` does.
+  ``eval-before`` is skipped when its file exists: a restarted stack (``docker compose up -d``
+  again, which re-runs the one-shots) would otherwise measure the trained model as "before".
+  ``eval-after`` first waits for the learner to log step ``learner.max_steps`` in
+  ``<run.dir>/metrics.jsonl`` (its last push is done by then), printing each step as ``up`` does:
+  a service still running while training goes on, not a one-shot started after it, so that
+  ``docker compose up --wait`` returns once the stack is up (it fails on a container that has
+  exited unless another service waits for that one's completion).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,11 +34,13 @@ import yaml
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.up import Launcher
+from dynamo_rl.up import Launcher, Progress
 
 __all__ = ["STAGES", "expected_paths", "main"]
 
 STAGES = ("prepare", "eval-before", "eval-after")
+POLL_S = 2.0
+"""How often ``eval-after`` reads the learner's step log while it waits."""
 
 
 def expected_paths(cfg: ExperimentConfig) -> dict[str, str]:
@@ -90,11 +100,45 @@ def prepare(cfg: ExperimentConfig) -> int:
     return 0
 
 
+class _Steps(Progress):
+    """``up``'s progress lines, remembering the last step seen."""
+
+    last = 0
+
+    def show(self, r: dict) -> None:
+        self.last = max(self.last, int(r.get("step", 0)))
+        super().show(r)
+
+
+def wait_for_learner(launcher: Launcher) -> None:
+    """Until the learner's step log reaches ``learner.max_steps`` (no deadline: as long as
+    training takes; the learner's container is restarted after a crash and resumes)."""
+    max_steps = launcher.cfg.learner.max_steps
+    steps = _Steps(launcher.run_dir / "metrics.jsonl", max_steps, launcher.say)
+    if max_steps is None:
+        launcher.say("learner.max_steps is null: evaluating the weights the engines hold now")
+        return
+    launcher.say(f"waiting for the learner to reach step {max_steps}")
+    while True:
+        steps.poll()
+        if steps.last >= max_steps:
+            return
+        time.sleep(POLL_S)
+
+
 def evaluate(cfg: ExperimentConfig, label: str) -> int:
     launcher = Launcher(cfg)
     if not (launcher.run_dir / "config.yaml").exists():
         launcher.say(f"error: no {launcher.run_dir / 'config.yaml'}: run `dynamo-rl stage prepare`")
         return 1
+    done = launcher.run_dir / f"eval_{label}.json"
+    if label == "before" and done.exists():
+        accuracy = json.loads(done.read_text())["accuracy"]
+        launcher.say(f"held-out accuracy before RL: {accuracy:.3f} (measured when the stack "
+                     f"first started: {done}; delete it to measure again)")  # fmt: skip
+        return 0
+    if label == "after" and cfg.up.eval.prompts:
+        wait_for_learner(launcher)
     test_data = str(Path(expected_paths(cfg)["rollout.dataset"]).with_name("test.parquet"))
     try:
         result = launcher.evaluate(test_data, label)

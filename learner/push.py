@@ -96,6 +96,8 @@ class WeightTransport(Protocol):
     """Collective on every learner rank; engine URLs are only looked at on rank 0."""
 
     name: str
+    protocol: WeightProtocol
+    headers: dict[str, str]
 
     def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult: ...
 

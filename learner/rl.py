@@ -60,6 +60,10 @@ from learner.trainer import Trainer
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 30.0  # rank 0 tells waiting ranks "still waiting" this often (gloo timeouts)
+CATCH_UP_S = 5.0
+"""While it waits for groups, rank 0 looks this often for engines behind the last push (restarted
+ones): the workers wait for them (``rollout.max_staleness``), so the learner pushes to them again
+rather than wait for a step that needs their groups."""
 
 
 def policy_forward(
@@ -152,7 +156,9 @@ class RLTrainer(Trainer):
         else:
             while True:
                 msg = broadcast_object(None)
-                if msg["kind"] != "wait":
+                if msg["kind"] == "push":
+                    self.push()
+                elif msg["kind"] != "wait":
                     break
         if msg["kind"] == "stop":
             return None
@@ -168,7 +174,7 @@ class RLTrainer(Trainer):
         consumed: list[str] = []
         skipped: dict[str, int] = defaultdict(int)
         reads = 0
-        last_arrival = last_beat = time.monotonic()
+        last_arrival = last_beat = last_look = time.monotonic()
         timed_out = False
         while len(kept) < need:
             entries = self.reader.read(need - len(kept), lc.stream.block_ms)
@@ -178,6 +184,16 @@ class RLTrainer(Trainer):
                 if wait is not None and now - last_arrival > wait:
                     timed_out = True
                     break
+                if self.lc.push.every and now - last_look > CATCH_UP_S:
+                    last_look = now
+                    behind = self.engines_behind()
+                    if behind:
+                        log.warning("engines behind weight version %d (restarted?): %s; pushing "
+                                    "it again", self.weight_version, ", ".join(behind))  # fmt: skip
+                        if dist.get_world_size() > 1:
+                            broadcast_object({"kind": "push"})
+                        self.push()
+                        last_beat = time.monotonic()
                 if now - last_beat > HEARTBEAT_S and dist.get_world_size() > 1:
                     broadcast_object({"kind": "wait"})
                     last_beat = now

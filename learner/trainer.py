@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from dynamo_rl import keys
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.contracts.engine import weight_protocol
+from dynamo_rl.contracts.engine import WeightControlError, read_version, weight_protocol
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
 from learner.metrics import LearnerMetrics
@@ -38,7 +38,14 @@ from learner.model import (
     load_policy,
     shard,
 )
-from learner.push import DiskPush, DistributedPush, PushResult, WeightTransport, discover_engines
+from learner.push import (
+    PROBE_TIMEOUT_S,
+    DiskPush,
+    DistributedPush,
+    PushResult,
+    WeightTransport,
+    discover_engines,
+)
 from learner.steplog import StepLog
 
 log = logging.getLogger(__name__)
@@ -272,6 +279,23 @@ class Trainer:
         if self.lc.push.engines_from == "config":
             return list(self.cfg.endpoints.engine_urls)
         return discover_engines(self.redis, self.namespace)
+
+    def engines_behind(self) -> list[str]:
+        """Rank 0: the engines that answer with a weight version older than the last one pushed
+        (restarted since, on the weights they were started with). Unreachable ones are not
+        listed: a push could not reach them either."""
+        if not self.weight_version:
+            return []
+        protocol, headers = self.transport.protocol, self.transport.headers
+        behind = []
+        for url in self.engines():
+            try:
+                version = read_version(protocol, url, headers=headers, timeout_s=PROBE_TIMEOUT_S)
+            except WeightControlError:
+                continue
+            if version < self.weight_version:
+                behind.append(url)
+        return behind
 
     def push(self) -> PushResult | None:
         """Collective: push the weights as version ``step``; bumps the version in Redis."""

@@ -128,9 +128,19 @@ def test_dependencies_wait_for_health(compose: dict) -> None:
                 # Only what runs to completion (the learner: restarted after a crash, not after
                 # reaching max_steps) can be waited for by completion.
                 assert services[dep].get("restart") == "on-failure", (name, dep)
+            elif (name, dep) == ("eval-after", "learner"):
+                # eval-after waits for the learner's last step itself (dynamo_rl/stage.py), so
+                # that `up --wait` does not fail on a one-shot that exited.
+                assert condition == "service_started", (name, dep)
             else:
                 assert condition == "service_healthy", (name, dep)
                 assert "healthcheck" in services[dep], dep
+    # `up --wait` fails on an exited container unless a service waits for its completion: every
+    # one-shot but eval-after (which outlives training) is such a dependency.
+    waited = {d for s in services.values() for d, spec in (s.get("depends_on") or {}).items()
+              if spec["condition"] == "service_completed_successfully"}  # fmt: skip
+    one_shots = {n for n, s in services.items() if s.get("restart") == "no"}
+    assert one_shots - waited == {"eval-after"}
     rollout = services["rollout"]["depends_on"]
     assert {"allocator", "reward", "engine", "prepare", "eval-before"} <= set(rollout)
 

@@ -5,19 +5,24 @@ socket with its data in a cache folder outside the repository, the local base im
 missing (no registry is reachable), the project image built, then the quickstart recipe as
 compose runs it, with a shorter warm start and fewer steps:
 
-1. ``docker compose up -d``: ``prepare`` (task data, tiny model, warm start), the services,
-   ``eval-before``, the rollout worker and the learner, then each service healthy;
-2. learner steps with weight pushes; then the learner's container is killed (SIGKILL of its pid 1,
-   a crash: ``docker kill`` is a manual stop to Docker, which then never restarts the container):
-   restarted by its policy, it resumes from its checkpoint and training goes on;
-3. the code sandbox works inside the reward container under the shipped seccomp profile, and the
-   sandbox attacks still fail there (tests/deploy/compose_probe.py);
-4. the learner reaches learner.max_steps and exits 0; ``eval-after`` measures held-out accuracy;
-5. no stream entry lost: every entry the learner's group read is listed by exactly one committed
+1. ``docker compose up -d --wait``: ``prepare`` (task data, tiny model, warm start), the services,
+   ``eval-before``, the rollout worker and the learner; it returns with the one-shots completed,
+   each service healthy and ``eval-after`` running (it waits for the learner's last step);
+2. learner steps with weight pushes; then the learner's container crashes (SIGKILL of its pid 1
+   from the host, as the OOM killer would): restarted by its policy, it resumes from its checkpoint
+   and training goes on;
+3. the engine's container crashes the same way in mid-training (the learner held with ``docker
+   pause`` until the engine is back, so that training is still going on whatever its speed):
+   restarted, it gets current weights (its version at least the step reached) and training goes on;
+4. ``docker kill`` of the learner: a manual stop, which Docker does not undo whatever the restart
+   policy (still down after the next step); ``docker compose up -d --wait`` brings it back, it
+   resumes, and ``eval-before`` (run again with the other one-shot) keeps its first figure;
+5. meanwhile the code sandbox works inside the reward container under the shipped seccomp profile,
+   and the sandbox attacks still fail there (tests/deploy/compose_probe.py);
+6. the learner reaches learner.max_steps and exits 0; ``eval-after`` measures held-out accuracy;
+   no stream entry lost: every entry the learner's group read is listed by exactly one committed
    checkpoint, nothing pending, nothing dead-lettered (as tests/reliability/test_faults_up.py);
-   then the engine's container is killed the same way: restarted and healthy, nothing lost (after
-   training: an engine restart mid-run stalls training, see docs/reliability.md);
-6. ``down -v``, and the engine stopped by its pid.
+   ``down -v``, and the engine stopped by its pid.
 
 This test fails (it does not skip) when the engine cannot start: set DYNAMO_RL_SKIP_COMPOSE=1 to
 skip it on a machine without root or Docker.
@@ -48,9 +53,10 @@ pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
 SCRIPT = REPO / "scripts" / "docker_local.sh"
 PROBE = Path(__file__).with_name("compose_probe.py")
-STEPS = 16
+STEPS = 20
 NAME = "compose-ci"
-# Started (with their dependencies): everything but Grafana (no image here) and eval-after.
+# Started (with their dependencies, the one-shots prepare and eval-before): everything but
+# Grafana (no image here).
 SERVICES = [
     "redis",
     "allocator",
@@ -60,6 +66,7 @@ SERVICES = [
     "learner",
     "dashboard",
     "prometheus",
+    "eval-after",
 ]
 
 
@@ -174,6 +181,17 @@ class Stack:
     def inspect(self, service: str, fmt: str) -> str:
         return _sh(["docker", "inspect", "-f", fmt, self.container(service)], self.env, 60).strip()
 
+    def docker(self, *args: str) -> str:
+        return _sh(["docker", *args], self.env, 120)
+
+    def engine_version(self) -> int:
+        """The engine's weight version, read inside its container (its port is not published)."""
+        code = (
+            "import json, urllib.request; print(json.load(urllib.request.urlopen("
+            "'http://127.0.0.1:8000/get_weight_version', timeout=30))['weight_version'])"
+        )
+        return int(self.compose("exec", "-T", "engine", "python", "-c", code).strip())
+
 
 def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], tmp_path: Path):
     if shutil.which("docker") is None:
@@ -181,30 +199,53 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
     stack = Stack(tmp_path, engine_env)
     t0 = time.monotonic()
     try:
-        # `up -d` starts each container once its dependencies' conditions hold (prepare and
-        # eval-before completed, the services healthy); `--wait` is not used: it fails as soon as a
-        # one-shot dependency has exited, even with code 0.
-        stack.compose("up", "-d", *SERVICES, timeout=960)
+        # 1. `up -d --wait`: the one-shots prepare and eval-before completed (services wait for
+        # them), every service healthy, eval-after running (it waits for the learner's last step).
+        # A deadline for a loaded machine: at load 60-70 on 2 cores the 300-step warm start alone
+        # took over 15 minutes (a few minutes idle).
+        stack.compose("up", "-d", "--wait", "--wait-timeout", "1800", *SERVICES, timeout=1900)
         for service in SERVICES:
-            _wait(
-                f"{service} healthy",
-                lambda s=service: stack.inspect(s, "{{.State.Health.Status}}") == "healthy",
-                400,
-                lambda s=service: stack.logs(s),
-            )
+            if service != "eval-after":
+                assert stack.inspect(service, "{{.State.Health.Status}}") == "healthy", service
+        assert stack.inspect("eval-after", "{{.State.Status}}") == "running"
         t_up = time.monotonic() - t0
         before = json.loads((stack.run_dir / "eval_before.json").read_text())
 
-        # 2. Steps, then the learner's container killed (first: steps are quick, and the sandbox
-        # probe below takes a while): restarted, it resumes from its checkpoint
-        # and training goes on.
+        # 2. A learner crash (its pid 1 killed from the host, as the OOM killer would): restarted
+        # by its policy, it resumes from its checkpoint and training goes on.
         _wait("learner step 3", lambda: stack.steps() >= 3, 600, lambda: stack.logs("learner"))
         _crash_and_wait_restart(stack, "learner")
-        target = stack.steps() + 2
-        _wait(f"step {target} after the learner's restart", lambda: stack.steps() >= target, 400,
-              lambda: stack.logs("learner", "engine", "rollout"))  # fmt: skip
+        _wait_steps(stack, 2, "after the learner's restart")
 
-        # 3. The sandbox, inside the reward container under the shipped seccomp profile.
+        # 3. An engine crash in mid-training. The learner is held (paused) until the engine is
+        # back, so that steps remain to be trained on the restarted engine however fast training
+        # runs; the restarted engine serves the weights it was started with until the learner
+        # pushes to it again (the next push, or the catch-up push while the learner waits).
+        stack.docker("pause", stack.container("learner"))
+        try:
+            assert stack.steps() + 3 < STEPS, "too few steps left for the engine's restart"
+            _crash_and_wait_restart(stack, "engine")
+            _wait("engine healthy", lambda: stack.inspect("engine", "{{.State.Health.Status}}")
+                  == "healthy", 400, lambda: stack.logs("engine"))  # fmt: skip
+        finally:
+            stack.docker("unpause", stack.container("learner"))
+        at_restart = stack.steps()
+        _wait_steps(stack, 2, "after the engine's restart")
+        # The restarted engine holds weights pushed after its restart (a version it was not
+        # started with, at least the step training had reached).
+        version = stack.engine_version()
+        assert version >= at_restart, (version, at_restart)
+
+        # 4. `docker kill`: a manual stop to Docker, which leaves the container down whatever
+        # its restart policy; `docker compose up -d --wait` (what a user runs) brings it back, and
+        # it resumes. The sandbox probe runs meanwhile (tens of seconds): the learner stays down.
+        assert stack.steps() < STEPS, "the learner finished before `docker kill`"
+        restarts = stack.inspect("learner", "{{.RestartCount}}")
+        stack.docker("kill", stack.container("learner"))
+        _wait("the learner to stop", lambda: stack.inspect("learner", "{{.State.Status}}") ==
+              "exited", 60, lambda: stack.logs("learner"))  # fmt: skip
+
+        # 5. The sandbox, inside the reward container under the shipped seccomp profile.
         opts = stack.inspect("reward", "{{json .HostConfig.SecurityOpt}}")
         assert "seccomp=" in opts and "unconfined" not in opts.split("seccomp=")[1].split('"')[0]
         probe_run = subprocess.run(
@@ -215,7 +256,18 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         probe = json.loads(probe_run.stdout)
         _check_sandbox(probe)
 
-        # 4. Done at max_steps (exit 0: not restarted), then the evaluation after RL.
+        assert stack.inspect("learner", "{{.State.Status}} {{.RestartCount}}") == (
+            f"exited {restarts}"
+        ), "Docker restarted a container stopped by `docker kill`"
+        stack.compose("up", "-d", "--wait", "--wait-timeout", "600", *SERVICES, timeout=700)
+        assert stack.inspect("learner", "{{.State.Status}}") == "running"
+        # The one-shots ran again; eval-before kept its first measurement.
+        assert json.loads((stack.run_dir / "eval_before.json").read_text()) == before
+        assert "measured when the stack first started" in stack.compose(
+            "logs", "--no-color", "eval-before"
+        )
+
+        # 6. Done at max_steps (exit 0: not restarted), then eval-after's evaluation.
         _wait(
             "the learner to finish",
             lambda: stack.inspect("learner", "{{.State.Status}} {{.State.ExitCode}}") == "exited 0",
@@ -223,29 +275,26 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
             lambda: stack.logs("learner"),
         )
         t_train = time.monotonic() - t0
-        stack.compose(
-            "up", "--no-deps", "--exit-code-from", "eval-after", "eval-after", timeout=600
+        _wait(
+            "eval-after to finish",
+            lambda: stack.inspect("eval-after", "{{.State.Status}}") == "exited",
+            600,
+            lambda: stack.logs("eval-after"),
         )
+        assert stack.inspect("eval-after", "{{.State.ExitCode}}") == "0", stack.logs("eval-after")
         after = json.loads((stack.run_dir / "eval_after.json").read_text())
         summary = json.loads((stack.run_dir / "summary.json").read_text())
         _check_stream(stack)
-        # 5. The engine's container killed: restarted by its policy and healthy again. (Training
-        # would stall after this: the restarted engine serves the initial weights, the workers wait
-        # for a push within max_staleness, and the learner pushes only after a step: docs/
-        # reliability.md. So it is killed once training is over.)
-        _crash_and_wait_restart(stack, "engine")
-        _wait("engine healthy", lambda: stack.inspect("engine", "{{.State.Health.Status}}") ==
-              "healthy", 400, lambda: stack.logs("engine"))  # fmt: skip
-        _check_stream(stack)
         records = stack.records()
         print(
-            f"compose: up (prepare, warm start, eval-before) {t_up:.0f}s, to max_steps "
+            f"compose: up --wait (prepare, warm start, eval-before) {t_up:.0f}s, to max_steps "
             f"{t_train:.0f}s, total {time.monotonic() - t0:.0f}s; held-out {before['accuracy']:.3f}"
             f" -> {after['accuracy']:.3f}; reward by step "
             + " ".join(f"{r['reward_mean']:.2f}" for r in records)
         )
         assert summary["accuracy_before"] == before["accuracy"]
-        assert "resumed from" in stack.compose("logs", "--no-color", "learner")
+        learner_log = stack.compose("logs", "--no-color", "learner")
+        assert learner_log.count("resumed from") == 2, learner_log[-3000:]
         # It trains a warm-started model (the issue's failure: a fresh one, every reward 0, loss 0,
         # grad norm 0), pushing weights to the engine.
         assert all(r["reward_mean"] > 0 for r in records[:3]), "reward 0: a fresh model?"
@@ -257,10 +306,16 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
     assert left.strip() == ""
 
 
+def _wait_steps(stack: Stack, more: int, what: str) -> None:
+    target = stack.steps() + more
+    _wait(f"step {target} {what}", lambda: stack.steps() >= target, 400,
+          lambda: stack.logs("learner", "engine", "rollout"))  # fmt: skip
+
+
 def _crash_and_wait_restart(stack: Stack, service: str) -> None:
     """SIGKILL of the container's pid 1 from the host, as the OOM killer or a crash would end it
     (Docker counts ``docker kill`` as a manual stop and leaves the container down whatever its
-    restart policy: measured, the engine stayed "Exited (137)"); then wait for the restart."""
+    restart policy: step 4); then wait for the restart."""
     restarts = int(stack.inspect(service, "{{.RestartCount}}"))
     os.kill(int(stack.inspect(service, "{{.State.Pid}}")), signal.SIGKILL)
     _wait(f"{service} restarted",

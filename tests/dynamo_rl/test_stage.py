@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -97,3 +98,53 @@ def test_compose_experiment_is_the_quickstart_with_compose_paths() -> None:
         tree["engine"].pop("model")
         tree["learner"].pop("model")
     assert a == b
+
+
+def test_eval_before_keeps_the_first_measurement(tmp_path: Path) -> None:
+    # `docker compose up -d` again re-runs the one-shots: the trained model must not become the
+    # "before" figure. (No engine runs here: an evaluation would fail.)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("{}\n")
+    (run_dir / "eval_before.json").write_text(json.dumps({"accuracy": 0.25}))
+    r = _stage("eval-before", *_paths(run_dir), "up.eval.prompts=4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "held-out accuracy before RL: 0.250" in r.stdout
+    assert json.loads((run_dir / "eval_before.json").read_text()) == {"accuracy": 0.25}
+
+
+def test_eval_after_waits_for_the_learners_last_step(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("{}\n")
+    steps = run_dir / "metrics.jsonl"
+    steps.write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    out = tmp_path / "stage.out"
+    argv = dynamo_rl_argv("stage", "eval-after", *_paths(run_dir), "up.eval.prompts=4",
+                          "learner.max_steps=3", "endpoints.engine_urls=[http://127.0.0.1:9]")  # fmt: skip
+    with open(out, "w") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while "step 1/3" not in out.read_text():
+            assert proc.poll() is None, out.read_text()
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.2)
+        # Step 2 is not the last: still waiting (the learner pushes after every step).
+        with open(steps, "a") as f:
+            f.write(json.dumps({"step": 2}) + "\n")
+        while "step 2/3" not in out.read_text():
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.2)
+        assert proc.poll() is None, out.read_text()
+        assert "held-out accuracy after" not in out.read_text()
+        with open(steps, "a") as f:
+            f.write(json.dumps({"step": 3}) + "\n")
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.read_text()
+    # Then the evaluation (which fails here: no engine answers).
+    assert text.index("step 3/3") < text.index("held-out accuracy after RL"), text

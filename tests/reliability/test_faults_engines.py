@@ -16,8 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import yaml
 
+from dynamo_rl import keys
 from tests.reliability.helpers import UpRun, frozen, process_tree
 
 STEPS = 30
@@ -77,3 +79,47 @@ def test_a_killed_engine_replica_is_routed_around_and_restarted(tmp_path: Path, 
     after_failure = worker_log.split(f"engine {url} failed", 1)[1]
     # ... and sent requests to it again once it was back.
     assert f"POST {url}/v1/completions" in after_failure, worker_log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_restarted_single_engine_gets_the_weights_again(tmp_path: Path, redis_url: str):
+    """One engine (compose's stack): killed mid-training and restarted on the weights it was
+    started with. A worker that meets it at its gate waits for an engine within
+    ``rollout.max_staleness`` of the learner, and the learner, out of groups, has no step to push
+    after: it must push to the lagging engine while it waits (``learner/rl.py``'s ``CATCH_UP_S``),
+    or training stalls for good. (A worker with a batch in flight finishes it on the restarted
+    engine, and the step on it pushes: so the worker is killed too, and restarts at its gate.)"""
+    name = "oneengine"
+    run = UpRun(tmp_path / "run", name, 12, "up.restart.backoff_s=1.0",
+                "learner.push.timeout_s=15", redis_url=redis_url)  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    stream, group = keys.trajectory_stream(name), keys.learner_group(name)
+
+    def learner_waits_for_groups() -> bool:
+        # Every entry read, and every one read is in a logged step (so the push after that step,
+        # to the dead engine, is over): the learner holds nothing and waits for groups.
+        last = client.xrevrange(stream, count=1)
+        info = {g["name"].decode(): g for g in client.xinfo_groups(stream)}[group]
+        logged = sum(r["groups"] + r["groups_skipped"] for r in run.records())
+        return (bool(last) and info["last-delivered-id"] == last[0][0]
+                and info["entries-read"] == logged)  # fmt: skip
+
+    try:
+        run.wait("step 2 (weights pushed)", lambda: len(run.records()) >= 2, timeout=600)
+        # The engine stays down until the learner has trained on every group the workers wrote:
+        # it then waits for groups with none coming, and the restarted engine is behind it.
+        with run.supervisor_frozen():
+            os.kill(run.pid("engine0"), signal.SIGKILL)
+            os.kill(run.pid("rollout0"), signal.SIGKILL)
+            run.wait("the learner to wait for groups", learner_waits_for_groups)
+            version = int(client.get(keys.weight_version_key(name)) or 0)
+        assert version >= 2
+        run.wait_restart("engine0")
+        run.wait_restart("rollout0")
+        run.wait("training to reach max_steps after the restart",
+                 lambda: run.proc.poll() is not None, timeout=300)  # fmt: skip
+    finally:
+        run.stop()
+    assert run.proc.returncode == 0, run.output()[-4000:]
+    assert len(run.records()) == 12
+    assert "pushing it again" in run.log("learner")
