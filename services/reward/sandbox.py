@@ -154,6 +154,13 @@ class Sandbox:
         self.unsafe = unsafe_no_sandbox
         self.uid = uid
         self.ro_paths = [str(Path(p).resolve()) for p in ro_paths]
+        for path in self.ro_paths:
+            if Path(WORKDIR).is_relative_to(path):
+                raise ValueError(
+                    f"code.ro_paths: {path} would cover the work directory {WORKDIR} (read-only, "
+                    f"so no program could be written there); name directories outside it, or "
+                    f"below it (a folder under {WORKDIR} is mounted over the work directory)"
+                )
         self.prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
         found = shutil.which(bwrap)
         self.bwrap = found or bwrap
@@ -280,12 +287,16 @@ class Sandbox:
         ]  # fmt: skip
         for path in _ETC_FILES:
             args += ["--ro-bind-try", path, path]
-        for path in self.ro_paths:
-            args += ["--ro-bind", path, path]
         args += [
             "--proc", "/proc",
             "--dev", "/dev", "--remount-ro", "/dev",
             "--size", str(limits.workdir_mb << 20), "--tmpfs", WORKDIR,
+        ]  # fmt: skip
+        # After the work directory's tmpfs: a path under the host's /tmp is bound on top of it
+        # (bound before, the tmpfs would hide it).
+        for path in self.ro_paths:
+            args += ["--ro-bind", path, path]
+        args += [
             "--chdir", WORKDIR,
             "--clearenv", *(x for k, v in _ENV.items() for x in ("--setenv", k, v)),
         ]  # fmt: skip
