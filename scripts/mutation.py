@@ -179,7 +179,8 @@ def measure(
             show = subprocess.run([mutmut, "show", mutant], cwd=work, env=env,
                                   capture_output=True, text=True, check=False)  # fmt: skip
             survivors.append({"mutant": mutant, "status": status, "diff": show.stdout})
-    if rerun:  # the earlier run's verdicts for every mutant not run again
+    if rerun and keep is None:  # the earlier run's verdicts for every mutant not run again
+        # (a kept copy already holds every verdict, the earlier ones included)
         earlier = {m: "killed" for m in range(rerun["killed"])}  # placeholders: counted only
         statuses = {**{f"earlier-{m}": v for m, v in earlier.items()},
                     **{k: v for k, v in statuses.items() if k in set(names)}}  # fmt: skip

@@ -11,7 +11,9 @@ ALL``: new network, pid, ipc, uts, cgroup, mount and user namespaces; no nested 
 The new root holds only ``/usr`` (read-only), the ``/bin``, ``/lib``, ``/lib64`` symlinks, a few
 read-only files of ``/etc`` the dynamic linker needs, a fresh ``/proc`` of the new pid namespace,
 a minimal ``/dev`` remounted read-only, and a size-limited tmpfs at ``/tmp`` — the work
-directory and the only writable place (the root bwrap builds is remounted read-only last). The program is copied in from an anonymous memory file
+directory and the only writable place (the root bwrap builds is remounted read-only last);
+``code.ro_paths`` are bound read-only after it, so a folder under the host's ``/tmp`` shows on
+top of the work directory (``/tmp`` itself or ``/`` is refused). The program is copied in from an anonymous memory file
 (``memfd``), so no host path is bound. bwrap starts as the unprivileged uid/gid 65534 (the
 service drops to it when it runs as root; a uid mapped to root outside would still be root for
 the kernel's process limits) with a three-variable environment, so even ``/proc/1/environ`` (bwrap

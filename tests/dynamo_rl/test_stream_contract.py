@@ -258,3 +258,38 @@ def test_a_lease_without_time_left_is_claimable(redis_url: str) -> None:
         assert lease.prompt_ids == ["p9"]
 
     run(redis_url, scenario)
+
+
+def test_a_writer_dead_letters_a_prompt_with_its_reason_and_details(redis_url: str) -> None:
+    """A prompt the engine refuses: one entry in the dead-letter stream, through the guard."""
+    import json
+
+    calls: list[str] = []
+
+    async def guard(call: Callable[[], Awaitable[Any]]) -> Any:
+        calls.append("call")
+        return await call()
+
+    async def scenario(c: Any) -> tuple[str, str]:
+        w = writer(c, "wd", guard=guard)
+        first = await w.dead_letter("p7", "too long", data_source="gsm8k", prompt_tokens=4097)
+        second = await w.dead_letter("p8", "refused")  # no data source, no token count
+        return first, second
+
+    before = time.time()
+    first, second = run(redis_url, scenario)
+    after = time.time()
+    assert len(calls) == 2
+    entries = sync_client(redis_url).xrange(keys.dead_letter_stream(NS), first, second)
+    assert [eid.decode() for eid, _ in entries] == [first, second]
+    (_, f1), (_, f2) = entries
+    assert set(f1) == {b"id", b"reason", b"payload", b"time_unix"}
+    assert (f1[b"id"], f1[b"reason"]) == (b"prompt:p7", b"too long")
+    assert json.loads(f1[b"payload"]) == {
+        "prompt_id": "p7", "data_source": "gsm8k", "prompt_tokens": 4097, "worker_id": "wd",
+    }  # fmt: skip
+    assert before <= float(f1[b"time_unix"]) <= after
+    assert (f2[b"id"], f2[b"reason"]) == (b"prompt:p8", b"refused")
+    assert json.loads(f2[b"payload"]) == {
+        "prompt_id": "p8", "data_source": "", "prompt_tokens": 0, "worker_id": "wd",
+    }  # fmt: skip
