@@ -18,6 +18,7 @@ a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -130,12 +131,22 @@ def measure(
     children: int,
     max_seconds: float | None,
     rerun: dict | None = None,
+    keep: Path | None = None,
 ) -> dict:
     """Run mutmut on ``target``; with ``rerun`` (an earlier report of it) only that report's
-    survivors are run again (after adding tests) and the earlier verdicts are kept for the rest."""
-    with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
-        work = Path(tmp)
-        _copy_repo(work)
+    survivors are run again (after adding tests) and the earlier verdicts are kept for the rest.
+    With ``keep`` the copy lives in ``keep/<name>`` and outlasts the run: mutmut keeps each
+    mutant's verdict there, so the next run (cut by ``max_seconds`` or not) checks only the
+    mutants not checked yet, and the report counts them all."""
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            work = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix=f"mutation-{name}-"))
+            )
+        else:
+            work = keep / name
+            work.mkdir(parents=True, exist_ok=True)
+        _copy_repo(work)  # the checkout's files over the kept copy's (mutmut's mutants/ stays)
         with open(work / "pyproject.toml", "a") as f:
             f.write(_mutmut_config(target))
         # mutmut puts its mutants/ copy first on the path of the test process; processes the
@@ -165,10 +176,14 @@ def measure(
         for mutant, status in sorted(statuses.items()):
             if status not in SURVIVED:
                 continue
+            if status == "no tests":  # the function is named; its diffs would say no more
+                survivors.append({"mutant": mutant, "status": status, "diff": ""})
+                continue  # (and one `mutmut show` takes ~10 s on a loaded machine)
             show = subprocess.run([mutmut, "show", mutant], cwd=work, env=env,
                                   capture_output=True, text=True, check=False)  # fmt: skip
             survivors.append({"mutant": mutant, "status": status, "diff": show.stdout})
-    if rerun:  # the earlier run's verdicts for every mutant not run again
+    if rerun and keep is None:  # the earlier run's verdicts for every mutant not run again
+        # (a kept copy already holds every verdict, the earlier ones included)
         earlier = {m: "killed" for m in range(rerun["killed"])}  # placeholders: counted only
         statuses = {**{f"earlier-{m}": v for m, v in earlier.items()},
                     **{k: v for k, v in statuses.items() if k in set(names)}}  # fmt: skip
@@ -207,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="stop each module's run after this long; the report then counts the "
                         "mutants checked so far and says it is partial")  # fmt: skip
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="keep each module's mutmut copy in DIR/<module> and resume there: "
+                        "a later run checks only the mutants not checked yet (for runs cut by "
+                        "--max-seconds)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.list:
         for name, t in TARGETS.items():
@@ -217,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown module(s) {unknown}; one of {list(TARGETS)}")
     for name in args.modules or list(TARGETS):
         rerun = json.loads((args.out / f"{name}.json").read_text()) if args.rerun else None
-        r = measure(name, TARGETS[name], args.out, args.children, args.max_seconds, rerun)
+        r = measure(
+            name, TARGETS[name], args.out, args.children, args.max_seconds, rerun, args.keep
+        )
         score = "n/a" if r["score"] is None else f"{100 * r['score']:.1f}%"
         part = "" if r["complete"] else f" (partial: {r['checked']} of {r['mutants']} checked)"
         print(f"{name}: {r['killed']}/{r['checked']} killed ({score}){part} in {r['seconds']} s; "

@@ -19,8 +19,10 @@ another machine).
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 from collections.abc import Mapping
+from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -71,7 +73,21 @@ class RewardCodeConfig(Section):
     sandbox mounts read-only (``/usr`` by default; ``ro_paths`` adds more)."""
     ro_paths: list[str] = []
     """Extra host directories mounted read-only inside the sandbox (for example a separate
-    Python installation). Nothing else of the host is visible."""
+    Python installation), at the same path. Nothing else of the host is visible. A directory
+    under ``/tmp`` is mounted over the sandbox's work directory; ``/tmp`` itself or ``/`` is
+    refused (it would make the work directory read-only)."""
+
+    @field_validator("ro_paths")
+    @classmethod
+    def _not_over_the_work_directory(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if PurePosixPath("/tmp").is_relative_to(os.path.normpath(os.path.abspath(path))):
+                raise ValueError(
+                    f"{path!r} would cover the sandbox's work directory /tmp (read-only); "
+                    "allowed: directories outside /tmp, or below it"
+                )
+        return v
+
     concurrency: Annotated[int, Field(ge=1, le=1024)] = 2
     """Sandboxes running at once."""
     max_pending: Annotated[int, Field(ge=1)] = 256

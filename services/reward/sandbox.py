@@ -11,7 +11,9 @@ ALL``: new network, pid, ipc, uts, cgroup, mount and user namespaces; no nested 
 The new root holds only ``/usr`` (read-only), the ``/bin``, ``/lib``, ``/lib64`` symlinks, a few
 read-only files of ``/etc`` the dynamic linker needs, a fresh ``/proc`` of the new pid namespace,
 a minimal ``/dev`` remounted read-only, and a size-limited tmpfs at ``/tmp`` — the work
-directory and the only writable place (the root bwrap builds is remounted read-only last). The program is copied in from an anonymous memory file
+directory and the only writable place (the root bwrap builds is remounted read-only last);
+``code.ro_paths`` are bound read-only after it, so a folder under the host's ``/tmp`` shows on
+top of the work directory (``/tmp`` itself or ``/`` is refused). The program is copied in from an anonymous memory file
 (``memfd``), so no host path is bound. bwrap starts as the unprivileged uid/gid 65534 (the
 service drops to it when it runs as root; a uid mapped to root outside would still be root for
 the kernel's process limits) with a three-variable environment, so even ``/proc/1/environ`` (bwrap
@@ -154,6 +156,13 @@ class Sandbox:
         self.unsafe = unsafe_no_sandbox
         self.uid = uid
         self.ro_paths = [str(Path(p).resolve()) for p in ro_paths]
+        for path in self.ro_paths:
+            if Path(WORKDIR).is_relative_to(path):
+                raise ValueError(
+                    f"code.ro_paths: {path} would cover the work directory {WORKDIR} (read-only, "
+                    f"so no program could be written there); name directories outside it, or "
+                    f"below it (a folder under {WORKDIR} is mounted over the work directory)"
+                )
         self.prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
         found = shutil.which(bwrap)
         self.bwrap = found or bwrap
@@ -280,12 +289,16 @@ class Sandbox:
         ]  # fmt: skip
         for path in _ETC_FILES:
             args += ["--ro-bind-try", path, path]
-        for path in self.ro_paths:
-            args += ["--ro-bind", path, path]
         args += [
             "--proc", "/proc",
             "--dev", "/dev", "--remount-ro", "/dev",
             "--size", str(limits.workdir_mb << 20), "--tmpfs", WORKDIR,
+        ]  # fmt: skip
+        # After the work directory's tmpfs: a path under the host's /tmp is bound on top of it
+        # (bound before, the tmpfs would hide it).
+        for path in self.ro_paths:
+            args += ["--ro-bind", path, path]
+        args += [
             "--chdir", WORKDIR,
             "--clearenv", *(x for k, v in _ENV.items() for x in ("--setenv", k, v)),
         ]  # fmt: skip

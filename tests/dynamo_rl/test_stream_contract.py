@@ -258,3 +258,72 @@ def test_a_lease_without_time_left_is_claimable(redis_url: str) -> None:
         assert lease.prompt_ids == ["p9"]
 
     run(redis_url, scenario)
+
+
+def test_a_writer_dead_letters_a_prompt_with_its_reason_and_details(redis_url: str) -> None:
+    """A prompt the engine refuses: one entry in the dead-letter stream, through the guard."""
+    import json
+
+    calls: list[str] = []
+
+    async def guard(call: Callable[[], Awaitable[Any]]) -> Any:
+        calls.append("call")
+        return await call()
+
+    async def scenario(c: Any) -> tuple[str, str]:
+        w = writer(c, "wd", guard=guard)
+        first = await w.dead_letter("p7", "too long", data_source="gsm8k", prompt_tokens=4097)
+        second = await w.dead_letter("p8", "refused")  # no data source, no token count
+        return first, second
+
+    before = time.time()
+    first, second = run(redis_url, scenario)
+    after = time.time()
+    assert len(calls) == 2
+    entries = sync_client(redis_url).xrange(keys.dead_letter_stream(NS), first, second)
+    assert [eid.decode() for eid, _ in entries] == [first, second]
+    (_, f1), (_, f2) = entries
+    assert set(f1) == {b"id", b"reason", b"payload", b"time_unix"}
+    assert (f1[b"id"], f1[b"reason"]) == (b"prompt:p7", b"too long")
+    assert json.loads(f1[b"payload"]) == {
+        "prompt_id": "p7", "data_source": "gsm8k", "prompt_tokens": 4097, "worker_id": "wd",
+    }  # fmt: skip
+    assert before <= float(f1[b"time_unix"]) <= after
+    assert (f2[b"id"], f2[b"reason"]) == (b"prompt:p8", b"refused")
+    assert json.loads(f2[b"payload"]) == {
+        "prompt_id": "p8", "data_source": "", "prompt_tokens": 0, "worker_id": "wd",
+    }  # fmt: skip
+
+
+def test_claim_takes_every_lapsed_lease_past_fresh_and_unreadable_ones(
+    redis_url: str, caplog: Any
+) -> None:
+    """Ten leases of live workers, ten lapsed ones, one unreadable and one without a batch id, in
+    Redis's own scan order: every lapsed one is taken (a fresh or an unreadable lease met first
+    does not end the scan), the fresh ones are left, the unreadable one is dropped and named."""
+    import json
+    import logging
+
+    sync = sync_client(redis_url)
+    now = time.time()
+    for i in range(10):
+        lease = {"prompt_ids": [f"f{i}"], "batch_id": f"f{i}:s:0", "expires_unix": now + 600}
+        sync.set(keys.lease_key(NS, f"live{i}"), json.dumps(lease))
+        lease = {"prompt_ids": [f"d{i}"], "batch_id": f"d{i}:s:0", "expires_unix": now - 1}
+        sync.set(keys.lease_key(NS, f"dead{i}"), json.dumps(lease))
+    sync.set(keys.lease_key(NS, "garbled"), "not json")
+    sync.set(keys.lease_key(NS, "old"), json.dumps({"prompt_ids": ["o"], "expires_unix": 0}))
+
+    with caplog.at_level(logging.WARNING, logger="dynamo_rl.contracts.stream"):
+        claimed = run(redis_url, lambda c: writer(c, "me").claim_lapsed())
+    by_key = {c.key: c for c in claimed}
+    expected = {keys.lease_key(NS, f"dead{i}") for i in range(10)} | {keys.lease_key(NS, "old")}
+    assert set(by_key) == expected and len(claimed) == len(expected)
+    assert by_key[keys.lease_key(NS, "dead3")].prompt_ids == ["d3"]
+    assert by_key[keys.lease_key(NS, "dead3")].batch_id == "d3:s:0"
+    assert by_key[keys.lease_key(NS, "old")].batch_id == ""  # a lease without one
+    for i in range(10):  # live workers keep theirs
+        assert sync.get(keys.lease_key(NS, f"live{i}")) is not None
+    assert sync.get(keys.lease_key(NS, "garbled")) is None
+    garbled = keys.lease_key(NS, "garbled")
+    assert [r.getMessage() for r in caplog.records] == [f"dropped an unreadable lease {garbled}"]

@@ -107,14 +107,38 @@ class UpRun:
     def pid(self, name: str) -> int:
         return int(json.loads((self.run_dir / "pids.json").read_text())[name])
 
+    def progress(self) -> int:
+        """Bytes written so far by ``up`` and its services (output, logs, step records)."""
+        paths = [self.stdout, self.run_dir / "metrics.jsonl"]
+        logs = self.run_dir / "logs"
+        if logs.is_dir():
+            paths += list(logs.iterdir())
+        total = 0
+        for path in paths:
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+        return total
+
     def wait(self, what: str, cond: Callable[[], bool], timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
+        """Until ``cond()``. Fails when ``up`` exits, when nothing of the run has written a byte
+        for ``timeout`` s (stuck), or after ``5 * timeout`` s in all: on a loaded machine the
+        start-up alone can take minutes (190 s seen at load 55 on 2 cores), so the deadline
+        follows the run's progress rather than a fixed guess of its speed."""
+        start = stalled_since = time.monotonic()
+        seen = self.progress()
         while not cond():
             if self.proc.poll() is not None:
                 pytest.fail(f"up exited ({self.proc.returncode}) waiting for {what}:\n"
                             f"{self.output()[-4000:]}")  # fmt: skip
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}:\n{self.output()[-4000:]}")
+            now, written = time.monotonic(), self.progress()
+            if written != seen:
+                seen, stalled_since = written, now
+            if now - stalled_since > timeout:
+                pytest.fail(f"timed out waiting for {what}: nothing written for {timeout:.0f} s:"
+                            f"\n{self.output()[-4000:]}")  # fmt: skip
+            if now - start > 5 * timeout:
+                pytest.fail(f"timed out waiting for {what} ({5 * timeout:.0f} s in all):\n"
+                            f"{self.output()[-4000:]}")  # fmt: skip
             time.sleep(0.3)
 
     def wait_steps(self, more: int) -> None:

@@ -41,6 +41,7 @@ MISTAKES: list[tuple[str, str, list[str], str]] = [
     ("reward.code.concurrency", "reward: {code: {concurrency: -1}}", [],
      r"reward\.code\.concurrency"),
     ("reward.max_body_bytes", "reward: {max_body_bytes: 10}", [], r"reward\.max_body_bytes"),
+    ("reward.code.ro_paths", "reward: {code: {ro_paths: [/tmp/]}}", [], r"reward\.code\.ro_paths"),
     ("reward.code.typo", "reward: {code: {timout_s: 3}}", [], r"reward\.code\.timout_s"),
     ("engine.device", "engine: {device: tpu}", [], r"engine\.device"),
     ("engine.max_batch_size", "engine: {max_batch_size: 0}", [], r"engine\.max_batch_size"),

@@ -67,7 +67,7 @@ def test_a_killed_engine_replica_is_routed_around_and_restarted(tmp_path: Path, 
         run.wait("the workers to use the restarted engine",
                  lambda: f"POST {url}/v1/completions"
                  in run.log("rollout0").split(f"engine {url} failed", 1)[1])  # fmt: skip
-        run.proc.wait(timeout=300)
+        run.wait("the run to finish", lambda: run.proc.poll() is not None)
     finally:
         run.stop()
     text = run.output()

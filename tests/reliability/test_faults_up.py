@@ -125,7 +125,7 @@ def test_up_survives_learner_allocator_reward_and_worker_kills(tmp_path: Path, r
             assert STEPS - done >= 3, f"the run got to step {done} of {STEPS} before the last fault"
             os.kill(run.pid("rollout0"), signal.SIGKILL)
             run.wait_restart("rollout0")
-        run.proc.wait(timeout=300)
+        run.wait("the run to finish", lambda: run.proc.poll() is not None)
     finally:
         run.stop()
     out = run.output()

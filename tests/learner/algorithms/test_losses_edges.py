@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from learner.algorithms.losses import dpo_loss, value_loss
+from learner.algorithms.losses import dpo_loss, group_token_counts, value_loss
 
 
 def _twin_value_loss(v, v_old, ret, mask, clip):
@@ -84,3 +84,25 @@ def test_dpo_defaults_and_validation() -> None:
         dpo_loss(two_d, two_d, two_d, two_d)  # one shape, but not [B]
     with pytest.raises(ValueError, match=r"DPO inputs must all be \[B\] with the same B"):
         dpo_loss(pc, pr[:1], rc, rr)
+
+
+def test_group_token_counts_sums_each_groups_valid_tokens() -> None:
+    # Group ids in any order and spacing; a mask of 0/1 integers (any nonzero is valid).
+    mask = torch.tensor([[1, 1, 0, 0], [2, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    ids = torch.tensor([40, -3, 40, 7, -3])
+    counts = group_token_counts(ids, mask)
+    assert counts.dtype == torch.float32 and counts.shape == (5,)
+    # group 40: rows 0 and 2 (2 + 1); group -3: rows 1 and 4 (3 + 4); group 7: row 3 (0)
+    assert counts.tolist() == [3.0, 7.0, 3.0, 0.0, 7.0]
+    one = group_token_counts(torch.tensor([5]), torch.tensor([[1, 0, 1]]))
+    assert one.tolist() == [2.0]
+    empty = group_token_counts(torch.zeros(0, dtype=torch.long), torch.zeros(0, 3))
+    assert empty.shape == (0,) and empty.dtype == torch.float32
+
+
+@pytest.mark.parametrize("ids", [torch.tensor([[0], [1]]), torch.tensor([0, 1, 2])])
+def test_group_token_counts_names_the_shape_it_wants(ids: torch.Tensor) -> None:
+    shape = tuple(ids.shape)
+    with pytest.raises(ValueError) as e:
+        group_token_counts(ids, torch.ones(2, 3))
+    assert str(e.value) == f"group_ids must be [B] with B = 2 rows, got {shape}"

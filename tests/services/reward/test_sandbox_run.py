@@ -57,7 +57,8 @@ print(json.dumps({
 
 @pytest.fixture(scope="module")
 def host_dir() -> Iterator[Path]:
-    # Not under /tmp (the work directory's tmpfs is mounted there, over it), and reachable by the
+    # Outside /tmp (a folder there is mounted over the work directory: a case of its own, below),
+    # and reachable by the
     # unprivileged uid bwrap runs as (pytest's own temp folders are private to root).
     with tempfile.TemporaryDirectory(prefix="sandbox-ro-", dir="/var/tmp") as d:
         Path(d).chmod(0o755)
@@ -212,3 +213,51 @@ def test_bwraps_json_status_decides_started_and_exit_code() -> None:
 def test_a_sandbox_that_never_starts_is_named_with_its_status() -> None:
     with pytest.raises(SandboxUnavailable, match=r"on this host: sandbox_error$"):
         Sandbox(bwrap="/bin/false").check()  # no stderr: the status is the detail
+
+
+def test_a_ro_path_under_tmp_is_seen_above_the_work_directory() -> None:
+    # The work directory's tmpfs is mounted at /tmp; a read-only path under the host's /tmp must
+    # be bound after it (on top), or the tmpfs hides it.
+    with tempfile.TemporaryDirectory(prefix="sandbox-ro-", dir="/tmp") as d:
+        Path(d).chmod(0o755)
+        (Path(d) / "seen.txt").write_text("host")
+        prog = (
+            "import os, sys; d = sys.argv[1]; print(os.listdir(d), open(d + '/seen.txt').read(), "
+            "os.access(d, os.W_OK), open('given').read(), os.access('/tmp', os.W_OK))"
+        )
+        res = Sandbox(ro_paths=[d]).run(
+            [PY, "-I", "-c", prog, d], RunLimits(), files={"given": (b"work", 0o644)}
+        )
+    assert res.ok, (res.status, res.stderr[-2000:], res.sandbox_error)
+    assert res.stdout.decode().split() == ["['seen.txt']", "host", "False", "work", "True"]
+
+
+@pytest.mark.parametrize("path", ["/tmp", "/", "/tmp/../tmp"])
+def test_a_ro_path_over_the_work_directory_is_refused(path: str) -> None:
+    with pytest.raises(ValueError, match=r"code\.ro_paths: .* would cover the work directory /tmp"):
+        Sandbox(ro_paths=[path])
+
+
+FAKE_BWRAP = r"""#!/usr/bin/python3
+import os, sys
+fd = int(sys.argv[sys.argv.index("--json-status-fd") + 1])
+os.write(fd, b'{"child-pid": %d}\n{"exit-code": 0}\n' % os.getpid())
+sys.stdout.write("not the expected output\n")
+sys.stderr.buffer.write(b"\xff odd bytes\n")
+"""
+
+
+def test_a_sandbox_that_starts_but_prints_the_wrong_thing_fails_the_check(host_dir: Path) -> None:
+    # A bwrap that starts its child (bwrap's JSON status says so) and finishes, but whose output is
+    # not the check's: refused, with its stderr decoded even when it is not UTF-8. (In host_dir:
+    # bwrap runs as the unprivileged uid, which cannot reach pytest's private temp folders.)
+    fake = host_dir / "fake-bwrap"
+    fake.write_text(FAKE_BWRAP)
+    fake.chmod(0o755)
+    try:
+        res = Sandbox(bwrap=str(fake)).run(["/bin/true"], RunLimits())
+        assert (res.status, res.return_code) == ("finished", 0), res  # it started, and finished
+        with pytest.raises(SandboxUnavailable, match=r"on this host: � odd bytes$"):
+            Sandbox(bwrap=str(fake)).check()
+    finally:
+        fake.unlink()
