@@ -113,7 +113,9 @@ def test_step_records_and_evaluations_reach_both_trackers(tmp_path: Path) -> Non
     assert history[3]["eval/after/accuracy"] == 0.5
     assert history[3]["eval/before/arith-easy/accuracy"] == 0.5
     # One run: the evaluations resumed the learner's run id.
-    ids = {p.name.rsplit("-", 1)[1] for p in (tmp_path / "wandb").glob("offline-run-*")}
+    # (From the transaction logs' names, run-<id>.wandb: a second folder opened within the same
+    # second gets a "-1" suffix after the id.)
+    ids = {p.stem.split("-", 1)[1] for p in (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")}
     assert ids == {(tmp_path / "wandb" / "run_id").read_text().strip()}
 
     scalars, tb_config = tensorboard_scalars(tmp_path)
