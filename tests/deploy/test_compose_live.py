@@ -6,8 +6,10 @@ missing (no registry is reachable), the project image built, then the quickstart
 compose runs it, with a shorter warm start and fewer steps:
 
 1. ``docker compose up -d --wait``: ``prepare`` (task data, tiny model, warm start), the services,
-   ``eval-before``, the rollout worker and the learner; it returns with the one-shots completed,
-   each service healthy and ``eval-after`` running (it waits for the learner's last step);
+   ``eval-before`` and the learner; it returns with the one-shots completed, each service healthy
+   and ``eval-after`` running (it waits for the learner's last step); then the rollout worker,
+   ``up -d --wait`` again (held back so that the learner cannot finish before ``--wait`` has seen
+   it healthy);
 2. learner steps with weight pushes; then the learner's container crashes (SIGKILL of its pid 1
    from the host, as the OOM killer would): restarted by its policy, it resumes from its checkpoint
    and training goes on;
@@ -15,7 +17,8 @@ compose runs it, with a shorter warm start and fewer steps:
    pause`` until the engine is back, so that training is still going on whatever its speed):
    restarted, it gets current weights (its version at least the step reached) and training goes on;
 4. ``docker kill`` of the learner: a manual stop, which Docker does not undo whatever the restart
-   policy (still down after the next step); ``docker compose up -d --wait`` brings it back, it
+   policy (still down after the next step); ``docker compose up -d --wait`` (the rollout worker
+   stopped and started last, as in 1) brings it back, it
    resumes, and ``eval-before`` (run again with the other one-shot) keeps its first figure;
 5. meanwhile the code sandbox works inside the reward container under the shipped seccomp profile,
    and the sandbox attacks still fail there (tests/deploy/compose_probe.py);
@@ -53,7 +56,7 @@ pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
 SCRIPT = REPO / "scripts" / "docker_local.sh"
 PROBE = Path(__file__).with_name("compose_probe.py")
-STEPS = 20
+STEPS = 24
 NAME = "compose-ci"
 # Started (with their dependencies, the one-shots prepare and eval-before): everything but
 # Grafana (no image here).
@@ -203,24 +206,28 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         # them), every service healthy, eval-after running (it waits for the learner's last step).
         # A deadline for a loaded machine: at load 60-70 on 2 cores the 300-step warm start alone
         # took over 15 minutes (a few minutes idle).
-        stack.compose("up", "-d", "--wait", "--wait-timeout", "1800", *SERVICES, timeout=1900)
+        _up_rollout_last(stack, 1800)
         for service in SERVICES:
-            if service != "eval-after":
+            # (The learner was seen healthy by the first `--wait`; its health checks fail while
+            # it is held, so its status is checked as running here.)
+            if service not in ("eval-after", "learner"):
                 assert stack.inspect(service, "{{.State.Health.Status}}") == "healthy", service
-        assert stack.inspect("eval-after", "{{.State.Status}}") == "running"
+        for service in ("eval-after", "learner"):
+            assert stack.inspect(service, "{{.State.Status}}") == "running", service
         t_up = time.monotonic() - t0
         before = json.loads((stack.run_dir / "eval_before.json").read_text())
 
         # 2. A learner crash (its pid 1 killed from the host, as the OOM killer would): restarted
-        # by its policy, it resumes from its checkpoint and training goes on.
+        # by its policy, it resumes from its checkpoint (the steps after step 3 below, and its log's
+        # second "resumed from").
         _wait("learner step 3", lambda: stack.steps() >= 3, 600, lambda: stack.logs("learner"))
         _crash_and_wait_restart(stack, "learner")
-        _wait_steps(stack, 2, "after the learner's restart")
 
-        # 3. An engine crash in mid-training. The learner is held (paused) until the engine is
-        # back, so that steps remain to be trained on the restarted engine however fast training
-        # runs; the restarted engine serves the weights it was started with until the learner
-        # pushes to it again (the next push, or the catch-up push while the learner waits).
+        # 3. An engine crash in mid-training. The restarted learner is held (paused) until the
+        # engine is back, so that steps remain to be trained on the restarted engine however fast
+        # training runs (on an idle machine a step here takes well under a second); the restarted
+        # engine serves the weights it was started with until the learner pushes to it again (the
+        # next push, or the catch-up push while the learner waits).
         stack.docker("pause", stack.container("learner"))
         try:
             assert stack.steps() + 3 < STEPS, "too few steps left for the engine's restart"
@@ -230,17 +237,23 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         finally:
             stack.docker("unpause", stack.container("learner"))
         at_restart = stack.steps()
-        _wait_steps(stack, 2, "after the engine's restart")
-        # The restarted engine holds weights pushed after its restart (a version it was not
-        # started with, at least the step training had reached).
-        version = stack.engine_version()
-        assert version >= at_restart, (version, at_restart)
+        _wait_steps(stack, 2, "after the learner's and the engine's restarts")
+        # Held again while the engine is read, so that training cannot reach max_steps before
+        # step 4's `docker kill`.
+        stack.docker("pause", stack.container("learner"))
+        try:
+            # The restarted engine holds weights pushed after its restart (a version it was not
+            # started with, at least the step training had reached).
+            version = stack.engine_version()
+            assert version >= at_restart, (version, at_restart)
+            assert stack.steps() < STEPS, "the learner finished before `docker kill`"
+            restarts = stack.inspect("learner", "{{.RestartCount}}")
+        finally:
+            stack.docker("unpause", stack.container("learner"))
 
         # 4. `docker kill`: a manual stop to Docker, which leaves the container down whatever
         # its restart policy; `docker compose up -d --wait` (what a user runs) brings it back, and
         # it resumes. The sandbox probe runs meanwhile (tens of seconds): the learner stays down.
-        assert stack.steps() < STEPS, "the learner finished before `docker kill`"
-        restarts = stack.inspect("learner", "{{.RestartCount}}")
         stack.docker("kill", stack.container("learner"))
         _wait("the learner to stop", lambda: stack.inspect("learner", "{{.State.Status}}") ==
               "exited", 60, lambda: stack.logs("learner"))  # fmt: skip
@@ -259,7 +272,8 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         assert stack.inspect("learner", "{{.State.Status}} {{.RestartCount}}") == (
             f"exited {restarts}"
         ), "Docker restarted a container stopped by `docker kill`"
-        stack.compose("up", "-d", "--wait", "--wait-timeout", "600", *SERVICES, timeout=700)
+        stack.compose("stop", "rollout")  # no new groups until the learner is seen healthy
+        _up_rollout_last(stack, 600)
         assert stack.inspect("learner", "{{.State.Status}}") == "running"
         # The one-shots ran again; eval-before kept its first measurement.
         assert json.loads((stack.run_dir / "eval_before.json").read_text()) == before
@@ -304,6 +318,22 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
     left = _sh(["docker", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={stack.project}"],
                stack.env, 60)  # fmt: skip
     assert left.strip() == ""
+
+
+def _up_rollout_last(stack: Stack, wait_timeout: int) -> None:
+    """``up -d --wait``, the rollout worker last, and the learner held (paused) until the worker
+    is healthy: health checks come 15 s apart and on an idle machine the steps here take less, so
+    the learner could otherwise train to ``max_steps`` and exit before ``--wait`` has seen it
+    healthy (which fails ``--wait``), or before the test's faults."""
+    first = [s for s in SERVICES if s != "rollout"]
+    stack.compose("up", "-d", "--wait", "--wait-timeout", str(wait_timeout), *first,
+                  timeout=wait_timeout + 100)  # fmt: skip
+    stack.docker("pause", stack.container("learner"))
+    try:
+        stack.compose("up", "-d", "--no-deps", "--wait", "--wait-timeout", "600", "rollout",
+                      timeout=700)  # fmt: skip
+    finally:
+        stack.docker("unpause", stack.container("learner"))
 
 
 def _wait_steps(stack: Stack, more: int, what: str) -> None:
