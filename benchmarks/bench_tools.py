@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -54,7 +55,7 @@ TOOL_TIMEOUT_S = 2.0
 def cell(episode: int, turn: int, faulty: bool = False) -> str:
     """A cell's code: a product of two multi-digit numbers (what the agent recipe's model runs);
     with ``faulty``, 1 cell in 8 raises and 1 in 16 never ends."""
-    k = episode * 31 + turn
+    k = episode * 3 + turn
     if faulty and k % 16 == 5:
         return "while True:\n    pass"
     if faulty and k % 8 == 3:
@@ -172,23 +173,56 @@ def errors_text(r: Round) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(r.errors.items()))
 
 
-def main() -> int:
+def expected_faults(episodes: int, turns: int) -> dict[str, int]:
+    """How many cells of the faulty mix were written to time out and to fail."""
+    out = {"timeout": 0, "failed": 0}
+    for e in range(episodes):
+        for t in range(turns):
+            code = cell(e, t, faulty=True)
+            if code.startswith("while"):
+                out["timeout"] += 1
+            elif code.startswith("raise"):
+                out["failed"] += 1
+    return out
+
+
+def figures(r: Round) -> dict[str, object]:
+    return {
+        "concurrency": r.concurrency,
+        "episodes": r.episodes,
+        "tool_calls": r.calls,
+        "wall_s": round(r.wall_s, 3),
+        "episodes_per_s": round(r.episodes_per_s, 3),
+        "tool_calls_per_s": round(r.calls_per_s, 2),
+        "p50_ms": round(r.pct(0.5), 1),
+        "p99_ms": round(r.pct(0.99), 1),
+        "errors": dict(r.errors),
+        "crashes": r.crashes,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke test: 2 concurrencies")
     parser.add_argument("--sandboxes", type=int, default=2, help="reward service sandboxes")
     parser.add_argument("--concurrency", default=None, help="episodes at once, e.g. 1,2,4,8,16")
     parser.add_argument("--episodes", type=int, default=None, help="episodes per concurrency")
     parser.add_argument("--turns", type=int, default=3, help="code cells per episode")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
     q = args.quick
     levels = [int(c) for c in (args.concurrency or ("1,4" if q else "1,2,4,8,16")).split(",")]
     episodes = args.episodes or (8 if q else 32)
     turns = args.turns
+    load_start = os.getloadavg()[0]
     print(
         f"tool benchmark ({'quick' if q else 'full'}): code_interpreter episodes of {turns} "
         f"cells against /run_code, {args.sandboxes} sandboxes, {episodes} episodes per "
-        f"concurrency; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        f"concurrency; load average {load_start:.1f} on {os.cpu_count()} CPUs"
     )
+    rounds: list[dict[str, object]] = []
+    report: dict[str, object] = {"sandboxes": args.sandboxes, "episodes": episodes,
+                                 "turns": turns, "load_start": load_start, "rounds": rounds}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_reward(Path(tmp), args.sandboxes)
         try:
@@ -206,26 +240,30 @@ def main() -> int:
                     f"{errors_text(base)}) -> tool path {r.calls_per_s / base.calls_per_s:.2f}x "
                     f"bare, {r.calls_per_s / sequential:.2f}x sequential"
                 )
+                rounds.append(
+                    {
+                        "tool_path": figures(r),
+                        "bare": figures(base),
+                        "ratio_to_bare": r.calls_per_s / base.calls_per_s,
+                        "ratio_to_sequential": r.calls_per_s / sequential,
+                    }
+                )
             top = levels[-1]
             f = asyncio.run(tool_path(url, top, episodes, turns, faulty=True))
-            expected = {"timeout": 0, "failed": 0}
-            for e in range(episodes):
-                for t in range(turns):
-                    k = e * 31 + t
-                    if k % 16 == 5:
-                        expected["timeout"] += 1
-                    elif k % 8 == 3:
-                        expected["failed"] += 1
+            want = expected_faults(episodes, turns)
             print(
                 f"faulty mix, C={top}: {f.calls_per_s:.1f} tool calls/s, {f.episodes_per_s:.2f} "
-                f"episodes/s; {errors_text(f)} (cells written to time out: "
-                f"{expected['timeout']}, to fail: {expected['failed']}); {f.crashes} crashed; "
-                f"clean cells' latency p50 {f.pct(0.5):.0f} ms p99 {f.pct(0.99):.0f} ms "
-                f"(tool timeout {TOOL_TIMEOUT_S:g}s)"
+                f"episodes/s; {errors_text(f)} (cells written to time out: {want['timeout']}, "
+                f"to fail: {want['failed']}); {f.crashes} crashed; clean cells' latency p50 "
+                f"{f.pct(0.5):.0f} ms p99 {f.pct(0.99):.0f} ms (tool timeout {TOOL_TIMEOUT_S:g}s)"
             )
+            report["faulty"] = {**figures(f), "expected": want}
         finally:
             proc.stop()
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    report["load_end"] = os.getloadavg()[0]
+    print(f"load average at the end {report['load_end']:.1f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
