@@ -6,7 +6,8 @@ One episode (:func:`run_episode`):
    (:class:`Conversation`), so a first turn sees exactly what a single-turn rollout would;
 2. the engine samples a turn from the token ids kept so far; its token ids and log-probs are
    appended as they came (loss mask 1) — model output is never re-tokenised;
-3. ``env.step(text)`` (under ``tool_timeout_s``) gives observation messages. The whole
+3. ``env.step(text)`` (under ``tool_timeout_s``; ``text`` is the turn's ids decoded by the
+   worker's tokenizer, not the engine's text) gives observation messages. The whole
    conversation is rendered again; when that text extends the text of the tokens kept so far,
    only the new part (the observation and the template's markers around it) is tokenised and
    appended with loss mask 0. When it does not — a chat template that drops earlier ``<think>``
