@@ -6,7 +6,8 @@ One episode (:func:`run_episode`):
    (:class:`Conversation`), so a first turn sees exactly what a single-turn rollout would;
 2. the engine samples a turn from the token ids kept so far; its token ids and log-probs are
    appended as they came (loss mask 1) — model output is never re-tokenised;
-3. ``env.step(text)`` (under ``tool_timeout_s``) gives observation messages. The whole
+3. ``env.step(text)`` (under ``tool_timeout_s``; ``text`` is the turn's ids decoded by the
+   worker's tokenizer, not the engine's text) gives observation messages. The whole
    conversation is rendered again; when that text extends the text of the tokens kept so far,
    only the new part (the observation and the template's markers around it) is tokenised and
    appended with loss mask 0. When it does not — a chat template that drops earlier ``<think>``
@@ -100,6 +101,14 @@ class Conversation:
     def piece_ids(self, text: str) -> list[int]:
         """Ids of text appended to a conversation (no special tokens added)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def model_text(self, ids: Sequence[int]) -> str:
+        """A model turn's text as this tokenizer reads its ids (special tokens skipped): what the
+        conversation, the environment and the outcome reward see. Not the engine's text: vLLM's
+        incremental detokenizer writes bytes that are not valid UTF-8 differently from a whole
+        decode, and the conversation must extend the decoded tokens kept (rule 3) whoever
+        served the turn."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def decode(self, ids: Sequence[int]) -> str:
         # A chat template writes the turn's end token itself; the plain and raw templates do not,
@@ -226,15 +235,16 @@ async def run_episode(
         seg.append(sample.token_ids, sample.logprobs, 1)
         turn.end = turn.observation_end = len(seg.token_ids)
         seg.turns.append(turn)
-        episode.model_texts.append(sample.text)
+        said = conversation.model_text(sample.token_ids)
+        episode.model_texts.append(said)
         episode.finish_reason = sample.finish_reason
         kept += conversation.decode(sample.token_ids)
-        messages.append({"role": "assistant", "content": sample.text})
+        messages.append({"role": "assistant", "content": said})
         if sample.finish_reason == "length" and s.max_tokens < sampling.max_tokens:
             episode.end_reason = "token_budget"  # cut by the budget, not by max_tokens
             break
         try:
-            step = await asyncio.wait_for(env.step(sample.text), limits.tool_timeout_s)
+            step = await asyncio.wait_for(env.step(said), limits.tool_timeout_s)
         except TimeoutError:
             step = _timeout_step(limits.tool_timeout_s)
         except EnvUnavailable as e:

@@ -106,3 +106,10 @@ class WorkerMetrics:
             "masked_token_share",
             "Share of the last batch's episode tokens that are observations (loss mask 0)",
         )
+        self.episodes_per_second = m.gauge(
+            "episodes_per_second", "Episodes finished per second of generation in the last batch"
+        )
+        self.tool_calls_per_second = m.gauge(
+            "tool_calls_per_second",
+            "Tool calls made per second of generation in the last batch (episodes' wall time)",
+        )

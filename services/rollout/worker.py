@@ -556,9 +556,9 @@ class RolloutWorker:
                 kept.append(e)
         return kept
 
-    def _episode_metrics(self, episodes: Sequence[Episode]) -> None:
+    def _episode_metrics(self, episodes: Sequence[Episode], generate_s: float) -> None:
         m = self.metrics
-        model = obs = 0
+        model = obs = calls = 0
         for e in episodes:
             m.episodes.labels(e.end_reason).inc()
             m.episode_turns.observe(len(e.turns))
@@ -566,6 +566,7 @@ class RolloutWorker:
             model += e.model_tokens
             obs += e.observation_tokens
             for c in e.tool_calls:
+                calls += 1
                 m.tool_calls.inc()
                 m.tool_latency.observe(c.latency_s)
                 if c.error:
@@ -573,6 +574,9 @@ class RolloutWorker:
                     m.tool_errors.labels(kind if kind in TOOL_ERROR_KINDS else "other").inc()
         if model + obs:
             m.masked_token_share.set(obs / (model + obs))
+        if generate_s > 0:
+            m.episodes_per_second.set(len(episodes) / generate_s)
+            m.tool_calls_per_second.set(calls / generate_s)
 
     async def _run_episode_batch(
         self,
@@ -661,7 +665,7 @@ class RolloutWorker:
         entry_ids = await self.push(groups, batch_id)
         t_end = time.monotonic()
         await self.report(outcomes)
-        self._episode_metrics([e for group in episodes for e in group])
+        self._episode_metrics([e for group in episodes for e in group], generate_s)
         m = self.metrics
         m.batches.inc()
         m.groups.inc(len(groups))

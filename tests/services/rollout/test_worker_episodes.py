@@ -16,9 +16,11 @@ import redis
 from allocator.client import AllocatorClient
 from dynamo_rl.codec import Response, TrajectoryGroup, decode_entry
 from dynamo_rl.config import load_config
+from dynamo_rl.envs import ENVIRONMENTS, EnvContext, Environment, Step, ToolCallRecord, register_env
 from dynamo_rl.keys import trajectory_stream
 from dynamo_rl.services import SERVICES
 from learner.batch import batch_mask, samples_from_groups
+from services.rollout.metrics import TOOL_ERROR_KINDS
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO
 from tests.services.rollout.conftest import write_sums
@@ -132,6 +134,60 @@ def test_guess_number_batch_reaches_the_stream_masked_and_counted_as_episodes(
     obs = sum(len(r.loss_mask) - sum(r.loss_mask) for g in groups for r in g.responses)
     model = sum(sum(r.loss_mask) for g in groups for r in g.responses)
     assert share == pytest.approx(obs / (obs + model))
+
+
+class ToolProbe(Environment):
+    """Two turns; each makes a call that runs (latency 0.25 s, then 0.5 s) and one that fails;
+    the first turn also makes a malformed one. The model's text is not read."""
+
+    def __init__(self, ctx: EnvContext) -> None:
+        self.k = 0
+
+    async def reset(self, row: dict) -> list[dict[str, str]]:
+        return [{"role": "user", "content": str(row["prompt"])}]
+
+    async def step(self, turn: str) -> Step:
+        self.k += 1
+        calls = [ToolCallRecord("probe", "{}", "", 0.25 * self.k),
+                 ToolCallRecord("probe", "{}", "failed: exit 1", 0.125)]  # fmt: skip
+        if self.k == 1:
+            calls.append(ToolCallRecord("", "", "malformed: no name", 0.0, malformed=True))
+        obs = [{"role": "user", "content": "ok"}]
+        return Step(obs, None, self.k == 2, {"tool_calls": calls})
+
+
+@pytest.mark.slow
+def test_tool_metrics_count_calls_errors_latency_and_rates(
+    redis_url, engine, reward, allocator, dataset, model
+) -> None:
+    """6 episodes (3 prompts x 2) of 2 turns and 5 tool calls each: the counters, the latency
+    histogram and the per-second rates of the batch (over its generation time)."""
+    register_env("tool_probe")(ToolProbe)
+    try:
+        worker = make(redis_url, engine, reward, allocator, dataset, model,
+                      "rollout.env.name=tool_probe")  # fmt: skip
+        registry = worker.metrics.metrics.registry
+        run(worker, 1)
+    finally:
+        ENVIRONMENTS.pop("tool_probe", None)
+    groups = stream(redis_url)
+    assert len(groups) == 3
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(f"dynamo_rollout_{name}", labels) or 0.0
+
+    assert value("episodes_total", end="done") == 6
+    assert value("episode_turns_count") == 6 and value("episode_turns_sum") == 12
+    assert value("tool_calls_total") == 30
+    assert value("tool_errors_total", kind="failed") == 12
+    assert value("tool_errors_total", kind="malformed") == 6
+    assert sum(value("tool_errors_total", kind=k) for k in TOOL_ERROR_KINDS) == 18
+    assert value("tool_latency_seconds_count") == 30
+    assert value("tool_latency_seconds_sum") == pytest.approx(6 * (0.25 + 0.5 + 2 * 0.125))
+    generate_s = groups[0].timing.generate_s
+    assert generate_s > 0
+    assert value("episodes_per_second") == pytest.approx(6 / generate_s, rel=1e-4)
+    assert value("tool_calls_per_second") == pytest.approx(30 / generate_s, rel=1e-4)
 
 
 OLD_FIELDS = ("token_ids", "logprobs", "reward", "correct", "format_ok", "reason",
