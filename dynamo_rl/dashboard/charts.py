@@ -134,6 +134,20 @@ CHARTS: tuple[Chart, ...] = (
             Series("unexplored prompts", "dynamo_allocator_unexplored_prompts_total", how="rate"),
         ),
     ),
+    Chart(
+        "zero_advantage_share",
+        "Share of responses in zero-advantage groups (rollout: all rewards equal, no signal)",
+        "allocation",
+        "",
+        (
+            Series(
+                "zero-advantage share",
+                "dynamo_rollout_zero_advantage_responses_total",
+                how="ratio",
+                per="dynamo_rollout_responses_total",
+            ),
+        ),
+    ),
     # --- throughput -------------------------------------------------------------------------
     Chart(
         "tokens",
@@ -206,6 +220,7 @@ CHARTS: tuple[Chart, ...] = (
             Series("engine failures", "dynamo_rollout_engine_failures_total", how="rate"),
             Series("reward retries", "dynamo_rollout_reward_retries_total", how="rate"),
             Series("allocator fallbacks", "dynamo_rollout_allocator_fallbacks_total", how="rate"),
+            Series("lease re-issues", "dynamo_rollout_leases_reissued_total", how="rate"),
             Series("dead letters", "dynamo_learner_dead_letters_total", how="rate"),
         ),
     ),
