@@ -476,6 +476,9 @@ def _run_folder(tmp_path: Path, redis_url: str) -> tuple[Path, list]:
             "accuracy": acc, "n": 4, "prompts": 10,
             "by_data_source": {"arith": {"accuracy": acc / 2, "prompts": 5},
                                "gsm8k": {"accuracy": acc * 1.5, "prompts": 5}},
+            # The arith task's difficulty tiers (eval's by_tier).
+            "by_tier": {"easy": {"accuracy": acc + 0.25, "prompts": 3},
+                        "hard": {"accuracy": acc - 0.25, "prompts": 2}},
         }))  # fmt: skip
     return run, groups
 
@@ -507,6 +510,12 @@ def test_run_folder_replaces_the_scrape_and_redis_after_the_run(
         assert from_folder[chart_id]["bars"] == from_redis[chart_id]["bars"]
         assert from_folder[chart_id]["lines"] == from_redis[chart_id]["lines"]
     assert running["evaluations"]["after"]["by_data_source"]["gsm8k"]["accuracy"] == 0.75
+    # Per tier too, before and after (the page draws each part's row with the change in points).
+    tiers = {label: {part: v["accuracy"] for part, v in e["by_data_source"].items()
+                     if part.startswith("tier/")}
+             for label, e in running["evaluations"].items()}  # fmt: skip
+    assert tiers == {"before": {"tier/easy": 0.5, "tier/hard": 0.0},
+                     "after": {"tier/easy": 0.75, "tier/hard": 0.25}}  # fmt: skip
 
     # up ends: summary.json; Redis is gone (a closed port), the run reads as finished.
     (run / "summary.json").write_text(json.dumps({"accuracy_after": 0.5}))
