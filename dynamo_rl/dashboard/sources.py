@@ -261,13 +261,19 @@ def chart_data(chart: Chart, log: JsonlLog, scraper: Scraper) -> dict[str, Any]:
     targets = scraper.snapshots()
     out: dict[str, Any] = {**chart.to_json(), "lines": [], "bars": []}
     if chart.kind == "bars":
+        bars: dict[str, float] = {}
         for s in chart.series:
-            bars: dict[str, float] = {}
             for _url, snaps in targets:
-                if snaps:
-                    for b in _bars(s, snaps[-1]):
-                        bars[b["label"]] = bars.get(b["label"], 0.0) + b["value"]
-            out["bars"] = [{"label": k, "value": v} for k, v in bars.items()]
+                if not snaps:
+                    continue
+                if s.how == "value":  # one bar of its own (a count beside the histogram)
+                    v = _total(snaps[-1], s.metric, s.labels)
+                    if v:
+                        bars[s.label] = bars.get(s.label, 0.0) + v
+                    continue
+                for b in _bars(s, snaps[-1]):
+                    bars[b["label"]] = bars.get(b["label"], 0.0) + b["value"]
+        out["bars"] = [{"label": k, "value": v} for k, v in bars.items()]
         return out
     for s in chart.series:
         if s.field:
