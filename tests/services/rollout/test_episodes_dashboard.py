@@ -34,6 +34,7 @@ from tests.conftest import dynamo_rl_argv
 from tests.dynamo_rl.test_dashboard_browser import CHROMIUM, body_attrs, chromium
 
 NS = "episodes-dash"
+pytestmark = pytest.mark.slow
 
 
 class Probe(Environment):
