@@ -51,10 +51,11 @@ def test_eval_samples_each_prompt_with_its_own_seed_and_reports_what_it_scored(
     assert result["accuracy"] == pytest.approx(sum(x["correct"] for x in lines) / len(lines))
     assert result["prompts"] == 12 and result["n"] == 3
     tier_of = {r["id"]: r["extra_info"]["tier"] for r in rows}
+    (bench,) = result["benchmarks"].values()
     for tier, count in (("easy", 4), ("hard", 8)):
         mine = [x["correct"] for x in lines if tier_of[x["prompt_id"]] == tier]
-        assert result["by_tier"][tier]["prompts"] == count
-        assert result["by_tier"][tier]["accuracy"] == pytest.approx(sum(mine) / len(mine))
+        assert bench["by_tier"][tier]["prompts"] == count
+        assert bench["by_tier"][tier]["accuracy"] == pytest.approx(sum(mine) / len(mine))
 
     # Seeded: the same command gives the same samples.
     _eval(model, data, tmp_path / "b.json", tmp_path / "b.jsonl")
