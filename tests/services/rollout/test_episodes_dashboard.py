@@ -4,12 +4,13 @@ Episodes played against the real embedded engine (tiny model) go to a real Redis
 run folder's sample log exactly as the worker writes them; ``dynamo-rl dashboard`` serves them.
 Each turn's model text, its tool calls (one that ran, one malformed), the observation after it and
 the masked/unmasked token split must reach the API from both sources, and the page (headless
-Chromium) must draw every turn.
+Chromium) must draw every turn. ``DYNAMO_SCREENSHOT_DIR`` takes the page's screenshot there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -143,3 +144,8 @@ def test_samples_page_shows_each_turn_tool_call_and_output(
     assert dom.count("tool call lookup(") == 4 and "error: malformed" in dom
     assert len(re.findall(r'class="turn obs"', dom)) == 4  # the last turn of each has none
     assert "answer 0" in dom and "observation tokens (masked)" in dom
+    if os.environ.get("DYNAMO_SCREENSHOT_DIR"):  # docs/img/dashboard-episode.png
+        out = Path(os.environ["DYNAMO_SCREENSHOT_DIR"])
+        out.mkdir(parents=True, exist_ok=True)
+        chromium(tmp_path, f"--screenshot={out / 'dashboard-episode.png'}",
+                 "--window-size=1400,760", base + "/samples?limit=1")  # fmt: skip
