@@ -54,6 +54,11 @@ class AllocatorMetrics:
             "priority per explored prompt (sampled per request)",
             buckets=PRIORITY_BUCKETS,
         )
+        self.priority_exploring = m.counter(
+            "priority_exploring_total",
+            "prompts of the priority histogram's sample still explored (no priority yet): the "
+            "same sample as dynamo_allocator_priority, so the two draw one distribution",
+        )
         self.outcomes = m.counter("outcomes_reported_total", "prompt outcomes reported")
         self.samples_reported = m.counter(
             "samples_reported_total", "responses (attempts) reported in outcomes"
@@ -79,4 +84,5 @@ class AllocatorMetrics:
         observe_many(self.counts, counts[::stride])
         sampled = priorities[::stride]
         observe_many(self.priorities, sampled[sampled >= 0])
+        self.priority_exploring.inc(int(np.count_nonzero(sampled < 0)))
         self.unexplored_prompts.inc(int(np.count_nonzero(priorities < 0)))

@@ -21,7 +21,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prometheus_client import (
@@ -34,7 +34,26 @@ from prometheus_client import (
     start_http_server,
 )
 
-__all__ = ["CONTENT_TYPE_LATEST", "LATENCY_BUCKETS", "History", "ServiceMetrics", "read_history"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "LATENCY_BUCKETS",
+    "VLLM_SERIES",
+    "History",
+    "ScrapedMetrics",
+    "ServiceMetrics",
+    "parse_exposition",
+    "read_history",
+]
+
+VLLM_SERIES = (
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
+"""vLLM's own ``/metrics`` series the dashboard charts (from a vLLM engine's history, which
+:class:`ScrapedMetrics` records): generated tokens (tokens/s), requests running (the batch) and
+waiting. ``tests/vllm`` checks them against a real vLLM server."""
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SUFFIXES = {
@@ -154,8 +173,9 @@ class History:
     """
 
     def __init__(
-        self, metrics: ServiceMetrics, path: Path, interval_s: float, max_bytes: int
-    ) -> None:
+        self, metrics: ServiceMetrics | ScrapedMetrics, path: Path, interval_s: float,
+        max_bytes: int,
+    ) -> None:  # fmt: skip
         self.metrics = metrics
         self.path = path
         self.interval_s = interval_s
@@ -167,13 +187,16 @@ class History:
         self._thread: threading.Thread | None = None
 
     def write_once(self) -> None:
+        samples = self.metrics.snapshot()
+        if samples is None:  # a scraped target that did not answer: no line for this interval
+            return
         line = json.dumps(
             {
                 "t": time.time(),
                 "service": self.metrics.service,
                 "instance": self.instance,
                 "interval_s": self.interval_s,
-                "samples": self.metrics.snapshot(),
+                "samples": samples,
             },
             separators=(",", ":"),
         )
@@ -216,6 +239,65 @@ class History:
             self._thread.join(timeout=5)
         with contextlib.suppress(OSError):
             self.write_once()
+
+
+def parse_exposition(text: str) -> list[list[object]]:
+    """Prometheus text format -> ``[[sample name, {labels}, value], ...]`` (a history line's
+    samples; ``_created`` samples and non-finite values left out, as :meth:`ServiceMetrics.snapshot`
+    does)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: list[list[object]] = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_created") or not math.isfinite(s.value):
+                continue
+            out.append([s.name, dict(s.labels), float(s.value)])
+    return out
+
+
+class ScrapedMetrics:
+    """The history of a process that is not ours (a vLLM server): its ``/metrics`` at ``url``,
+    scraped at each snapshot, under the service name ``service`` — the very samples Prometheus
+    would scrape, so the run folder keeps them in the same schema. ``extra`` adds samples of our
+    own (the engine's weight version, which vLLM's ``/metrics`` does not have); a scrape that
+    fails writes no line (the target is restarting; the next interval tries again)."""
+
+    def __init__(
+        self,
+        service: str,
+        url: str,
+        extra: Callable[[], list[list[object]]] | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.service = service
+        self.url = url
+        self.extra = extra
+        self.timeout_s = timeout_s
+        self.failures = 0
+
+    def snapshot(self) -> list[list[object]] | None:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as r:
+                samples = parse_exposition(r.read().decode("utf-8", errors="replace"))
+        except Exception:  # down, restarting, or a half-written answer
+            self.failures += 1
+            return None
+        if self.extra is not None:
+            with contextlib.suppress(Exception):
+                samples += self.extra()
+        return samples
+
+    def record(
+        self, run_dir: str | Path, instance: str, interval_s: float, max_mb: float
+    ) -> History | None:
+        """As :meth:`ServiceMetrics.record`: ``<run_dir>/metrics/<service>-<instance>.jsonl``."""
+        if interval_s <= 0:
+            return None
+        path = history_path(run_dir, self.service, instance)
+        return History(self, path, interval_s, int(max_mb * 2**20)).start()
 
 
 def read_history(path: str | Path) -> list[dict[str, object]]:

@@ -2,7 +2,8 @@
 
 ``<run.dir>/samples/<worker_id>.jsonl`` keeps what the Redis stream forgets (the learner trims
 what it has read; the stream goes with Redis at the end of a run): the prompt, each response's
-text, reward, verdict and length, the allocated count and priority the allocator gave the prompt,
+text, reward, verdict and length (and for a multi-turn episode each turn, tool call and tool
+output: :func:`episode_view`), the allocated count and priority the allocator gave the prompt,
 and the weight version it was sampled with. The dashboard's samples page and its DynaMO views read
 it after the run. Bounded by rotation: past ``rollout.sample_log_mb`` the file is renamed
 ``<worker_id>.jsonl.1`` (replacing the previous one) and a new file starts, so at most twice the
@@ -18,7 +19,48 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SampleLog", "group_record", "read_samples"]
+__all__ = ["SampleLog", "episode_view", "group_record", "read_samples"]
+
+
+def episode_view(response: Any) -> dict[str, Any]:
+    """A multi-turn response's turns as the samples page shows them (``{}`` for a single-turn
+    one): each turn's model text and the observation after it (tool output, feedback), its tool
+    calls, its reward when the environment gave one, and the token split (model tokens, loss mask
+    1; observation tokens, loss mask 0). The stream's responses and the sample log's records
+    both go through here, so the page shows the same either way."""
+    if not response.turns:
+        return {}
+    mask = list(response.loss_mask)
+    model = sum(mask) if mask else len(response.token_ids)
+    turns = [
+        {
+            "text": t.text,
+            "observation": t.observation,
+            "model_tokens": t.end - t.start,
+            "observation_tokens": t.observation_end - t.end,
+            "reward": t.reward if t.has_reward else None,
+            "weight_version": t.weight_version,
+            "tool_calls": [
+                {
+                    "name": c.name,
+                    "arguments": c.arguments,
+                    "error": c.error,
+                    "latency_s": c.latency_s,
+                    "malformed": c.malformed,
+                }
+                for c in t.tool_calls
+            ],
+        }
+        for t in response.turns
+    ]
+    return {
+        "episode": response.episode,
+        "segment": response.segment,
+        "end_reason": response.end_reason,
+        "model_tokens": model,
+        "masked_tokens": len(response.token_ids) - model,
+        "turns": turns,
+    }
 
 
 def group_record(group: Any) -> dict[str, Any]:
@@ -42,6 +84,7 @@ def group_record(group: Any) -> dict[str, Any]:
                 "reason": r.reason,
                 "finish_reason": r.finish_reason,
                 "tokens": len(r.token_ids),
+                **episode_view(r),  # multi-turn episodes only: single-turn records are unchanged
             }
             for r in group.responses
         ],

@@ -43,7 +43,9 @@ def _numeric(record: Mapping[str, Any]) -> dict[str, float]:
 
 def eval_breakdown(result: Mapping[str, Any]) -> dict[str, float]:
     """Accuracy per part of an ``eval_<label>.json`` (``dynamo-rl eval``'s output): per data
-    source, and per benchmark when it ran several (``<benchmark>`` and ``<benchmark>/<source>``)."""
+    source, per difficulty tier (``tier/<name>``, from ``by_tier``: the ``arith`` task's tiers), and
+    per benchmark when it ran several (``<benchmark>``, ``<benchmark>/<source>``,
+    ``<benchmark>/tier/<name>``)."""
     benchmarks = result.get("benchmarks") or {"": result}
     out: dict[str, float] = {}
     for name, part in benchmarks.items():
@@ -52,6 +54,8 @@ def eval_breakdown(result: Mapping[str, Any]) -> dict[str, float]:
             out[name] = float(part["accuracy"])
         for source, figures in (part.get("by_data_source") or {}).items():
             out[prefix + source] = float(figures["accuracy"])
+        for tier, figures in (part.get("by_tier") or {}).items():
+            out[f"{prefix}tier/{tier}"] = float(figures["accuracy"])
     return out
 
 

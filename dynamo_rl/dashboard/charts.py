@@ -9,13 +9,18 @@ scraped samples into a line (``how``):
   its ``_count`` gives the mean of what it observes in that interval);
 - ``buckets``: a histogram's ``_bucket`` samples as a distribution (bar chart of the latest scrape).
 
+In a bar chart, a ``value`` series is one bar of its own (labelled with the series' label, left of
+the histogram's, drawn when above 0): the "exploring" bar of the priority chart.
+
 A series may also name a field of the learner's JSONL metrics log (``field``): when the log has it,
 the line is the log's per-step history (x = step) and the scrape is not used for that series.
 
 A chart's series either all name a log field or none does, so its lines share one x axis.
 ``split`` = ``"target"`` draws one line per scraped endpoint (tokens/s per engine) instead of the
 sum. Every ``metric``/``per`` here is checked against the services' metric registries by a test,
-so a typo or a renamed metric fails CI rather than leaving an empty chart.
+so a typo or a renamed metric fails CI rather than leaving an empty chart; vLLM's own series
+(``vllm:*``, a vLLM engine's history) must be in :data:`dynamo_rl.metrics.VLLM_SERIES`, which the
+vLLM tests check against a real server.
 """
 
 from __future__ import annotations
@@ -118,10 +123,13 @@ CHARTS: tuple[Chart, ...] = (
     ),
     Chart(
         "alloc_priority",
-        "Priority of explored prompts (allocator)",
+        "Priority at allocation (allocator; prompts still explored have none yet)",
         "allocation",
         "prompts",
-        (Series("prompts", "dynamo_allocator_priority_bucket", how="buckets"),),
+        (
+            Series("exploring", "dynamo_allocator_priority_exploring_total"),
+            Series("prompts", "dynamo_allocator_priority_bucket", how="buckets"),
+        ),
         kind="bars",
     ),
     Chart(
@@ -134,13 +142,53 @@ CHARTS: tuple[Chart, ...] = (
             Series("unexplored prompts", "dynamo_allocator_unexplored_prompts_total", how="rate"),
         ),
     ),
+    Chart(
+        "zero_advantage_share",
+        "Share of responses in zero-advantage groups (rollout: all rewards equal, no signal)",
+        "allocation",
+        "",
+        (
+            Series(
+                "zero-advantage share",
+                "dynamo_rollout_zero_advantage_responses_total",
+                how="ratio",
+                per="dynamo_rollout_responses_total",
+            ),
+        ),
+    ),
     # --- throughput -------------------------------------------------------------------------
     Chart(
         "tokens",
         "Generated tokens/s per engine",
         "throughput",
         "tokens/s",
-        (Series("engine", "dynamo_engine_generated_tokens_total", how="rate", split="target"),),
+        (
+            Series("engine", "dynamo_engine_generated_tokens_total", how="rate", split="target"),
+            Series("vllm", "vllm:generation_tokens_total", how="rate", split="target"),
+        ),
+    ),
+    Chart(
+        "engine_batch",
+        "Engine batch: sequences per decode batch (embedded), requests running (vLLM)",
+        "throughput",
+        "sequences",
+        (
+            Series(
+                "engine",
+                "dynamo_engine_batch_sequences_sum",
+                how="ratio",
+                per="dynamo_engine_batch_sequences_count",
+                split="target",
+            ),
+            Series("vllm", "vllm:num_requests_running", split="target"),
+        ),
+    ),
+    Chart(
+        "engine_weights",
+        "Weight version per engine",
+        "throughput",
+        "version",
+        (Series("engine", "dynamo_engine_weight_version", split="target"),),
     ),
     Chart(
         "groups",
@@ -206,6 +254,7 @@ CHARTS: tuple[Chart, ...] = (
             Series("engine failures", "dynamo_rollout_engine_failures_total", how="rate"),
             Series("reward retries", "dynamo_rollout_reward_retries_total", how="rate"),
             Series("allocator fallbacks", "dynamo_rollout_allocator_fallbacks_total", how="rate"),
+            Series("lease re-issues", "dynamo_rollout_leases_reissued_total", how="rate"),
             Series("dead letters", "dynamo_learner_dead_letters_total", how="rate"),
         ),
     ),

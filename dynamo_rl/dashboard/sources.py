@@ -37,6 +37,8 @@ MAX_POINTS = 2000
 MAX_SNAPSHOTS = 400
 # Accuracy range of a "half-solved" prompt, for the allocation chart computed from the stream.
 HALF_SOLVED = (0.25, 0.75)
+# Fields of a multi-turn response (dynamo_rl.sample_log.episode_view) a samples row carries.
+EPISODE_FIELDS = ("episode", "segment", "end_reason", "model_tokens", "masked_tokens", "turns")
 
 
 class JsonlLog:
@@ -259,13 +261,19 @@ def chart_data(chart: Chart, log: JsonlLog, scraper: Scraper) -> dict[str, Any]:
     targets = scraper.snapshots()
     out: dict[str, Any] = {**chart.to_json(), "lines": [], "bars": []}
     if chart.kind == "bars":
+        bars: dict[str, float] = {}
         for s in chart.series:
-            bars: dict[str, float] = {}
             for _url, snaps in targets:
-                if snaps:
-                    for b in _bars(s, snaps[-1]):
-                        bars[b["label"]] = bars.get(b["label"], 0.0) + b["value"]
-            out["bars"] = [{"label": k, "value": v} for k, v in bars.items()]
+                if not snaps:
+                    continue
+                if s.how == "value":  # one bar of its own (a count beside the histogram)
+                    v = _total(snaps[-1], s.metric, s.labels)
+                    if v:
+                        bars[s.label] = bars.get(s.label, 0.0) + v
+                    continue
+                for b in _bars(s, snaps[-1]):
+                    bars[b["label"]] = bars.get(b["label"], 0.0) + b["value"]
+        out["bars"] = [{"label": k, "value": v} for k, v in bars.items()]
         return out
     for s in chart.series:
         if s.field:
@@ -377,6 +385,7 @@ class SampleReader:
         from dynamo_rl.advantages import group_advantages
         from dynamo_rl.contracts.stream import newest
         from dynamo_rl.keys import trajectory_stream, weight_version_key
+        from dynamo_rl.sample_log import episode_view
 
         client = self._redis()
         stream = trajectory_stream(self.namespace)
@@ -414,6 +423,8 @@ class SampleReader:
                     "priority": group.priority,
                     "weight_version": group.weight_version,
                     "created_unix": group.timing.created_unix if group.HasField("timing") else 0.0,
+                    # A multi-turn episode's turns, tool calls and outputs, and mask split.
+                    **episode_view(r),
                 }
                 if flt.accepts(row) and len(rows) < flt.limit:
                     rows.append(row)
@@ -684,6 +695,7 @@ class RunFolder:
                     "priority": group["priority"],
                     "weight_version": group["weight_version"],
                     "created_unix": group["t"],
+                    **{k: r[k] for k in EPISODE_FIELDS if k in r},
                 }
                 if flt.accepts(row) and len(rows) < flt.limit:
                     rows.append(row)

@@ -16,7 +16,9 @@ What ``dynamo-rl up`` runs for each engine when ``engine.kind=vllm`` (the ``vllm
 2. starts it as its child (same process group: stopping this process's group stops vLLM and its
    engine-core process too), waits for ``/health`` and then registers the server in Redis
    (``engines_key(run.name)``, like the embedded engine does on start) unless
-   ``engine.register_in_redis`` is false;
+   ``engine.register_in_redis`` is false, and starts the engine's history in the run folder
+   (:func:`record_history`: vLLM's ``/metrics`` scraped every ``run.history.interval_s``, plus
+   the weight version);
 3. passes SIGTERM/SIGINT on, unregisters, and exits with vLLM's exit status; when vLLM dies, it
    exits too, so a supervisor (``up``, compose, k8s) restarts the pair; once ready, a server whose
    ``/health`` fails for ``engine.vllm.unhealthy_exit_s`` is stopped (exit 1): vLLM's API server
@@ -41,6 +43,7 @@ from pathlib import Path
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.metrics import History, ScrapedMetrics
 from dynamo_rl.procs import http_ok
 from dynamo_rl.retry import Backoff
 
@@ -91,6 +94,25 @@ def vllm_command(cfg: ExperimentConfig) -> tuple[list[str], dict[str, str]]:
     if os.environ.get("DYNAMO_RL_VLLM_PLUGIN_PATH"):
         env["PYTHONPATH"] = os.environ["DYNAMO_RL_VLLM_PLUGIN_PATH"]
     return argv, env
+
+
+def record_history(cfg: ExperimentConfig, local: str) -> History | None:
+    """The engine's history in the run folder, as the embedded engine writes its own
+    (``<run dir>/metrics/engine-<port>.jsonl``, ``run.history``): vLLM's ``/metrics`` scraped
+    every interval (its own names, ``vllm:*``, exactly what Prometheus scrapes) plus
+    ``dynamo_engine_weight_version`` read from ``/weight_info``."""
+    from dynamo_rl.contracts.engine import VLLMWeights, read_version
+
+    token = cfg.endpoints.control_token
+    headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else None
+
+    def version() -> list[list[object]]:
+        value = read_version(VLLMWeights(), local, headers=headers, timeout_s=5.0)
+        return [["dynamo_engine_weight_version", {}, float(value)]]
+
+    h = cfg.run.history
+    scraped = ScrapedMetrics("engine", f"{local}/metrics", extra=version)
+    return scraped.record(cfg.run.run_dir, str(cfg.engine.port), h.interval_s, h.max_mb)
 
 
 def _watch(proc: subprocess.Popen, healthy, unhealthy_exit_s: float) -> int | None:
@@ -175,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # A (re)started server holds engine.model's weights (version 0) until a push.
                 registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
                 registry.register(0)
+            record_history(cfg, local)
             break
         time.sleep(poll.delay(attempt))
         attempt += 1

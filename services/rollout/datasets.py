@@ -76,6 +76,9 @@ class PromptRecord:
     """Reward kind: "math" | "code" | "model" | "judge"."""
     reward_extra: dict[str, Any] = field(default_factory=dict)
     """Extra fields for the reward item (code: 'tests', 'language')."""
+    tier: str | None = None
+    """The row's difficulty tier (``tier`` or ``extra_info.tier``, as the built-in ``arith`` task
+    writes), if it has one: evaluations report accuracy per tier."""
 
 
 def _get(row: Mapping[str, Any], dotted: str) -> Any:
@@ -173,6 +176,7 @@ def record_from_row(
         prompt_id = f"{data_source}-{_get(row, 'extra_info.index')}"
     else:
         prompt_id = f"{data_source}-{row_number}"
+    tier = row.get("tier") or _get(row, "extra_info.tier")
     record = PromptRecord(
         prompt_id=prompt_id,
         prompt=prompt,
@@ -180,6 +184,7 @@ def record_from_row(
         data_source=data_source,
         kind=kind,
         reward_extra=extra,
+        tier=None if tier is None else str(tier),
     )
     if kind == "code":
         # Malformed tests are the row's fault: say so at load time, not mid-run as a refused item.

@@ -332,6 +332,8 @@ def episode_responses(
                         reward=placed.get(id(t), 0.0),
                         has_reward=id(t) in placed,
                         weight_version=t.weight_version,
+                        text=conversation.decode(seg.token_ids[t.start : t.end]),
+                        observation=conversation.decode(seg.token_ids[t.end : t.observation_end]),
                         tool_calls=[
                             ToolCall(
                                 name=c.name,

@@ -78,7 +78,8 @@ async def evaluate(
     benchmark: str | None = None,
 ) -> dict[str, Any]:
     """One benchmark file: its figures (``metrics``: avg@n, pass@k, maj@n with intervals), the
-    accuracy and pass@n also by ``data_source``, and the first prompt as rendered."""
+    accuracy and pass@n also by ``data_source`` and by tier (``by_tier``: rows with a ``tier`` or
+    ``extra_info.tier``), and the first prompt as rendered."""
     import asyncio
 
     from dynamo_rl.eval_metrics import PromptOutcome, summarize
@@ -162,8 +163,11 @@ async def evaluate(
                         row["benchmark"] = benchmark
                     f.write(json.dumps(row) + "\n")
     by_source: dict[str, list[list[float]]] = {}
+    by_tier: dict[str, list[list[float]]] = {}
     for record, sc in zip(records, scores, strict=True):
         by_source.setdefault(record.data_source, []).append(sc)
+        if record.tier is not None:
+            by_tier.setdefault(record.tier, []).append(sc)
 
     def summary(groups: list[list[float]]) -> dict[str, float]:
         return {
@@ -187,6 +191,8 @@ async def evaluate(
         },
         "prompts_refused": len(refused),
         "by_data_source": {k: summary(v) for k, v in sorted(by_source.items())},
+        # Rows with a difficulty tier (the arith task's extra_info.tier); {} when none has one.
+        "by_tier": {k: summary(v) for k, v in sorted(by_tier.items())},
         "metrics": summarize(outcomes, ks, resamples=bootstrap, seed=cfg.run.seed)["metrics"],
         "example_prompt": lengths.rendered[records[0].prompt_id][0],  # as sent
     }

@@ -35,6 +35,15 @@ class WorkerMetrics:
             "Responses allocated per prompt",
             buckets=(0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128),
         )
+        self.zero_advantage_responses = m.counter(
+            "zero_advantage_responses_total",
+            "Responses pushed in groups whose rewards were all equal (no signal under "
+            "group-normalised advantages); over responses_total: the zero-advantage share",
+        )
+        self.leases_reissued = m.counter(
+            "leases_reissued_total",
+            "Prompts taken over from lapsed leases (a worker died mid-batch) and re-issued",
+        )
         self.allocator_fallbacks = m.counter(
             "allocator_fallbacks_total", "Batches that used uniform n because the allocator failed"
         )

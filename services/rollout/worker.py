@@ -336,6 +336,7 @@ class RolloutWorker:
                 lease.key,
             )
         self.reissued += len(out)
+        self.metrics.leases_reissued.inc(len(out))
         return out
 
     # -- one batch ------------------------------------------------------------------------------
@@ -496,6 +497,7 @@ class RolloutWorker:
         m.batches.inc()
         m.groups.inc(len(groups))
         m.responses.inc(len(rewards))
+        m.zero_advantage_responses.inc(zero_advantage_responses(groups))
         m.tokens.inc(n_tokens)
         if generate_s > 0:
             m.tokens_per_second.set(n_tokens / generate_s)
@@ -670,6 +672,7 @@ class RolloutWorker:
         m.batches.inc()
         m.groups.inc(len(groups))
         m.responses.inc(sum(len(g.responses) for g in groups))
+        m.zero_advantage_responses.inc(zero_advantage_responses(groups))
         m.tokens.inc(n_tokens)
         if generate_s > 0:
             m.tokens_per_second.set(n_tokens / generate_s)
@@ -853,3 +856,14 @@ def check_routes(records: Sequence[PromptRecord], cfg: ExperimentConfig) -> None
         f"composite specs: {composite}. Add reward.routes.<data_source> (e.g. "
         "{kind: math, extraction: last_boxed}), a reward.composite spec, or a '*' route"
     )
+
+
+def zero_advantage_responses(groups: Sequence[TrajectoryGroup]) -> int:
+    """Responses in groups whose rewards are all equal: group-normalised advantages are 0 there,
+    so they carry no learning signal (``dynamo_rollout_zero_advantage_responses_total``)."""
+    total = 0
+    for g in groups:
+        rewards = [r.reward for r in g.responses]
+        if rewards and max(rewards) == min(rewards):
+            total += len(rewards)
+    return total

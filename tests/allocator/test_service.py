@@ -295,6 +295,8 @@ def test_health_reflection_and_metrics(server: RunningServer, client: AllocatorC
     assert reg.get_sample_value("dynamo_allocator_unexplored_prompts_total") == 1
     assert reg.get_sample_value("dynamo_allocator_count_responses_count") == 2
     assert reg.get_sample_value("dynamo_allocator_priority_count") == 1
+    # "b" has no statistics: the priority chart's "exploring" bar, from the same sample.
+    assert reg.get_sample_value("dynamo_allocator_priority_exploring_total") == 1
     assert (
         reg.get_sample_value(
             "dynamo_allocator_request_latency_seconds_count", {"method": "Allocate"}

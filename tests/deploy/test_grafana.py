@@ -74,6 +74,7 @@ def test_covers_what_the_issue_asks_for() -> None:
         # allocation
         "dynamo_allocator_count_responses_bucket",
         "dynamo_allocator_priority_bucket",
+        "dynamo_rollout_zero_advantage_responses_total",
         # throughput
         "dynamo_engine_generated_tokens_total",
         "dynamo_rollout_groups_total",
@@ -84,6 +85,7 @@ def test_covers_what_the_issue_asks_for() -> None:
         "dynamo_rollout_staleness_versions",
         "dynamo_reward_rejections_total",
         "dynamo_learner_dead_letters_total",
+        "dynamo_rollout_leases_reissued_total",
     }
     assert wanted <= used, wanted - used
 

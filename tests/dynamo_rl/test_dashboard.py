@@ -34,14 +34,20 @@ from tests.dynamo_rl.dashboard_data import write_metrics_log, write_stream
 
 @pytest.mark.parametrize("service", sorted(METRIC_CLASSES))
 def test_chart_metrics_exist_in_the_service_registry(service: str) -> None:
-    wanted = {m for m in metric_names() if service_of(m) == service}
+    ours = {m for m in metric_names() if not m.startswith("vllm:")}
+    wanted = {m for m in ours if service_of(m) == service}
     reg = service_registry(service)  # fails, never skips, when the registry is not there
     assert reg.names, f"the {service} registry exposes nothing"
     assert wanted <= reg.names, f"not in the {service} registry: {sorted(wanted - reg.names)}"
 
 
 def test_every_chart_metric_names_a_known_service() -> None:
+    from dynamo_rl.metrics import VLLM_SERIES
+
     for name in metric_names():
+        if name.startswith("vllm:"):  # a vLLM engine's own series (checked in tests/vllm)
+            assert name in VLLM_SERIES, name
+            continue
         service_of(name)  # raises on a name outside dynamo_<service>_
 
 
@@ -60,7 +66,9 @@ def test_jsonl_fields_are_keys_the_learner_writes() -> None:
 def test_a_chart_does_not_mix_log_lines_and_scraped_lines() -> None:
     for chart in CHARTS:
         assert len({s.field is None for s in chart.series}) == 1, chart.id
-        assert chart.kind == "line" or all(s.how == "buckets" for s in chart.series), chart.id
+        # A bar chart draws histograms, and counts as bars of their own ("value").
+        bars_ok = all(s.how in ("buckets", "value") for s in chart.series)
+        assert chart.kind == "line" or bars_ok, chart.id
 
 
 def test_names_helper_sees_labelled_metrics_before_first_use() -> None:
@@ -181,6 +189,16 @@ def test_rates_ratios_values_and_buckets_from_real_expositions(tmp_path: Path) -
         {"label": "≤8", "value": 1.0},
         {"label": "≤16", "value": 3.0},
     ]
+    # A value series in a bar chart is a bar of its own, first (the priority chart's
+    # "exploring" count beside the histogram); a zero count draws no bar.
+    two = (Series("exploring", "dynamo_rollout_pending_groups"),
+           Series("a", "dynamo_rollout_allocation_count_bucket", how="buckets"))  # fmt: skip
+    both = chart_data(Chart("c", "c", "g", "", two, kind="bars"), log, scraper)["bars"]
+    assert both[0] == {"label": "exploring", "value": 3.0} and both[1:] == bars["bars"]
+    depth.set(0)
+    scraper._fixed = {"http://a:1/metrics": [*snaps[:2], _snapshots(m, [(105.0, lambda: None)])[0]]}
+    both = chart_data(Chart("c", "c", "g", "", two, kind="bars"), log, scraper)["bars"]
+    assert [b["label"] for b in both] == ["≤4", "≤8", "≤16"]
 
 
 def test_split_by_target_draws_one_line_per_engine() -> None:
@@ -476,6 +494,9 @@ def _run_folder(tmp_path: Path, redis_url: str) -> tuple[Path, list]:
             "accuracy": acc, "n": 4, "prompts": 10,
             "by_data_source": {"arith": {"accuracy": acc / 2, "prompts": 5},
                                "gsm8k": {"accuracy": acc * 1.5, "prompts": 5}},
+            # The arith task's difficulty tiers (eval's by_tier).
+            "by_tier": {"easy": {"accuracy": acc + 0.25, "prompts": 3},
+                        "hard": {"accuracy": acc - 0.25, "prompts": 2}},
         }))  # fmt: skip
     return run, groups
 
@@ -507,6 +528,12 @@ def test_run_folder_replaces_the_scrape_and_redis_after_the_run(
         assert from_folder[chart_id]["bars"] == from_redis[chart_id]["bars"]
         assert from_folder[chart_id]["lines"] == from_redis[chart_id]["lines"]
     assert running["evaluations"]["after"]["by_data_source"]["gsm8k"]["accuracy"] == 0.75
+    # Per tier too, before and after (the page draws each part's row with the change in points).
+    tiers = {label: {part: v["accuracy"] for part, v in e["by_data_source"].items()
+                     if part.startswith("tier/")}
+             for label, e in running["evaluations"].items()}  # fmt: skip
+    assert tiers == {"before": {"tier/easy": 0.5, "tier/hard": 0.0},
+                     "after": {"tier/easy": 0.75, "tier/hard": 0.25}}  # fmt: skip
 
     # up ends: summary.json; Redis is gone (a closed port), the run reads as finished.
     (run / "summary.json").write_text(json.dumps({"accuracy_after": 0.5}))

@@ -90,8 +90,14 @@ def test_dashboard_after_the_run_shows_everything(
     assert attrs.get("data-ready") == "true" and attrs.get("data-state") == "finished", attrs
     assert int(attrs["data-charts-with-data"]) == int(attrs["data-charts"]) == len(api["charts"])
     assert "no data yet" not in dom and "DOWN" not in dom
-    # The evaluation table: all prompts plus each tier, before and after.
-    assert int(attrs["data-evaluations"]) >= 2 and "all held-out prompts" in dom
+    # The evaluation table: all prompts, the data source and each tier, before and after.
+    from dynamo_rl.trackers import eval_breakdown
+
+    after = json.loads((finished_run / "eval_after.json").read_text())
+    tiers = [part for part in eval_breakdown(after) if part.startswith("tier/")]
+    assert tiers and all(t in api["evaluations"]["before"]["by_data_source"] for t in tiers)
+    assert int(attrs["data-evaluations"]) == 2 + len(tiers) and "all held-out prompts" in dom
+    assert all(f"<td>{t}</td>" in dom for t in tiers)
     assert "run finished" in dom
 
     samples = chromium(tmp_path, "--dump-dom", base + "/samples?limit=50")

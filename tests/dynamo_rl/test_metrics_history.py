@@ -111,3 +111,73 @@ def test_the_allocator_writes_its_history_into_the_run_folder(
     names = {s[0] for s in lines[-1]["samples"]}
     assert names and names <= AllocatorMetrics().metrics.names()
     assert lines[-1]["service"] == "allocator"
+
+
+def test_a_scraped_target_is_recorded_in_the_same_schema(tmp_path: Path) -> None:
+    """A process that is not ours (a vLLM server) is recorded by scraping its ``/metrics`` (here
+    a real Prometheus HTTP server): the line holds exactly what it exposes, plus the extra
+    samples; a target that is down writes no line."""
+    from dynamo_rl.dashboard.charts import CHARTS
+    from dynamo_rl.dashboard.sources import JsonlLog, RunFolder, Scraper, chart_data
+    from dynamo_rl.metrics import ScrapedMetrics
+    from dynamo_rl.procs import free_port
+
+    m, c, g, _h = _metrics()
+    port = m.serve(0)
+    scraped = ScrapedMetrics("demo", f"http://127.0.0.1:{port}/metrics",
+                             extra=lambda: [["dynamo_engine_weight_version", {}, 3.0]])  # fmt: skip
+    history = History(scraped, history_path(tmp_path, "demo", "7"), 60.0, 2**20)
+    c.labels("a").inc(2)
+    g.set(4.0)
+    history.write_once()
+    (line,) = read_history(history.path)
+    stored = {(n, tuple(sorted(labels.items()))): v for n, labels, v in line["samples"]}
+    exposed = parse_exposition(m.exposition().decode())
+    exposed = {k: v for k, v in exposed.items() if not k[0].endswith("_created")}
+    assert stored == {**exposed, ("dynamo_engine_weight_version", ()): 3.0}
+    assert line["service"] == "demo" and line["instance"] == "7"
+
+    down = ScrapedMetrics("demo", f"http://127.0.0.1:{free_port()}/metrics", timeout_s=1.0)
+    History(down, history_path(tmp_path, "demo", "8"), 60.0, 2**20).write_once()
+    assert not history_path(tmp_path, "demo", "8").exists() and down.failures == 1
+
+    # vLLM's own names (colons included) survive the round trip and draw the engine charts.
+    vllm = ServiceMetrics("demo")
+    vllm.registry.register(_VLLMLike())
+    vport = vllm.serve(0)
+    recorder = ScrapedMetrics("engine", f"http://127.0.0.1:{vport}/metrics",
+                              extra=lambda: [["dynamo_engine_weight_version", {}, 1.0]])  # fmt: skip
+    vhist = History(recorder, history_path(tmp_path, "engine", "8001"), 60.0, 2**20)
+    for _ in range(3):
+        _VLLMLike.tokens += 50
+        vhist.write_once()
+        time.sleep(0.01)
+    run = RunFolder(tmp_path)
+    run.refresh()
+    by_id = {ch.id: ch for ch in CHARTS}
+
+    class Folder(Scraper):  # the run folder's snapshots, as the dashboard draws them
+        def snapshots(self):  # type: ignore[override]
+            return [(k, v) for k, v in run.snapshots() if k.startswith("engine")]
+
+    lines = {i: chart_data(by_id[i], JsonlLog(None), Folder([]))["lines"]
+             for i in ("tokens", "engine_batch", "engine_weights")}  # fmt: skip
+    assert [ln["label"] for ln in lines["tokens"]] == ["engine-8001"]
+    assert len(lines["tokens"][0]["points"]) == 2 and lines["tokens"][0]["points"][0][1] > 0
+    assert [p[1] for p in lines["engine_batch"][0]["points"]] == [5.0, 5.0, 5.0]
+    assert [p[1] for p in lines["engine_weights"][0]["points"]] == [1.0, 1.0, 1.0]
+
+
+class _VLLMLike:
+    """A collector exposing two of vLLM's series under vLLM's names (``vllm:...``)."""
+
+    tokens = 0.0
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        gen = CounterMetricFamily("vllm:generation_tokens", "tokens", labels=["engine"])
+        gen.add_metric(["0"], _VLLMLike.tokens)
+        running = GaugeMetricFamily("vllm:num_requests_running", "running", labels=["engine"])
+        running.add_metric(["0"], 5.0)
+        return [gen, running]

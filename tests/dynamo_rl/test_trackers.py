@@ -99,8 +99,10 @@ def test_step_records_and_evaluations_reach_both_trackers(tmp_path: Path) -> Non
                    "note": "text"})  # fmt: skip
     log.close()
     # up's evaluations, logged afterwards by another process-run resuming the same wandb run.
-    before = {"accuracy": 0.25, "by_data_source": {"arith-easy": {"accuracy": 0.5}}}
-    after = {"accuracy": 0.5, "by_data_source": {"arith-easy": {"accuracy": 0.75}}}
+    before = {"accuracy": 0.25, "by_data_source": {"arith-easy": {"accuracy": 0.5}},
+              "by_tier": {"hard": {"accuracy": 0.125}}}  # fmt: skip
+    after = {"accuracy": 0.5, "by_data_source": {"arith-easy": {"accuracy": 0.75}},
+             "by_tier": {"hard": {"accuracy": 0.375}}}  # fmt: skip
     evals = Trackers(["tensorboard", "wandb"], tmp_path, "t", config, cfg.learner.wandb)
     evals.log(eval_metrics("before", before) | eval_metrics("after", after), 3)
     evals.close()
@@ -121,8 +123,21 @@ def test_step_records_and_evaluations_reach_both_trackers(tmp_path: Path) -> Non
     scalars, tb_config = tensorboard_scalars(tmp_path)
     assert scalars["loss"] == {1: 1.0, 2: 0.5, 3: pytest.approx(1 / 3)}
     assert scalars["eval/after/arith-easy/accuracy"] == {3: 0.75}
+    assert scalars["eval/after/tier/hard/accuracy"] == {3: 0.375}
     assert "push_ok" not in scalars
     assert "lr: 0.0002" in tb_config
+
+
+def test_eval_breakdown_has_each_source_and_tier_of_each_benchmark() -> None:
+    from dynamo_rl.trackers import eval_breakdown
+
+    one = {"accuracy": 0.5, "by_data_source": {"arith": {"accuracy": 0.5}},
+           "by_tier": {"easy": {"accuracy": 0.75}, "hard": {"accuracy": 0.25}}}  # fmt: skip
+    assert eval_breakdown(one) == {"arith": 0.5, "tier/easy": 0.75, "tier/hard": 0.25}
+    two = {"accuracy": 0.5, "benchmarks": {"a": one, "b": {"accuracy": 0.0, "by_tier": {}}}}
+    assert eval_breakdown(two) == {
+        "a": 0.5, "a/arith": 0.5, "a/tier/easy": 0.75, "a/tier/hard": 0.25, "b": 0.0,
+    }  # fmt: skip
 
 
 def test_trackers_field_accepts_a_list_or_comma_separated_text() -> None:

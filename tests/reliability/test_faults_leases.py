@@ -75,6 +75,11 @@ def test_a_worker_takes_its_own_ids_lease_at_once(redis_url: str) -> None:
         assert [r.prompt_id for r in taken] == ["p3", "p4", "p5"]
         assert restarted.reissued == 3
         assert await restarted.claim_lapsed() == []
+        # The re-issues are a Prometheus series (and so in the run-folder history).
+        reissued = restarted.metrics.metrics.registry.get_sample_value(
+            "dynamo_rollout_leases_reissued_total"
+        )
+        assert reissued == 3
         for w in (dead, restarted):
             await w.redis.aclose()
 

@@ -233,6 +233,31 @@ function fillSelect(select, values) {
   select.value = current;
 }
 
+function episodeView(row) {
+  // A multi-turn episode: each model turn (trained, loss mask 1), its tool calls, and the
+  // observation after it (tool output or feedback, masked: loss mask 0).
+  const box = el("div", { class: "episode" });
+  box.appendChild(el("div", { class: "split" },
+    `episode ${row.episode}` + (row.segment ? `, forked sample ${row.segment}` : "") +
+    ` · ended: ${row.end_reason || "–"} · ${row.model_tokens} model tokens (trained), ` +
+    `${row.masked_tokens} observation tokens (masked)`));
+  row.turns.forEach((t, k) => {
+    const reward = t.reward === null ? "" : `, turn reward ${fmt(t.reward)}`;
+    box.appendChild(el("div", { class: "turn model" }, `turn ${k + 1} · model, ${t.model_tokens} tokens${reward}`));
+    box.appendChild(el("div", { class: "turn-text" }, t.text));
+    for (const c of t.tool_calls) {
+      const status = c.error ? `error: ${c.error}` : `ok, ${fmt(c.latency_s)} s`;
+      box.appendChild(el("div", { class: "tool-call" + (c.error ? " failed" : "") },
+        `tool call ${c.name || "(unparsed)"}(${c.arguments}) → ${status}`));
+    }
+    if (t.observation_tokens > 0) {
+      box.appendChild(el("div", { class: "turn obs" }, `observation · masked, ${t.observation_tokens} tokens`));
+      box.appendChild(el("div", { class: "turn-text obs-text" }, t.observation));
+    }
+  });
+  return box;
+}
+
 async function refreshSamples() {
   const form = document.getElementById("filters");
   const status = document.getElementById("status");
@@ -247,6 +272,7 @@ async function refreshSamples() {
     fillSelect(form.elements.reason, data.reasons);
     const body = document.getElementById("rows");
     body.replaceChildren();
+    let turns = 0;
     for (const row of data.rows) {
       const tr = el("tr", { class: row.correct ? "correct" : "wrong" });
       const cells = [
@@ -256,6 +282,10 @@ async function refreshSamples() {
         [row.advantage === null ? "—" : fmt(row.advantage), "num"], [String(row.weight_version), "num"],
       ];
       for (const [text, cls] of cells) tr.appendChild(el("td", { class: cls }, text));
+      if (row.turns) {
+        tr.children[3].replaceChildren(episodeView(row));
+        turns += row.turns.length;
+      }
       body.appendChild(tr);
     }
     status.textContent = data.origin === "run folder"
@@ -264,6 +294,7 @@ async function refreshSamples() {
       : `${data.rows.length} rows from ${data.scanned_groups} newest groups; ` +
         `stream length ${data.stream_length}; weight version ${data.weight_version ?? "–"}`;
     document.body.dataset.rows = String(data.rows.length);
+    document.body.dataset.turns = String(turns);
     document.body.dataset.ready = "true";
   } catch (e) {
     status.textContent = `error: ${e.message}`;

@@ -186,3 +186,13 @@ def test_code_tests_are_checked_against_the_contract_at_load() -> None:
         "type": "stdio",
         "cases": [{"stdin": "1\n", "stdout": "2\n"}, {"stdin": "2\n3", "stdout": "5"}],
     }
+
+
+def test_a_rows_tier_is_kept_for_per_tier_evaluations() -> None:
+    from dynamo_rl.tasks.arith import generate_rows
+
+    row = generate_rows(20, 5, seed=0)[1][0]  # a test row of the built-in task
+    assert record_from_row(row, 0).tier == row["extra_info"]["tier"]
+    flat = {"prompt": "1+1=", "ground_truth": "2", "tier": "easy"}
+    assert record_from_row(flat, 0).tier == "easy"
+    assert record_from_row({"prompt": "1+1=", "ground_truth": "2"}, 0).tier is None

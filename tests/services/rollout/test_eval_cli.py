@@ -34,7 +34,9 @@ def test_eval_samples_each_prompt_with_its_own_seed_and_reports_what_it_scored(
     # The same question under 12 ids: with one seed shared by every prompt, each would get the
     # very same samples (the bias that made `up`'s sampled accuracy depend on a few noise streams).
     data = tmp_path / "data.jsonl"
-    rows = [{"id": f"q{i}", "prompt": "1+1=", "ground_truth": "2"} for i in range(12)]
+    # Two difficulty tiers, as the arith task marks them (extra_info.tier): reported per tier.
+    rows = [{"id": f"q{i}", "prompt": "1+1=", "ground_truth": "2",
+             "extra_info": {"tier": "easy" if i < 4 else "hard"}} for i in range(12)]  # fmt: skip
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     result = _eval(model, data, tmp_path / "a.json", tmp_path / "a.jsonl")
@@ -48,6 +50,12 @@ def test_eval_samples_each_prompt_with_its_own_seed_and_reports_what_it_scored(
     # The reported accuracy is the mean of the verdicts written.
     assert result["accuracy"] == pytest.approx(sum(x["correct"] for x in lines) / len(lines))
     assert result["prompts"] == 12 and result["n"] == 3
+    tier_of = {r["id"]: r["extra_info"]["tier"] for r in rows}
+    (bench,) = result["benchmarks"].values()
+    for tier, count in (("easy", 4), ("hard", 8)):
+        mine = [x["correct"] for x in lines if tier_of[x["prompt_id"]] == tier]
+        assert bench["by_tier"][tier]["prompts"] == count
+        assert bench["by_tier"][tier]["accuracy"] == pytest.approx(sum(mine) / len(mine))
 
     # Seeded: the same command gives the same samples.
     _eval(model, data, tmp_path / "b.json", tmp_path / "b.jsonl")

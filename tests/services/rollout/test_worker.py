@@ -23,7 +23,7 @@ import torch
 
 from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
-from dynamo_rl.codec import Response, TrajectoryGroup, decode_entry
+from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup, decode_entry
 from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.contracts.engine import send
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
@@ -286,6 +286,9 @@ def test_groups_decode_and_counts_equal_the_allocation(make_worker, redis_url, a
     assert metric(worker, "dynamo_rollout_groups_total") == N_PROMPTS
     assert metric(worker, "dynamo_rollout_responses_total") == sum(expected)
     assert metric(worker, "dynamo_rollout_allocator_fallbacks_total") == 0
+    # The zero-advantage count is that of the pushed groups whose rewards were all equal.
+    flat = sum(len(g.responses) for g in groups if len({r.reward for r in g.responses}) == 1)
+    assert metric(worker, "dynamo_rollout_zero_advantage_responses_total") == flat
 
 
 def test_allocator_down_falls_back_to_uniform_n(make_worker, redis_url):
@@ -540,3 +543,20 @@ def test_allocator_back_means_dynamic_counts_again(make_worker, redis_server, re
     for s in stats:
         attempts = sum(len(b[s.prompt_id].responses) for b in (first, second) if s.prompt_id in b)
         assert s.samples == attempts
+
+
+def test_zero_advantage_responses_count_the_groups_with_equal_rewards():
+    from services.rollout.worker import zero_advantage_responses
+
+    def group(*rewards: float) -> TrajectoryGroup:
+        return TrajectoryGroup(
+            prompt_id="p",
+            prompt_token_ids=[1],
+            responses=[Response(token_ids=[2], logprobs=[-0.1], reward=r) for r in rewards],
+            weight_version=0,
+            sampling=SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4),
+        )
+
+    # All equal (3 + 2 responses) counts; mixed rewards and an empty group do not.
+    groups = [group(1.0, 1.0, 1.0), group(0.0, 1.0), group(0.0, 0.0), group()]
+    assert zero_advantage_responses(groups) == 5

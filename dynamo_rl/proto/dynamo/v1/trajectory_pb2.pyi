@@ -76,7 +76,7 @@ class ToolCall(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments: _Optional[str] = ..., error: _Optional[str] = ..., latency_s: _Optional[float] = ..., malformed: _Optional[bool] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("start", "end", "observation_end", "reward", "has_reward", "tool_calls", "weight_version")
+    __slots__ = ("start", "end", "observation_end", "reward", "has_reward", "tool_calls", "weight_version", "text", "observation")
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_END_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,8 @@ class Turn(_message.Message):
     HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     start: int
     end: int
     observation_end: int
@@ -91,7 +93,9 @@ class Turn(_message.Message):
     has_reward: bool
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     weight_version: int
-    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., observation_end: _Optional[int] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    text: str
+    observation: str
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., observation_end: _Optional[int] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., weight_version: _Optional[int] = ..., text: _Optional[str] = ..., observation: _Optional[str] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("created_unix", "generate_s", "verify_s")
