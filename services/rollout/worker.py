@@ -493,25 +493,10 @@ class RolloutWorker:
         t_end = time.monotonic()
         await self.report(outcomes)  # after the push: statistics count what reached the stream
 
-        m = self.metrics
-        m.batches.inc()
-        m.groups.inc(len(groups))
-        m.responses.inc(len(rewards))
-        m.zero_advantage_responses.inc(zero_advantage_responses(groups))
-        m.tokens.inc(n_tokens)
-        if generate_s > 0:
-            m.tokens_per_second.set(n_tokens / generate_s)
-        if rewards:
-            m.reward_mean.set(sum(rewards) / len(rewards))
-            m.correct_fraction.set(corrects / len(rewards))
-        for phase, seconds in (
-            ("allocate", t_gen - t_alloc),
-            ("generate", generate_s),
-            ("verify", verify_s),
-            ("push", t_end - t_push),
-            ("total", t_end - t0),
-        ):
-            m.batch_seconds.labels(phase).observe(seconds)
+        self._batch_metrics(groups, len(rewards), rewards, corrects, n_tokens, {
+            "allocate": t_gen - t_alloc, "generate": generate_s, "verify": verify_s,
+            "push": t_end - t_push, "total": t_end - t0,
+        })  # fmt: skip
         log.info(
             "batch %d: %d groups, %d responses, %d tokens (%.0f tok/s), reward %.3f%s",
             batch_index, len(groups), len(rewards), n_tokens,
@@ -668,31 +653,38 @@ class RolloutWorker:
         t_end = time.monotonic()
         await self.report(outcomes)
         self._episode_metrics([e for group in episodes for e in group], generate_s)
-        m = self.metrics
-        m.batches.inc()
-        m.groups.inc(len(groups))
-        m.responses.inc(sum(len(g.responses) for g in groups))
-        m.zero_advantage_responses.inc(zero_advantage_responses(groups))
-        m.tokens.inc(n_tokens)
-        if generate_s > 0:
-            m.tokens_per_second.set(n_tokens / generate_s)
-        if rewards:
-            m.reward_mean.set(sum(rewards) / len(rewards))
-            m.correct_fraction.set(sum(o[2] for o in outcomes) / len(rewards))
-        for phase, seconds in (
-            ("allocate", t_gen - t_alloc),
-            ("generate", generate_s),
-            ("verify", verify_s),
-            ("push", t_end - t_push),
-            ("total", t_end - t0),
-        ):
-            m.batch_seconds.labels(phase).observe(seconds)
+        self._batch_metrics(
+            groups, sum(len(g.responses) for g in groups), rewards,
+            sum(o[2] for o in outcomes), n_tokens, {
+                "allocate": t_gen - t_alloc, "generate": generate_s, "verify": verify_s,
+                "push": t_end - t_push, "total": t_end - t0,
+            },
+        )  # fmt: skip
         log.info(
             "batch %d: %d groups, %d episodes, %d model tokens, reward %.3f",
             batch_index, len(groups), len(rewards), n_tokens,
             sum(rewards) / len(rewards) if rewards else 0.0,
         )  # fmt: skip
         return BatchResult(batch_index, groups, entry_ids, fallback)
+
+    def _batch_metrics(self, groups: Sequence[TrajectoryGroup], responses: int,
+                       rewards: list[float], corrects: int, n_tokens: int,
+                       phases: dict[str, float]) -> None:  # fmt: skip
+        """The per-batch series both paths record (one response per sample; ``rewards`` and
+        ``corrects`` per completion or per episode; ``phases`` the batch's seconds by phase)."""
+        m = self.metrics
+        m.batches.inc()
+        m.groups.inc(len(groups))
+        m.responses.inc(responses)
+        m.zero_advantage_responses.inc(zero_advantage_responses(groups))
+        m.tokens.inc(n_tokens)
+        if phases["generate"] > 0:
+            m.tokens_per_second.set(n_tokens / phases["generate"])
+        if rewards:
+            m.reward_mean.set(sum(rewards) / len(rewards))
+            m.correct_fraction.set(corrects / len(rewards))
+        for phase, seconds in phases.items():
+            m.batch_seconds.labels(phase).observe(seconds)
 
     async def push(self, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
         """Add a batch's groups atomically and at most once, releasing the lease; their ids
