@@ -452,51 +452,11 @@ class SampleReader:
         """
         from dynamo_rl.contracts.stream import newest
 
-        counts: dict[int, int] = {}
-        responses: dict[int, list[int]] = {}  # weight version -> [half-solved, all]
-        lo, hi = HALF_SOLVED
-        for entry in newest(self._redis(), self.namespace, self.scan):
-            group = entry.group
-            if group is None:
-                continue
-            counts[group.allocated_n] = counts.get(group.allocated_n, 0) + 1
-            n = len(group.responses)
-            acc = sum(r.correct for r in group.responses) / n
-            tally = responses.setdefault(group.weight_version, [0, 0])
-            tally[0] += n if lo <= acc <= hi else 0
-            tally[1] += n
-        common = {"group": "allocation", "series": []}
-        return [
-            {
-                **common,
-                "id": "stream_alloc",
-                "title": "Allocated count of the newest groups (stream)",
-                "unit": "groups",
-                "kind": "bars",
-                "lines": [],
-                "bars": [{"label": str(k), "value": float(counts[k])} for k in sorted(counts)],
-            },
-            {
-                **common,
-                "id": "stream_half_solved",
-                "title": f"Share of responses to half-solved prompts (accuracy {lo:g}-{hi:g})",
-                "unit": "",
-                "kind": "line",
-                "bars": [],
-                "lines": [
-                    {
-                        "label": "by weight version",
-                        "x": "version",
-                        "points": [
-                            [float(v), half / total]
-                            for v, (half, total) in sorted(responses.items())
-                        ],
-                    }
-                ]
-                if responses
-                else [],
-            },
-        ]
+        groups = (e.group for e in newest(self._redis(), self.namespace, self.scan) if e.group)
+        return allocation_charts(
+            ((g.allocated_n, g.weight_version, [r.correct for r in g.responses]) for g in groups),
+            "Allocated count of the newest groups (stream)",
+        )
 
     def close(self) -> None:
         if self._client is not None:
@@ -714,47 +674,11 @@ class RunFolder:
     def stream_charts(self) -> list[dict[str, Any]]:
         """The allocation charts :meth:`SampleReader.stream_charts` draws from Redis, from the
         sample log instead (every group the workers pushed, not only those still in Redis)."""
-        counts: dict[int, int] = {}
-        responses: dict[int, list[int]] = {}
-        lo, hi = HALF_SOLVED
-        for group in self.groups():
-            counts[group["allocated_n"]] = counts.get(group["allocated_n"], 0) + 1
-            rs = group["responses"]
-            if not rs:
-                continue
-            acc = sum(bool(r["correct"]) for r in rs) / len(rs)
-            tally = responses.setdefault(group["weight_version"], [0, 0])
-            tally[0] += len(rs) if lo <= acc <= hi else 0
-            tally[1] += len(rs)
-        common = {"group": "allocation", "series": []}
-        return [
-            {
-                **common,
-                "id": "stream_alloc",
-                "title": "Allocated count of the groups (sample log)",
-                "unit": "groups",
-                "kind": "bars",
-                "lines": [],
-                "bars": [{"label": str(k), "value": float(counts[k])} for k in sorted(counts)],
-            },
-            {
-                **common,
-                "id": "stream_half_solved",
-                "title": f"Share of responses to half-solved prompts (accuracy {lo:g}-{hi:g})",
-                "unit": "",
-                "kind": "line",
-                "bars": [],
-                "lines": [
-                    {
-                        "label": "by weight version",
-                        "x": "version",
-                        "points": [[float(v), h / t] for v, (h, t) in sorted(responses.items())],
-                    }
-                ]
-                if responses
-                else [],
-            },
-        ]
+        return allocation_charts(
+            ((g["allocated_n"], g["weight_version"], [r["correct"] for r in g["responses"]])
+             for g in self.groups()),
+            "Allocated count of the groups (sample log)",
+        )  # fmt: skip
 
     # -- DynaMO views --------------------------------------------------------------------------
 
@@ -846,3 +770,49 @@ class RunFolder:
             {**common, "id": "prompt_priority", "title": f"{title}: allocator priority", "unit": "",
              "lines": line("priority", priority)},
         ]  # fmt: skip
+
+
+def allocation_charts(groups: Iterable[tuple[int, int, list[bool]]], title: str) -> list[dict]:
+    """The two allocation charts of the samples' groups, each ``(allocated n, weight version,
+    correctness of each response)``: the distribution of the allocator's counts, and per weight
+    version the share of responses to half-solved prompts (group accuracy in ``HALF_SOLVED``)."""
+    counts: dict[int, int] = {}
+    responses: dict[int, list[int]] = {}  # weight version -> [half-solved, all]
+    lo, hi = HALF_SOLVED
+    for allocated_n, version, correct in groups:
+        counts[allocated_n] = counts.get(allocated_n, 0) + 1
+        if not correct:
+            continue
+        n = len(correct)
+        tally = responses.setdefault(version, [0, 0])
+        tally[0] += n if lo <= sum(map(bool, correct)) / n <= hi else 0
+        tally[1] += n
+    common = {"group": "allocation", "series": []}
+    return [
+        {
+            **common,
+            "id": "stream_alloc",
+            "title": title,
+            "unit": "groups",
+            "kind": "bars",
+            "lines": [],
+            "bars": [{"label": str(k), "value": float(counts[k])} for k in sorted(counts)],
+        },
+        {
+            **common,
+            "id": "stream_half_solved",
+            "title": f"Share of responses to half-solved prompts (accuracy {lo:g}-{hi:g})",
+            "unit": "",
+            "kind": "line",
+            "bars": [],
+            "lines": [
+                {
+                    "label": "by weight version",
+                    "x": "version",
+                    "points": [[float(v), h / t] for v, (h, t) in sorted(responses.items())],
+                }
+            ]
+            if responses
+            else [],
+        },
+    ]

@@ -16,6 +16,7 @@ from dynamo_rl.dashboard.charts import CHARTS, Chart, Series, jsonl_fields, metr
 from dynamo_rl.dashboard.cli import default_targets
 from dynamo_rl.dashboard.server import Dashboard, make_server, serve_in_thread
 from dynamo_rl.dashboard.sources import (
+    allocation_charts,
     JsonlLog,
     RunFolder,
     SampleFilter,
@@ -614,3 +615,23 @@ def test_run_folder_follows_a_growing_and_downsampled_history(tmp_path: Path) ->
     # Rewritten shorter: read again from the start, every other snapshot, first and last kept.
     assert values() == [s[2] for line in read_history(history.path) for s in line["samples"]]
     assert values()[0] == 1.0 and values()[-1] == pushed._value.get()
+
+
+def test_allocation_charts_count_allocations_and_the_half_solved_share_by_version() -> None:
+    """Counts per allocated n over every group; per weight version, the responses of groups with
+    accuracy in [0.25, 0.75] (bounds included) over all responses; a group without responses
+    counts for its allocation only."""
+    groups = [
+        (4, 1, [True, False, False, False]),  # 0.25: half-solved (bound)
+        (4, 1, [True, True, True, True]),  # mastered
+        (2, 1, [True, False]),  # 0.5
+        (8, 2, [True] * 6 + [False] * 2),  # 0.75: half-solved (bound)
+        (8, 2, [False] * 8),  # hopeless
+        (2, 3, []),
+    ]
+    alloc, half = allocation_charts(iter(groups), "title")
+    assert alloc["title"] == "title"
+    assert alloc["bars"] == [{"label": "2", "value": 2.0}, {"label": "4", "value": 2.0},
+                             {"label": "8", "value": 2.0}]  # fmt: skip
+    assert half["lines"][0]["points"] == [[1.0, 6 / 10], [2.0, 8 / 16]]
+    assert allocation_charts(iter([]), "t")[1]["lines"] == []
