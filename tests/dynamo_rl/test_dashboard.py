@@ -16,13 +16,13 @@ from dynamo_rl.dashboard.charts import CHARTS, Chart, Series, jsonl_fields, metr
 from dynamo_rl.dashboard.cli import default_targets
 from dynamo_rl.dashboard.server import Dashboard, make_server, serve_in_thread
 from dynamo_rl.dashboard.sources import (
-    allocation_charts,
     JsonlLog,
     RunFolder,
     SampleFilter,
     SampleReader,
     Scraper,
     Snapshot,
+    allocation_charts,
     chart_data,
     parse_exposition,
 )
