@@ -41,7 +41,7 @@ __all__ = [
     "History",
     "ScrapedMetrics",
     "ServiceMetrics",
-    "parse_exposition",
+    "exposition_samples",
     "read_history",
 ]
 
@@ -241,7 +241,7 @@ class History:
             self.write_once()
 
 
-def parse_exposition(text: str) -> list[list[object]]:
+def exposition_samples(text: str) -> list[list[object]]:
     """Prometheus text format -> ``[[sample name, {labels}, value], ...]`` (a history line's
     samples; ``_created`` samples and non-finite values left out, as :meth:`ServiceMetrics.snapshot`
     does)."""
@@ -281,7 +281,7 @@ class ScrapedMetrics:
 
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_s) as r:
-                samples = parse_exposition(r.read().decode("utf-8", errors="replace"))
+                samples = exposition_samples(r.read().decode("utf-8", errors="replace"))
         except Exception:  # down, restarting, or a half-written answer
             self.failures += 1
             return None
