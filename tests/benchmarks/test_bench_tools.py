@@ -5,27 +5,17 @@ cells were written (none escapes as a crash)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-_BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.bench import bench_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return _module("bench_tools")
+    return bench_module("bench_tools")
 
 
 def test_faulty_mix_has_both_faults_and_clean_cells_print_their_product(bench) -> None:

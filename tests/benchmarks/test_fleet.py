@@ -5,7 +5,6 @@ whole path (Redis, allocator, reward service, a rollout worker, the stream reade
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,22 +13,13 @@ import httpx
 import pytest
 
 from dynamo_rl.procs import ServiceProcess, http_ok
+from tests.benchmarks.bench import BENCHMARKS, bench_module
 from tests.conftest import REPO
-
-_BENCH = REPO / "benchmarks"
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def fleet():
-    return _module("fleet")
+    return bench_module("fleet")
 
 
 def test_fleets_parse_and_bad_ones_are_named(fleet) -> None:
@@ -93,7 +83,7 @@ def test_simulated_engines_answer_the_sglang_client(fleet, tmp_path: Path) -> No
     ports_file = tmp_path / "ports.json"
     proc = ServiceProcess(
         "engines",
-        [sys.executable, str(_BENCH / "fleet.py"), "engines", "--count", "2",
+        [sys.executable, str(BENCHMARKS / "fleet.py"), "engines", "--count", "2",
          "--ports", str(ports_file), "--tokens-per-s", "100000", "--symbolic", "1"],
         tmp_path / "engines.log", cwd=REPO,
     ).start()  # fmt: skip

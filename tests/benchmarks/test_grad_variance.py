@@ -4,29 +4,18 @@ weightings; and its ``--quick`` form runs end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-_BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.bench import bench_module
 
 
 @pytest.fixture(scope="module")
 def gv():
-    _module("sample_efficiency")
-    return _module("grad_variance")
+    bench_module("sample_efficiency")
+    return bench_module("grad_variance")
 
 
 @pytest.fixture(scope="module")

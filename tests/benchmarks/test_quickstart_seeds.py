@@ -3,23 +3,17 @@ form end to end through ``dynamo-rl up``."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "quickstart_seeds.py"
+from tests.benchmarks.bench import bench_module
 
 
 @pytest.fixture(scope="module")
 def qs():
-    spec = importlib.util.spec_from_file_location("quickstart_seeds", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["quickstart_seeds"] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("quickstart_seeds")
 
 
 LOG = """\

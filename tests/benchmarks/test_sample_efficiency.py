@@ -3,25 +3,16 @@ and its summary arithmetic (rollouts to a target, response masks) is right."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from services.reward.math_answer import score_math
-
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "sample_efficiency.py"
+from tests.benchmarks.bench import bench_module
 
 
 @pytest.fixture(scope="module")
 def se():
-    spec = importlib.util.spec_from_file_location("sample_efficiency", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sample_efficiency"] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("sample_efficiency")
 
 
 RESPONSES = [

@@ -4,34 +4,23 @@ seed intervals are what the docs define; and its ``--quick`` form runs end to en
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-_BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.bench import bench_module
 
 
 @pytest.fixture(scope="module")
 def se():
-    return _module("sample_efficiency")
+    return bench_module("sample_efficiency")
 
 
 @pytest.fixture(scope="module")
 def stab(se):
-    return _module("stability")
+    return bench_module("stability")
 
 
 @pytest.fixture(scope="module")
