@@ -94,7 +94,10 @@ class Launcher:
     def prepare_data(self) -> tuple[str, str | None]:
         if self.cfg.rollout.dataset:
             return self.cfg.rollout.dataset, None
-        from dynamo_rl.tasks.arith import write_task
+        if self.cfg.up.task == "products":
+            from dynamo_rl.tasks.products import write_task
+        else:
+            from dynamo_rl.tasks.arith import write_task
 
         data = self.run_dir / "data"
         if not (data / "train.parquet").exists():
@@ -126,6 +129,8 @@ class Launcher:
             # responses (extra_info.answer, as `dynamo-rl data` writes them) are the targets.
             if self.cfg.rollout.dataset:
                 self.warm_start(init, sft, self.cfg.rollout.dataset, up.warm_start.steps)
+            elif up.task == "products":
+                self.warm_start_products(init, sft)
             else:
                 self.warm_start_task(init, sft)
         return str(sft)
@@ -154,6 +159,31 @@ class Launcher:
                      # The warm start renders prompts exactly as the rollout worker will.
                      f"learner.data.template={self.cfg.rollout.prompt_template}", *overrides),
         )  # fmt: skip
+
+    def warm_start_products(self, init: Path, sft: Path) -> None:
+        """The ``products`` task's warm start on its first ``up.warm_start.rows`` train questions:
+        their direct answers, or (``demos: tool_calls``) two-turn demonstrations that call the
+        calculator of the ``rollout.env`` tools environment and copy its output."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        ws = self.cfg.up.warm_start
+        data = self.run_dir / "data"
+        rows = pq.read_table(data / "train.parquet").to_pylist()
+        rows = rows[: ws.rows] if ws.rows else rows
+        if ws.demos == "tool_calls":
+            from dynamo_rl.tasks.products import tool_demos
+
+            env = self.cfg.rollout.env
+            if env.name != "tools" or self.cfg.rollout.prompt_template != "raw":
+                raise RuntimeError(
+                    "up.warm_start.demos=tool_calls: needs rollout.env.name=tools (with the "
+                    "calculator tool) and rollout.prompt_template=raw"
+                )
+            rows = tool_demos(rows, env)
+        path = data / f"warm_start_{ws.demos}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        self.warm_start(init, sft, str(path), ws.steps)
 
     def warm_start_task(self, init: Path, sft: Path) -> None:
         """The built-in task's warm start, checked: greedy accuracy per tier on held-out train

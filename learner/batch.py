@@ -37,6 +37,12 @@ class Sample:
     turn_rewards: list[tuple[int, float]] | None = None
     """Multi-turn episodes: (token position, reward) of each turn reward the environment placed;
     ``reward`` already includes them (its remainder is the outcome)."""
+    turns: int = 0
+    """Multi-turn episodes: model turns in this sample (0: single-turn)."""
+    tool_calls: int = 0
+    """Multi-turn episodes: tool calls made in this sample's turns."""
+    tool_errors: int = 0
+    """Multi-turn episodes: those of the calls that failed or were malformed."""
 
     def trained(self) -> list[float]:
         """1.0 at each response token the loss counts, 0.0 at observation tokens."""
@@ -78,6 +84,9 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
                     temperature=temperature,
                     loss_mask=list(r.loss_mask) if r.loss_mask else None,
                     turn_rewards=placed or None,
+                    turns=len(r.turns),
+                    tool_calls=sum(len(t.tool_calls) for t in r.turns),
+                    tool_errors=sum(1 for t in r.turns for c in t.tool_calls if c.error),
                 )
             )
     return out

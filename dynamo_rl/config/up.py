@@ -66,6 +66,12 @@ class WarmStartConfig(Section):
     """Steps of each extension."""
     max_extensions: Annotated[int, Field(ge=0)] = 3
     """Extensions before ``up`` gives up with an error naming the tiers still not learned."""
+    demos: Literal["answers", "tool_calls"] = "answers"
+    """``products`` task: what the warm start imitates: the direct answers (``answers``), or
+    episodes of the ``rollout.env`` tools environment that call the calculator and copy its output
+    (``tool_calls``; needs ``rollout.prompt_template: raw``)."""
+    rows: Annotated[int, Field(ge=0)] = 0
+    """``products`` task: train questions the warm start sees (the first ones; 0: all)."""
 
 
 class EvalConfig(Section):
@@ -106,8 +112,9 @@ class UpConfig(Section):
     """Rollout worker processes (they shard the dataset)."""
     learner_procs: Count = 1
     """Learner ranks under torchrun (FSDP2)."""
-    task: Literal["arith"] = "arith"
-    """Built-in task generated into the run folder when ``rollout.dataset`` is unset."""
+    task: Literal["arith", "products"] = "arith"
+    """Built-in task generated into the run folder when ``rollout.dataset`` is unset: ``arith``
+    (the quickstart's tiers) or ``products`` (multi-digit products, the agent recipe's)."""
     task_train: Annotated[int, Field(ge=1)] = 3000
     """Train prompts of the generated task."""
     task_test: Annotated[int, Field(ge=1)] = 1000
