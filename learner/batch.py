@@ -63,6 +63,22 @@ def sampling_temperature(group: Any) -> float:
     return t if t > 0 else 1.0
 
 
+def episode_stats(samples: list[Sample]) -> dict[str, float]:
+    """The step record's figures of multi-turn samples (one per episode unless a chat template
+    forked it): mean model turns, the share that called a tool, tool calls per sample, the share
+    of calls that failed; empty when no sample is multi-turn."""
+    episodic = [s for s in samples if s.turns]
+    if not episodic:
+        return {}
+    calls = sum(s.tool_calls for s in episodic)
+    return {
+        "episode_turns_mean": sum(s.turns for s in episodic) / len(episodic),
+        "tool_call_rate": sum(1 for s in episodic if s.tool_calls) / len(episodic),
+        "tool_calls_mean": calls / len(episodic),
+        "tool_error_rate": sum(s.tool_errors for s in episodic) / calls if calls else 0.0,
+    }
+
+
 def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
     """Flatten decoded ``TrajectoryGroup`` protobufs into samples; group index = list position."""
     out: list[Sample] = []

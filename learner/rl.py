@@ -37,6 +37,7 @@ from learner.batch import (
     Sample,
     batch_mask,
     collate,
+    episode_stats,
     micro_splits,
     mini_batches,
     num_micro,
@@ -290,16 +291,7 @@ class RLTrainer(Trainer):
             "time_backward": t_bwd,
             "time_optimizer": t_opt,
         }
-        episodic = [s for s in samples if s.turns]
-        if episodic:
-            # Multi-turn samples (one per episode unless a chat template forked it).
-            calls = sum(s.tool_calls for s in episodic)
-            record["episode_turns_mean"] = sum(s.turns for s in episodic) / len(episodic)
-            record["tool_call_rate"] = sum(1 for s in episodic if s.tool_calls) / len(episodic)
-            record["tool_calls_mean"] = calls / len(episodic)
-            record["tool_error_rate"] = (
-                sum(s.tool_errors for s in episodic) / calls if calls else 0.0
-            )
+        record |= episode_stats(samples)
         if algo.kl.coef > 0:
             record["kl"] = totals["kl"] / tokens / lc.ppo_epochs
         if self.kl_ctl.beta > 0:

@@ -4,12 +4,12 @@ tool-using demonstrations of the agent recipe's warm start (``configs/agent_tool
 Every row follows verl's layout, like :mod:`dynamo_rl.tasks.arith`::
 
     data_source   "products"
-    prompt        [{"role": "user", "content": "4821*37="}]
+    prompt        [{"role": "user", "content": "4821*372="}]
     ability       "math"
-    reward_model  {"style": "rule", "ground_truth": "178377"}
-    extra_info    {"index": 17, "split": "train", "tier": "4x2", "answer": "\\boxed{178377}"}
+    reward_model  {"style": "rule", "ground_truth": "1793412"}
+    extra_info    {"index": 17, "split": "train", "tier": "4x3", "answer": "\\boxed{1793412}"}
 
-The left factor has 3 or 4 digits and the right one 2 or 3 (the tier names the digit counts);
+A 4-digit number times a 3-digit one, with a 7-digit product (the tier names the digit counts);
 train and test never share a question. ``extra_info.answer`` is the direct answer (the text-only
 warm start's target). :func:`tool_demos` turns rows into the tool recipe's warm start: two
 supervised rows per question, one per model turn of the episode the recipe plays — the calculator
@@ -28,8 +28,12 @@ from pathlib import Path
 from typing import Any
 
 DATA_SOURCE = "products"
-LEFT_DIGITS = (3, 4)
-RIGHT_DIGITS = (2, 3)
+LEFT_DIGITS = 4
+RIGHT_DIGITS = 3
+PRODUCT_DIGITS = 7
+"""Every question has the same shape (a 4-digit times a 3-digit number, a 7-digit product): the
+text a tool-using episode copies (the factors into the call, the tool's output into the answer)
+always sits at the same distance, which is what a tiny model learns to copy quickly."""
 EOS_TEXT = "<eos>"
 """The tiny model's end-of-text token as text (``learner.tiny_model.EOS``): its tokenizer reads
 it back as that one token, so a demonstration's prompt can hold the end of an earlier turn."""
@@ -40,10 +44,11 @@ def reference_answer(value: int) -> str:
 
 
 def _question(rng: random.Random) -> tuple[str, int, str]:
-    da, db = rng.choice(LEFT_DIGITS), rng.choice(RIGHT_DIGITS)
-    a = rng.randint(10 ** (da - 1), 10**da - 1)
-    b = rng.randint(10 ** (db - 1), 10**db - 1)
-    return f"{a}*{b}=", a * b, f"{da}x{db}"
+    while True:
+        a = rng.randint(10 ** (LEFT_DIGITS - 1), 10**LEFT_DIGITS - 1)
+        b = rng.randint(10 ** (RIGHT_DIGITS - 1), 10**RIGHT_DIGITS - 1)
+        if len(str(a * b)) == PRODUCT_DIGITS:
+            return f"{a}*{b}=", a * b, f"{LEFT_DIGITS}x{RIGHT_DIGITS}"
 
 
 def _row(question: str, value: int, tier: str, split: str, index: int) -> dict:
@@ -122,14 +127,18 @@ async def _demo(env_config: Any, row: Mapping[str, Any], eos: str) -> list[dict]
 
     env = make_env(EnvContext(env_config, None, seed=0))
     try:
-        messages = list(await env.reset({**row, "ground_truth": row["reward_model"]["ground_truth"]}))
+        messages = list(
+            await env.reset({**row, "ground_truth": row["reward_model"]["ground_truth"]})
+        )
         first = raw_text(messages)
         question = str(row["prompt"][-1]["content"]).removesuffix("=")
         call = calculator_call(question)
         step = await env.step(call)
         calls = (step.info or {}).get("tool_calls", [])
         if step.done or len(calls) != 1 or calls[0].error:
-            raise ValueError(f"the environment did not run the demonstration's call {call!r}: {step}")
+            raise ValueError(
+                f"the environment did not run the demonstration's call {call!r}: {step}"
+            )
         answer = row["extra_info"]["answer"]
         # The rollout loop keeps the sampled turn's ids (its end token included), then appends
         # the observation as the template renders it after the turn.
@@ -143,7 +152,9 @@ async def _demo(env_config: Any, row: Mapping[str, Any], eos: str) -> list[dict]
         await env.aclose()
 
 
-def tool_demos(rows: Sequence[Mapping[str, Any]], env_config: Any, eos: str = EOS_TEXT) -> list[dict]:
+def tool_demos(
+    rows: Sequence[Mapping[str, Any]], env_config: Any, eos: str = EOS_TEXT
+) -> list[dict]:
     """Two supervised rows per task row (verl layout, ``prompt`` as text used verbatim): the
     calculator call from the environment's first prompt, then the final answer after the call,
     its end token and the tool's output (which the environment ``env_config`` — a ``tools``

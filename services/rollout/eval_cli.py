@@ -136,7 +136,9 @@ async def evaluate(
 
         async def play(j: int):
             env = make_env(
-                EnvContext(rc.env, sandbox, seed=request_seed(cfg.run.seed, "eval", record.prompt_id, j))
+                EnvContext(
+                    rc.env, sandbox, seed=request_seed(cfg.run.seed, "eval", record.prompt_id, j)
+                )
             )
             try:
                 return await run_episode(
