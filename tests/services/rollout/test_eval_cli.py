@@ -184,15 +184,16 @@ def test_episode_summary_counts_calls_errors_and_turns() -> None:
         {"turns": 2, "tool_calls": 1, "tool_errors": 0, "dropped": False},
         {"turns": 3, "tool_calls": 2, "tool_errors": 1, "dropped": False},
         {"turns": 1, "tool_calls": 0, "tool_errors": 0, "dropped": True},
+        {"turns": 1, "tool_calls": 0, "tool_errors": 0, "dropped": False},
     ]
     s = episode_summary(stats, "tools")
     assert s == {
         "env": "tools",
-        "episodes": 3,
-        "turns_mean": 2.0,
-        "tool_call_rate": pytest.approx(2 / 3),
-        "tool_calls_mean": 1.0,
-        "tool_error_rate": pytest.approx(1 / 3),
+        "episodes": 4,
+        "turns_mean": 1.75,
+        "tool_call_rate": 0.5,
+        "tool_calls_mean": 0.75,
+        "tool_error_rate": pytest.approx(1 / 3),  # of the 3 calls, not of the 4 episodes
         "dropped": 1,
     }
     assert episode_summary([], "tools")["tool_error_rate"] == 0.0
