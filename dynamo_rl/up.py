@@ -12,7 +12,11 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    checked after it (greedy accuracy per tier, the sft run's ``eval_exact/<tier>``); a tier below
    ``min_tier_accuracy`` extends the same run by ``extend_steps`` with half of each batch from
    the tiers not learned, at most ``max_extensions`` times, then the run stops with an error
-   naming them. Both steps are skipped when their output already exists.
+   naming them. On the ``products`` task (the agent recipe) the warm start sees the first
+   ``up.warm_start.rows`` questions: their direct answers, or with ``demos: tool_calls`` two-turn
+   demonstrations that call the calculator of the ``rollout.env`` tools environment
+   (:func:`dynamo_rl.tasks.products.tool_demos`). Both steps are skipped when their output
+   already exists.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM
