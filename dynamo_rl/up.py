@@ -173,8 +173,15 @@ class Launcher:
 
         ws = self.cfg.up.warm_start
         data = self.run_dir / "data"
-        rows = pq.read_table(data / "train.parquet").to_pylist()
-        rows = rows[: ws.rows] if ws.rows else rows
+        every = pq.read_table(data / "train.parquet").to_pylist()
+        rows = every[: ws.rows] if ws.rows else every
+        # The check: train questions the warm start never sees (after its rows).
+        check = every[len(rows) : len(rows) + ws.check_rows]
+        if ws.check_rows and not check:
+            raise RuntimeError(
+                "up.warm_start.check_rows: no train questions left after up.warm_start.rows to "
+                "check the warm start on; lower up.warm_start.rows or raise up.task_train"
+            )
         if ws.demos == "tool_calls":
             from dynamo_rl.tasks.products import tool_demos
 
@@ -184,10 +191,34 @@ class Launcher:
                     "up.warm_start.demos=tool_calls: needs rollout.env.name=tools (with the "
                     "calculator tool) and rollout.prompt_template=raw"
                 )
-            rows = tool_demos(rows, env)
+            rows, check = tool_demos(rows, env), tool_demos(check, env)
         path = data / f"warm_start_{ws.demos}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), path)
-        self.warm_start(init, sft, str(path), ws.steps)
+        if not check:
+            self.warm_start(init, sft, str(path), ws.steps)
+            return
+        pq.write_table(pa.Table.from_pylist(check), data / "warm_check.parquet")
+        checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
+                   "learner.data.group_key=extra_info.tier"]  # fmt: skip
+        tiers = sorted({r["extra_info"]["tier"] for r in check})
+        steps = ws.steps
+        self.warm_start(init, sft, str(path), steps, (), checked)
+        for extension in range(ws.max_extensions + 1):
+            accuracy = self.tier_accuracy(sft, tiers)
+            shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
+            self.say(f"warm start checked (greedy exact match on {len(check)} rows of unseen "
+                     f"train questions): {shown}")  # fmt: skip
+            if min(accuracy.values()) >= ws.min_tier_accuracy:
+                return
+            if extension == ws.max_extensions:
+                raise RuntimeError(
+                    f"up.warm_start: still below up.warm_start.min_tier_accuracy "
+                    f"({ws.min_tier_accuracy}) after {steps} steps and {ws.max_extensions} "
+                    "extensions (up.warm_start.max_extensions); raise up.warm_start.steps or lr"
+                )
+            steps += ws.extend_steps
+            label = f" extended (below {ws.min_tier_accuracy})"
+            self.warm_start(init, sft, str(path), steps, (), checked, label)
 
     def warm_start_task(self, init: Path, sft: Path) -> None:
         """The built-in task's warm start, checked: greedy accuracy per tier on held-out train

@@ -58,7 +58,9 @@ class WarmStartConfig(Section):
     most from; without it they stay at 0% and RL has nothing to go on there."""
     check_rows: Annotated[int, Field(ge=0)] = 0
     """Built-in task: train rows per tier held out of the warm start to check it (greedy exact
-    match per tier, ``eval_exact/<tier>`` of the sft run); 0: no check (the quickstart: 64)."""
+    match per tier, ``eval_exact/<tier>`` of the sft run); 0: no check (the quickstart: 64). On
+    ``products``: that many train questions after the warm start's ``rows`` (their
+    demonstrations, when ``demos: tool_calls``)."""
     min_tier_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.1
     """A tier whose checked greedy accuracy is below this is not learned: the warm start goes on
     for ``extend_steps`` more steps with half of each batch from the tiers not learned."""
