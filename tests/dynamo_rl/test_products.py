@@ -93,3 +93,34 @@ def test_up_writes_the_products_task_and_its_demonstrations(tmp_path: Path) -> N
 
     assert pq.read_table(dataset).num_rows == 40
     assert {r["data_source"] for r in pq.read_table(dataset).to_pylist()} == {"products"}
+
+
+@pytest.mark.slow
+def test_products_warm_start_is_checked_on_unseen_questions_and_extended(tmp_path: Path) -> None:
+    """A warm start too short to learn the copy is checked on demonstrations of train questions
+    it never saw, extended, checked again, then refused with an error."""
+    import io
+
+    from dynamo_rl.up import Launcher
+
+    overrides = [
+        f"run.dir={tmp_path}", "up.task_train=60", "up.task_test=5", "up.warm_start.rows=20",
+        "up.warm_start.check_rows=4", "up.warm_start.steps=3", "up.warm_start.extend_steps=2",
+        "up.warm_start.max_extensions=1", "up.warm_start.batch_size=4",
+        "up.tiny_model.hidden_size=32", "up.tiny_model.num_layers=1",
+    ]  # fmt: skip
+    out = io.StringIO()
+    launcher = Launcher(load_config(str(REPO / "configs" / "agent_tools.yaml"), overrides), out)
+    launcher.prepare_data()
+    with pytest.raises(RuntimeError, match="after 5 steps and 1 extensions"):
+        launcher.prepare_model()
+    log = out.getvalue()
+    assert log.count("warm start checked (greedy exact match on 8 rows") == 2
+    assert "warm start extended (below 0.5): 5 steps" in log
+    import pyarrow.parquet as pq
+
+    train = pq.read_table(tmp_path / "data" / "train.parquet").to_pylist()
+    seen = {r["prompt"][0]["content"] for r in train[:20]}
+    check = pq.read_table(tmp_path / "data" / "warm_check.parquet").to_pylist()
+    assert len(check) == 8 and not any(r["prompt"].split("\n")[1].split("<")[0] in seen
+                                       for r in check)  # fmt: skip
