@@ -44,6 +44,7 @@ QUICK = [
     "up.warm_start.steps=10",
     "up.warm_start.batch_size=8",
     "up.warm_start.rows=20",
+    "up.warm_start.check_rows=0",
     "up.eval.prompts=6",
     "up.eval.samples=2",
     "learner.max_steps=2",
