@@ -135,6 +135,21 @@ def mean_over(points: list[dict], key: str, first: bool) -> float | None:
     return round(sum(part) / len(part), 4)
 
 
+def warm_start_of(run_dir: Path) -> dict:
+    """The warm start's steps and each check of it (greedy exact match), from its run log."""
+    log = run_dir / "model" / "sft.run" / "metrics.jsonl"
+    if not log.exists():
+        return {}
+    records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    steps = max((r["step"] for r in records if r.get("kind") != "eval"), default=0)
+    checks = {  # a resumed run evaluates again at the step it resumes from: one per step
+        r["step"]: round(r["eval_exact"], 3)
+        for r in records
+        if r.get("kind") == "eval" and r["step"] > 0
+    }
+    return {"steps": steps, "checks": [{"step": k, "greedy_exact": v} for k, v in checks.items()]}
+
+
 def result_of(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     before = json.loads((run_dir / "eval_before.json").read_text())
@@ -149,6 +164,7 @@ def result_of(run_dir: Path) -> dict:
         "gain_points": round(100 * (summary["accuracy_after"] - summary["accuracy_before"]), 2),
         "eval_episodes_before": episodes_of(before),
         "eval_episodes_after": episodes_of(after),
+        "warm_start": warm_start_of(run_dir),
         "rollouts": sum(p["responses"] for p in points),
         "steps": len(points),
         "training": {
