@@ -12,7 +12,11 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    checked after it (greedy accuracy per tier, the sft run's ``eval_exact/<tier>``); a tier below
    ``min_tier_accuracy`` extends the same run by ``extend_steps`` with half of each batch from
    the tiers not learned, at most ``max_extensions`` times, then the run stops with an error
-   naming them. Both steps are skipped when their output already exists.
+   naming them. On the ``products`` task (the agent recipe) the warm start sees the first
+   ``up.warm_start.rows`` questions: their direct answers, or with ``demos: tool_calls`` two-turn
+   demonstrations that call the calculator of the ``rollout.env`` tools environment
+   (:func:`dynamo_rl.tasks.products.tool_demos`). Both steps are skipped when their output
+   already exists.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM
@@ -94,7 +98,10 @@ class Launcher:
     def prepare_data(self) -> tuple[str, str | None]:
         if self.cfg.rollout.dataset:
             return self.cfg.rollout.dataset, None
-        from dynamo_rl.tasks.arith import write_task
+        if self.cfg.up.task == "products":
+            from dynamo_rl.tasks.products import write_task
+        else:
+            from dynamo_rl.tasks.arith import write_task
 
         data = self.run_dir / "data"
         if not (data / "train.parquet").exists():
@@ -126,6 +133,8 @@ class Launcher:
             # responses (extra_info.answer, as `dynamo-rl data` writes them) are the targets.
             if self.cfg.rollout.dataset:
                 self.warm_start(init, sft, self.cfg.rollout.dataset, up.warm_start.steps)
+            elif up.task == "products":
+                self.warm_start_products(init, sft)
             else:
                 self.warm_start_task(init, sft)
         return str(sft)
@@ -154,6 +163,62 @@ class Launcher:
                      # The warm start renders prompts exactly as the rollout worker will.
                      f"learner.data.template={self.cfg.rollout.prompt_template}", *overrides),
         )  # fmt: skip
+
+    def warm_start_products(self, init: Path, sft: Path) -> None:
+        """The ``products`` task's warm start on its first ``up.warm_start.rows`` train questions:
+        their direct answers, or (``demos: tool_calls``) two-turn demonstrations that call the
+        calculator of the ``rollout.env`` tools environment and copy its output."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        ws = self.cfg.up.warm_start
+        data = self.run_dir / "data"
+        every = pq.read_table(data / "train.parquet").to_pylist()
+        rows = every[: ws.rows] if ws.rows else every
+        # The check: train questions the warm start never sees (after its rows).
+        check = every[len(rows) : len(rows) + ws.check_rows]
+        if ws.check_rows and not check:
+            raise RuntimeError(
+                "up.warm_start.check_rows: no train questions left after up.warm_start.rows to "
+                "check the warm start on; lower up.warm_start.rows or raise up.task_train"
+            )
+        if ws.demos == "tool_calls":
+            from dynamo_rl.tasks.products import tool_demos
+
+            env = self.cfg.rollout.env
+            if env.name != "tools" or self.cfg.rollout.prompt_template != "raw":
+                raise RuntimeError(
+                    "up.warm_start.demos=tool_calls: needs rollout.env.name=tools (with the "
+                    "calculator tool) and rollout.prompt_template=raw"
+                )
+            rows, check = tool_demos(rows, env), tool_demos(check, env)
+        path = data / f"warm_start_{ws.demos}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        if not check:
+            self.warm_start(init, sft, str(path), ws.steps)
+            return
+        pq.write_table(pa.Table.from_pylist(check), data / "warm_check.parquet")
+        checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
+                   "learner.data.group_key=extra_info.tier"]  # fmt: skip
+        tiers = sorted({r["extra_info"]["tier"] for r in check})
+        steps = ws.steps
+        self.warm_start(init, sft, str(path), steps, (), checked)
+        for extension in range(ws.max_extensions + 1):
+            accuracy = self.tier_accuracy(sft, tiers)
+            shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
+            self.say(f"warm start checked (greedy exact match on {len(check)} rows of unseen "
+                     f"train questions): {shown}")  # fmt: skip
+            if min(accuracy.values()) >= ws.min_tier_accuracy:
+                return
+            if extension == ws.max_extensions:
+                raise RuntimeError(
+                    f"up.warm_start: still below up.warm_start.min_tier_accuracy "
+                    f"({ws.min_tier_accuracy}) after {steps} steps and {ws.max_extensions} "
+                    "extensions (up.warm_start.max_extensions); raise up.warm_start.steps or lr"
+                )
+            steps += ws.extend_steps
+            label = f" extended (below {ws.min_tier_accuracy})"
+            self.warm_start(init, sft, str(path), steps, (), checked, label)
 
     def warm_start_task(self, init: Path, sft: Path) -> None:
         """The built-in task's warm start, checked: greedy accuracy per tier on held-out train

@@ -37,6 +37,12 @@ class Sample:
     turn_rewards: list[tuple[int, float]] | None = None
     """Multi-turn episodes: (token position, reward) of each turn reward the environment placed;
     ``reward`` already includes them (its remainder is the outcome)."""
+    turns: int = 0
+    """Multi-turn episodes: model turns in this sample (0: single-turn)."""
+    tool_calls: int = 0
+    """Multi-turn episodes: tool calls made in this sample's turns."""
+    tool_errors: int = 0
+    """Multi-turn episodes: those of the calls that failed or were malformed."""
 
     def trained(self) -> list[float]:
         """1.0 at each response token the loss counts, 0.0 at observation tokens."""
@@ -55,6 +61,22 @@ def sampling_temperature(group: Any) -> float:
     exists, so the raw one is used)."""
     t = float(group.sampling.temperature) if group.HasField("sampling") else 0.0
     return t if t > 0 else 1.0
+
+
+def episode_stats(samples: list[Sample]) -> dict[str, float]:
+    """The step record's figures of multi-turn samples (one per episode unless a chat template
+    forked it): mean model turns, the share that called a tool, tool calls per sample, the share
+    of calls that failed; empty when no sample is multi-turn."""
+    episodic = [s for s in samples if s.turns]
+    if not episodic:
+        return {}
+    calls = sum(s.tool_calls for s in episodic)
+    return {
+        "episode_turns_mean": sum(s.turns for s in episodic) / len(episodic),
+        "tool_call_rate": sum(1 for s in episodic if s.tool_calls) / len(episodic),
+        "tool_calls_mean": calls / len(episodic),
+        "tool_error_rate": sum(s.tool_errors for s in episodic) / calls if calls else 0.0,
+    }
 
 
 def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
@@ -78,6 +100,9 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
                     temperature=temperature,
                     loss_mask=list(r.loss_mask) if r.loss_mask else None,
                     turn_rewards=placed or None,
+                    turns=len(r.turns),
+                    tool_calls=sum(len(t.tool_calls) for t in r.turns),
+                    tool_errors=sum(1 for t in r.turns for c in t.tool_calls if c.error),
                 )
             )
     return out

@@ -36,6 +36,10 @@ GAUGES: dict[str, str] = {
     "push_gb_per_s": "throughput of the last weight push in GB/s",
     "weight_version": "weight version after the last push",
     "step": "last completed train step",
+    "episode_turns_mean": "multi-turn samples: mean model turns (rollout.env)",
+    "tool_call_rate": "multi-turn samples: fraction that called a tool",
+    "tool_calls_mean": "multi-turn samples: mean tool calls",
+    "tool_error_rate": "multi-turn samples: fraction of tool calls that failed",
     "equal_reward_streak": "train steps in a row whose rewards were all equal (no signal)",
 }
 PHASES = ("read", "forward", "backward", "optimizer", "checkpoint", "push")

@@ -37,6 +37,7 @@ from learner.batch import (
     Sample,
     batch_mask,
     collate,
+    episode_stats,
     micro_splits,
     mini_batches,
     num_micro,
@@ -290,6 +291,7 @@ class RLTrainer(Trainer):
             "time_backward": t_bwd,
             "time_optimizer": t_opt,
         }
+        record |= episode_stats(samples)
         if algo.kl.coef > 0:
             record["kl"] = totals["kl"] / tokens / lc.ppo_epochs
         if self.kl_ctl.beta > 0:

@@ -372,6 +372,7 @@ _ANSWER_LINE = {"kind": "math", "extraction": "answer_line"}
 _CODE_CASES = {"kind": "code", "scoring": "fraction"}
 DEFAULT_ROUTES: dict[str, dict[str, str]] = {
     "arith": _MATH_BOXED,  # the built-in task (dynamo-rl task arith)
+    "products": _MATH_BOXED,  # the agent recipe's task (dynamo_rl.tasks.products)
     "openai/gsm8k": {"kind": "math", "extraction": "gsm8k"},
     "lighteval/MATH": _MATH_BOXED,
     "DigitalLearningGmbH/MATH-lighteval": _MATH_BOXED,

@@ -58,7 +58,9 @@ class WarmStartConfig(Section):
     most from; without it they stay at 0% and RL has nothing to go on there."""
     check_rows: Annotated[int, Field(ge=0)] = 0
     """Built-in task: train rows per tier held out of the warm start to check it (greedy exact
-    match per tier, ``eval_exact/<tier>`` of the sft run); 0: no check (the quickstart: 64)."""
+    match per tier, ``eval_exact/<tier>`` of the sft run); 0: no check (the quickstart: 64). On
+    ``products``: that many train questions after the warm start's ``rows`` (their
+    demonstrations, when ``demos: tool_calls``)."""
     min_tier_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.1
     """A tier whose checked greedy accuracy is below this is not learned: the warm start goes on
     for ``extend_steps`` more steps with half of each batch from the tiers not learned."""
@@ -66,6 +68,12 @@ class WarmStartConfig(Section):
     """Steps of each extension."""
     max_extensions: Annotated[int, Field(ge=0)] = 3
     """Extensions before ``up`` gives up with an error naming the tiers still not learned."""
+    demos: Literal["answers", "tool_calls"] = "answers"
+    """``products`` task: what the warm start imitates: the direct answers (``answers``), or
+    episodes of the ``rollout.env`` tools environment that call the calculator and copy its output
+    (``tool_calls``; needs ``rollout.prompt_template: raw``)."""
+    rows: Annotated[int, Field(ge=0)] = 0
+    """``products`` task: train questions the warm start sees (the first ones; 0: all)."""
 
 
 class EvalConfig(Section):
@@ -106,8 +114,9 @@ class UpConfig(Section):
     """Rollout worker processes (they shard the dataset)."""
     learner_procs: Count = 1
     """Learner ranks under torchrun (FSDP2)."""
-    task: Literal["arith"] = "arith"
-    """Built-in task generated into the run folder when ``rollout.dataset`` is unset."""
+    task: Literal["arith", "products"] = "arith"
+    """Built-in task generated into the run folder when ``rollout.dataset`` is unset: ``arith``
+    (the quickstart's tiers) or ``products`` (multi-digit products, the agent recipe's)."""
     task_train: Annotated[int, Field(ge=1)] = 3000
     """Train prompts of the generated task."""
     task_test: Annotated[int, Field(ge=1)] = 1000

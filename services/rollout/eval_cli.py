@@ -112,8 +112,72 @@ async def evaluate(
     reward = RewardClient(cfg.endpoints.reward_url, timeout_s=rc.reward_timeout_s, max_wait_s=60.0)
     sampling = sampling_of(rc.sampling, temperature=temperature, seed=cfg.run.seed)
     gate = asyncio.Semaphore(concurrency)
+    episodic = rc.env.name != "single_turn"
+    sandbox = None
+    if episodic:
+        from dynamo_rl.envs.sandbox import SandboxClient
+
+        sandbox = SandboxClient(
+            rc.env.sandbox_url or cfg.endpoints.reward_url,
+            timeout_s=rc.env.tool_timeout_s + 30.0,
+            backoff_s=rc.backoff_s,
+            backoff_max_s=rc.backoff_max_s,
+            max_wait_s=rc.env.sandbox_max_wait_s,
+        )
+    episode_stats: list[dict[str, Any]] = []
+
+    async def one_episodic(record) -> tuple[list[ItemResult], list[str]] | str:
+        """n episodes of the prompt in ``rollout.env``, as the worker plays them; the final
+        turn is scored (an episode dropped for a sandbox outage counts as wrong)."""
+        from dynamo_rl.envs import EnvContext, make_env
+        from services.rollout.datasets import reward_item
+        from services.rollout.episodes import Conversation, record_row, run_episode
+
+        conversation = Conversation(renderer.tokenizer, renderer.template)
+
+        async def play(j: int):
+            env = make_env(
+                EnvContext(
+                    rc.env, sandbox, seed=request_seed(cfg.run.seed, "eval", record.prompt_id, j)
+                )
+            )
+            try:
+                return await run_episode(
+                    pool, env, record_row(record), conversation, sampling, rc.env,
+                    seed_of=lambda turn: request_seed(cfg.run.seed, "eval", record.prompt_id, j, turn),
+                )  # fmt: skip
+            finally:
+                await env.aclose()
+
+        async with gate:
+            try:
+                episodes = await asyncio.gather(*(play(j) for j in range(n)))
+            except EngineRequestError as e:
+                return str(e)
+            items = [
+                reward_item(record, f"{record.prompt_id}/{j}", e.final_text, e.model_tokens)
+                for j, e in enumerate(episodes)
+            ]
+            results = await reward.verify(items)
+            results = [
+                r.model_copy(update={"score": 0.0, "correct": False, "detail": "episode dropped"})
+                if e.dropped is not None
+                else r
+                for e, r in zip(episodes, results, strict=True)
+            ]
+            for e in episodes:
+                calls = e.tool_calls
+                episode_stats.append({
+                    "turns": len(e.turns),
+                    "tool_calls": len(calls),
+                    "tool_errors": sum(1 for c in calls if c.error),
+                    "dropped": e.dropped is not None,
+                })  # fmt: skip
+            return results, [" | ".join(e.model_texts) for e in episodes]
 
     async def one(record) -> tuple[list[ItemResult], list[str]] | str:
+        if episodic:
+            return await one_episodic(record)
         async with gate:
             _text, ids = lengths.rendered[record.prompt_id]
 
@@ -141,6 +205,8 @@ async def evaluate(
     finally:
         await pool.aclose()
         await reward.aclose()
+        if sandbox is not None:
+            await sandbox.aclose()
     refused = [
         (r.prompt_id, a) for r, a in zip(records, answers, strict=True) if isinstance(a, str)
     ]
@@ -178,7 +244,11 @@ async def evaluate(
 
     outcomes = [PromptOutcome([r.correct for r in res], [r.answer for r in res])
                 for res, _ in answers]  # fmt: skip
+    extra: dict[str, Any] = {}
+    if episodic:
+        extra["episodes"] = episode_summary(episode_stats, rc.env.name)
     return {
+        **extra,
         **summary(scores),
         "n": n,
         "temperature": temperature,
@@ -195,6 +265,22 @@ async def evaluate(
         "by_tier": {k: summary(v) for k, v in sorted(by_tier.items())},
         "metrics": summarize(outcomes, ks, resamples=bootstrap, seed=cfg.run.seed)["metrics"],
         "example_prompt": lengths.rendered[records[0].prompt_id][0],  # as sent
+    }
+
+
+def episode_summary(stats: list[dict[str, Any]], env: str) -> dict[str, Any]:
+    """What the evaluated episodes did: turns per episode, the share that called a tool, tool
+    calls per episode, the share of calls that failed, episodes dropped."""
+    count = max(len(stats), 1)
+    calls = sum(s["tool_calls"] for s in stats)
+    return {
+        "env": env,
+        "episodes": len(stats),
+        "turns_mean": sum(s["turns"] for s in stats) / count,
+        "tool_call_rate": sum(1 for s in stats if s["tool_calls"]) / count,
+        "tool_calls_mean": calls / count,
+        "tool_error_rate": sum(s["tool_errors"] for s in stats) / calls if calls else 0.0,
+        "dropped": sum(1 for s in stats if s["dropped"]),
     }
 
 

@@ -122,3 +122,62 @@ def test_overlong_penalty_counts_model_tokens_only() -> None:
     rewards, lengths, _ = RLTrainer._advantages(me, [s], [])
     assert lengths.tolist() == [4]
     assert rewards.tolist() == [1.0]  # 4 <= 6 - 2: no penalty (8 tokens would get -1)
+
+
+def test_step_record_counts_turns_tool_calls_and_errors_of_episodes() -> None:
+    """From the stream's responses (through the codec) to the step record's tool figures."""
+    from dynamo_rl.codec import (
+        Response,
+        ToolCall,
+        TrajectoryGroup,
+        Turn,
+        decode_group,
+        encode_group,
+    )
+    from learner.batch import episode_stats, samples_from_groups
+
+    ok, bad = ToolCall(name="calculator"), ToolCall(name="calculator", error="failed")
+
+    def episode(turns: list[Turn]) -> Response:
+        return Response(
+            token_ids=[5, 6, 7, 8],
+            logprobs=[-1.0, 0.0, 0.0, -0.5],
+            loss_mask=[1, 0, 0, 1],
+            turns=turns,
+        )
+
+    g = TrajectoryGroup(
+        prompt_id="p",
+        prompt_token_ids=[1, 2],
+        responses=[
+            episode(
+                [
+                    Turn(start=0, end=1, observation_end=3, tool_calls=[ok, bad]),
+                    Turn(start=3, end=4, observation_end=4),
+                ]
+            ),
+            episode(
+                [
+                    Turn(start=0, end=1, observation_end=3, tool_calls=[ok]),
+                    Turn(start=3, end=4, observation_end=4, tool_calls=[bad]),
+                ]
+            ),
+            episode([Turn(start=0, end=4, observation_end=4)]),
+        ],
+    )
+    samples = samples_from_groups([decode_group(encode_group(g))], 0)
+    assert [(s.turns, s.tool_calls, s.tool_errors) for s in samples] == [
+        (2, 2, 1),
+        (2, 2, 1),
+        (1, 0, 0),
+    ]
+    assert episode_stats(samples) == {
+        "episode_turns_mean": pytest.approx(5 / 3),
+        "tool_call_rate": pytest.approx(2 / 3),
+        "tool_calls_mean": pytest.approx(4 / 3),
+        "tool_error_rate": 0.5,
+    }
+    single = TrajectoryGroup(
+        prompt_id="q", prompt_token_ids=[1], responses=[Response(token_ids=[5], logprobs=[-1.0])]
+    )
+    assert episode_stats(samples_from_groups([single], 0)) == {}  # single-turn: no figures

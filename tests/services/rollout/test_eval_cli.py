@@ -152,3 +152,56 @@ def test_overrides_after_the_data_files_are_overrides(tmp_path: Path) -> None:
                           "b.jsonl", "rollout.batch_size=0")  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "rollout.batch_size" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_eval_plays_episodes_when_an_environment_is_set(tmp_path: Path) -> None:
+    """With ``rollout.env`` set, each sample is an episode played as the worker plays it (here
+    guess_number: a random tiny model keeps getting feedback until max_turns), its final turn
+    scored; the result says what the episodes did."""
+    from learner.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
+                             num_kv_heads=1)  # fmt: skip
+    data = tmp_path / "data.jsonl"
+    rows = [{"id": f"g{i}", "prompt": "guess", "ground_truth": str(40 + i)} for i in range(5)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, samples = tmp_path / "eval.json", tmp_path / "samples.jsonl"
+    argv = dynamo_rl_argv(
+        "eval", "--model", str(model), "--data", str(data), "--n", "2", "--out", str(out),
+        "--samples", str(samples), "rollout.sampling.max_tokens=4", "rollout.env.name=guess_number",
+        "rollout.env.max_turns=3",
+    )  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    bench = json.loads(out.read_text())["benchmarks"]["data"]
+    episodes = bench["episodes"]
+    assert episodes["env"] == "guess_number" and episodes["episodes"] == 10
+    lines = [json.loads(x) for x in samples.read_text().splitlines()]
+    turns = [len(x["text"].split(" | ")) for x in lines]  # each sample: its turns' texts
+    assert episodes["turns_mean"] == pytest.approx(sum(turns) / len(turns))
+    assert episodes["turns_mean"] > 1.5  # feedback came back and the episodes went on
+    assert episodes["tool_call_rate"] == 0.0 and episodes["dropped"] == 0
+    assert bench["accuracy"] == pytest.approx(sum(x["correct"] for x in lines) / len(lines))
+
+
+def test_episode_summary_counts_calls_errors_and_turns() -> None:
+    from services.rollout.eval_cli import episode_summary
+
+    stats = [
+        {"turns": 2, "tool_calls": 1, "tool_errors": 0, "dropped": False},
+        {"turns": 3, "tool_calls": 2, "tool_errors": 1, "dropped": False},
+        {"turns": 1, "tool_calls": 0, "tool_errors": 0, "dropped": True},
+        {"turns": 1, "tool_calls": 0, "tool_errors": 0, "dropped": False},
+    ]
+    s = episode_summary(stats, "tools")
+    assert s == {
+        "env": "tools",
+        "episodes": 4,
+        "turns_mean": 1.75,
+        "tool_call_rate": 0.5,
+        "tool_calls_mean": 0.75,
+        "tool_error_rate": pytest.approx(1 / 3),  # of the 3 calls, not of the 4 episodes
+        "dropped": 1,
+    }
+    assert episode_summary([], "tools")["tool_error_rate"] == 0.0

@@ -1,0 +1,169 @@
+"""The built-in ``products`` task: multi-digit products a tiny model cannot do in its head, and the
+tool-using demonstrations of the agent recipe's warm start (``configs/agent_tools.yaml``).
+
+Every row follows verl's layout, like :mod:`dynamo_rl.tasks.arith`::
+
+    data_source   "products"
+    prompt        [{"role": "user", "content": "4821*372="}]
+    ability       "math"
+    reward_model  {"style": "rule", "ground_truth": "1793412"}
+    extra_info    {"index": 17, "split": "train", "tier": "4x3", "answer": "\\boxed{1793412}"}
+
+A 4-digit number times a 3-digit one, with a 7-digit product (the tier names the digit counts);
+train and test never share a question. ``extra_info.answer`` is the direct answer (the text-only
+warm start's target). :func:`tool_demos` turns rows into the tool recipe's warm start: two
+supervised rows per question, one per model turn of the episode the recipe plays — the calculator
+call, then the final answer after the tool's output — each prompt written exactly as the rollout
+loop's token ids will be (``docs/agents.md``, the mask rules), so the warm start and RL see the
+same sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+DATA_SOURCE = "products"
+LEFT_DIGITS = 4
+RIGHT_DIGITS = 3
+PRODUCT_DIGITS = 7
+"""Every question has the same shape (a 4-digit times a 3-digit number, a 7-digit product): the
+text a tool-using episode copies (the factors into the call, the tool's output into the answer)
+always sits at the same distance, which is what a tiny model learns to copy quickly."""
+EOS_TEXT = "<eos>"
+"""The tiny model's end-of-text token as text (``learner.tiny_model.EOS``): its tokenizer reads
+it back as that one token, so a demonstration's prompt can hold the end of an earlier turn."""
+
+
+def reference_answer(value: int) -> str:
+    return f"\\boxed{{{value}}}"
+
+
+def _question(rng: random.Random) -> tuple[str, int, str]:
+    while True:
+        a = rng.randint(10 ** (LEFT_DIGITS - 1), 10**LEFT_DIGITS - 1)
+        b = rng.randint(10 ** (RIGHT_DIGITS - 1), 10**RIGHT_DIGITS - 1)
+        if len(str(a * b)) == PRODUCT_DIGITS:
+            return f"{a}*{b}=", a * b, f"{LEFT_DIGITS}x{RIGHT_DIGITS}"
+
+
+def _row(question: str, value: int, tier: str, split: str, index: int) -> dict:
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(value)},
+        "extra_info": {
+            "index": index,
+            "split": split,
+            "tier": tier,
+            "answer": reference_answer(value),
+        },
+    }
+
+
+def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """``n_train`` + ``n_test`` distinct questions (the first ``n_test`` drawn are the test
+    split), in the verl layout."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    drawn: list[tuple[str, int, str]] = []
+    while len(drawn) < n_train + n_test:
+        q = _question(rng)
+        if q[0] not in seen:
+            seen.add(q[0])
+            drawn.append(q)
+    test = [_row(q, v, t, "test", i) for i, (q, v, t) in enumerate(drawn[:n_test])]
+    train = [_row(q, v, t, "train", i) for i, (q, v, t) in enumerate(drawn[n_test:])]
+    return train, test
+
+
+def write_task(
+    out_dir: str | Path, n_train: int = 3000, n_test: int = 1000, seed: int = 0
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``test.parquet`` into ``out_dir``; returns their paths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train, test = generate_rows(n_train, n_test, seed)
+    paths = {}
+    for name, rows in (("train", train), ("test", test)):
+        path = out / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        paths[name] = path
+    return paths
+
+
+# --- the tool recipe's demonstrations -----------------------------------------------------------
+
+
+def calculator_call(expression: str) -> str:
+    """The Hermes-style call of the ``calculator`` tool the demonstrations write."""
+    body = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    return f"<tool_call>{body}</tool_call>"
+
+
+def raw_text(messages: Sequence[Mapping[str, str]]) -> str:
+    """Messages in the raw template, as the rollout loop renders a conversation
+    (``services.rollout.episodes.render_conversation``): non-assistant contents one per line, an
+    assistant turn right where generation continued."""
+    text = ""
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            text += m["content"]
+        else:
+            text += ("\n" if i else "") + m["content"]
+    return text
+
+
+async def _demo(env_config: Any, row: Mapping[str, Any], eos: str) -> list[dict]:
+    from dynamo_rl.envs import EnvContext, make_env
+
+    env = make_env(EnvContext(env_config, None, seed=0))
+    try:
+        messages = list(
+            await env.reset({**row, "ground_truth": row["reward_model"]["ground_truth"]})
+        )
+        first = raw_text(messages)
+        question = str(row["prompt"][-1]["content"]).removesuffix("=")
+        call = calculator_call(question)
+        step = await env.step(call)
+        calls = (step.info or {}).get("tool_calls", [])
+        if step.done or len(calls) != 1 or calls[0].error:
+            raise ValueError(
+                f"the environment did not run the demonstration's call {call!r}: {step}"
+            )
+        answer = row["extra_info"]["answer"]
+        # The rollout loop keeps the sampled turn's ids (its end token included), then appends
+        # the observation as the template renders it after the turn.
+        second = raw_text([*messages, {"role": "assistant", "content": call}, *step.observation])
+        second = first + call + eos + second[len(first + call) :]
+        return [
+            {**row, "prompt": first, "extra_info": {**row["extra_info"], "answer": call}},
+            {**row, "prompt": second, "extra_info": {**row["extra_info"], "answer": answer}},
+        ]
+    finally:
+        await env.aclose()
+
+
+def tool_demos(
+    rows: Sequence[Mapping[str, Any]], env_config: Any, eos: str = EOS_TEXT
+) -> list[dict]:
+    """Two supervised rows per task row (verl layout, ``prompt`` as text used verbatim): the
+    calculator call from the environment's first prompt, then the final answer after the call,
+    its end token and the tool's output (which the environment ``env_config`` — a ``tools``
+    environment with the ``calculator`` tool and the raw template — really produced)."""
+
+    async def all_demos() -> list[dict]:
+        out: list[dict] = []
+        for row in rows:
+            out += await _demo(env_config, row, eos)
+        return out
+
+    return asyncio.run(all_demos())
