@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dynamo_rl import keys
-from dynamo_rl.codec import CODEC_VERSION, Response, TrajectoryGroup
+from dynamo_rl.codec import CODEC_VERSION, Response, TrajectoryGroup, encode_entry
 from dynamo_rl.contracts.stream import (
     CONSUMER,
+    LEASE_KEEP_S,
     TrajectoryReader,
     TrajectoryWriter,
     lag_from_groups,
@@ -327,3 +328,125 @@ def test_claim_takes_every_lapsed_lease_past_fresh_and_unreadable_ones(
     assert sync.get(keys.lease_key(NS, "garbled")) is None
     garbled = keys.lease_key(NS, "garbled")
     assert [r.getMessage() for r in caplog.records] == [f"dropped an unreadable lease {garbled}"]
+
+
+def test_setup_on_a_namespace_without_a_stream_creates_it_and_the_group(redis_url: str) -> None:
+    """A learner may start before any worker pushed: setup makes the stream and its group."""
+    client = sync_client(redis_url)
+    reader = TrajectoryReader(client, NS)
+    assert reader.setup() == 0
+    assert client.exists(keys.trajectory_stream(NS)) == 1
+    names = [g["name"].decode() for g in client.xinfo_groups(keys.trajectory_stream(NS))]
+    assert names == [keys.learner_group(NS)]
+    assert TrajectoryReader(client, NS).setup() == 0  # the group exists already: no error
+    ids = run(redis_url, lambda c: writer(c).push([group("p0")], "w0:s:0"))
+    assert [e.entry_id for e in reader.read(2, block_ms=100)] == ids  # from the first entry on
+    client.close()
+
+
+def test_setup_reclaims_and_acknowledges_more_entries_than_one_page_or_one_batch(
+    redis_url: str,
+) -> None:
+    """1200 pending entries: XAUTOCLAIM pages of 512 resumed where the last one stopped, and an
+    acknowledgement of 1100 ids in XACK batches of 1000 that leaves none out."""
+    client = sync_client(redis_url)
+    stream = keys.trajectory_stream(NS)
+    pipe = client.pipeline(transaction=False)
+    for i in range(1200):
+        pipe.xadd(stream, encode_entry(group(f"p{i}")))
+    ids = [i.decode() for i in pipe.execute()]
+    first = TrajectoryReader(client, NS)
+    first.setup()
+    assert len(first.read(1200, block_ms=100)) == 1200
+    # Crash; the checkpoint holds the steps that used the first 1100.
+    second = TrajectoryReader(client, NS)
+    assert second.setup(committed=ids[:1100]) == 100
+    assert second.pending_count() == 100
+    again = second.read(200, block_ms=50)
+    assert [e.entry_id for e in again] == ids[1100:]  # each once, in order
+    second.ack(ids)  # all 1200 again: 1000 + 200, the acknowledged ones are no-ops
+    assert second.pending_count() == 0
+    client.close()
+
+
+def test_setup_drops_pending_entries_deleted_from_the_stream(redis_url: str) -> None:
+    """Entries read, then deleted (trimmed) before a restart: XAUTOCLAIM reports their ids,
+    nothing is retrained from them and they leave the pending list."""
+    ids = run(redis_url, lambda c: writer(c).push([group(f"p{i}") for i in range(5)], "w0:s:0"))
+    client = sync_client(redis_url)
+    first = TrajectoryReader(client, NS)
+    first.setup()
+    assert len(first.read(5, block_ms=100)) == 5
+    client.xdel(keys.trajectory_stream(NS), ids[1], ids[3])
+    second = TrajectoryReader(client, NS)
+    assert second.setup() == 3
+    assert [e.entry_id for e in second.read(5, block_ms=50)] == [ids[0], ids[2], ids[4]]
+    assert second.pending_count() == 3
+    client.close()
+
+
+def test_a_reader_dead_letter_carries_id_reason_payload_and_time(
+    redis_url: str, caplog: Any
+) -> None:
+    """Every field of the learner's dead letters, from a bytes-keyed and a str-keyed client."""
+    import redis
+
+    client = sync_client(redis_url)
+    stream = keys.trajectory_stream(NS)
+    no_g = client.xadd(stream, {b"v": CODEC_VERSION}).decode()
+    text_g = client.xadd(stream, {b"v": CODEC_VERSION, b"g": b"plain text"}).decode()
+    before = time.time()
+    with caplog.at_level("WARNING", logger="dynamo_rl.contracts.stream"):
+        reader = TrajectoryReader(client, NS)
+        reader.setup()
+        assert reader.read(5, block_ms=100) == []
+        # A client that decodes replies hands the reader str keys and a str payload.
+        decoding = redis.Redis.from_url(redis_url, decode_responses=True)
+        text_g2 = decoding.xadd(stream, {"v": CODEC_VERSION.decode(), "g": "more text"})
+        assert TrajectoryReader(decoding, NS).read(5, block_ms=100) == []
+        decoding.close()
+    after = time.time()
+    letters = client.xrange(keys.dead_letter_stream(NS))
+    assert [f[b"id"].decode() for _id, f in letters] == [no_g, text_g, text_g2]
+    for _id, fields in letters:
+        assert set(fields) == {b"id", b"reason", b"payload", b"time_unix"}
+        assert before <= float(fields[b"time_unix"]) <= after
+    assert [f[b"payload"] for _id, f in letters] == [b"", b"plain text", b"more text"]
+    reasons = [f[b"reason"].decode() for _id, f in letters]
+    assert "no 'g' field" in reasons[0] and "must be bytes" in reasons[2]
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged == [
+        f"entry {eid} sent to the dead-letter stream: {why}"
+        for eid, why in zip([no_g, text_g, text_g2], reasons, strict=True)
+    ]
+    assert reader.pending_count() == 0
+    client.close()
+
+
+def test_lag_is_the_learner_groups_even_when_another_group_is_listed_first(
+    redis_url: str,
+) -> None:
+    run(redis_url, lambda c: writer(c).push([group(f"p{i}") for i in range(4)], "w0:s:0"))
+    client = sync_client(redis_url)
+    stream = keys.trajectory_stream(NS)
+    reader = TrajectoryReader(client, NS)
+    reader.setup()
+    reader.read(1, block_ms=100)
+    client.xgroup_create(stream, "audit", id="0")  # an operator's group, nothing read
+    groups = client.xinfo_groups(stream)
+    assert [g["name"].decode() for g in groups] == ["audit", reader.group]  # listed first
+    assert lag_from_groups(groups, reader.group) == 3
+    assert reader.lag() == 3 and lag_and_pending(redis_url) == (3, 1)
+    client.close()
+
+
+def test_a_lease_is_kept_in_redis_a_day_past_its_expiry_then_dropped(redis_url: str) -> None:
+    """The lease key's own TTL: long enough to stay claimable, finite so a dead worker's lease
+    does not stay forever."""
+
+    async def scenario(c: Any) -> int:
+        await writer(c, "wt").hold_lease(["p1"], "wt:s:0", ttl_s=30)
+        return int(await c.ttl(keys.lease_key(NS, "wt")))
+
+    ttl = run(redis_url, scenario)
+    assert 30 + LEASE_KEEP_S - 5 <= ttl <= 30 + LEASE_KEEP_S
