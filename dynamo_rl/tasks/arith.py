@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dynamo_rl.tasks import reference_answer, task_row, write_splits
+
 DATA_SOURCE = "arith"
 
 
@@ -60,25 +62,6 @@ TIERS: tuple[Tier, ...] = (
     Tier("hard", 0.15, _sum(10, 99, 10, 99)),
     Tier("hopeless", 0.10, _product),
 )
-
-
-def reference_answer(value: int) -> str:
-    return f"\\boxed{{{value}}}"
-
-
-def _row(question: str, value: int, tier: str, split: str, index: int) -> dict:
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": question}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(value)},
-        "extra_info": {
-            "index": index,
-            "split": split,
-            "tier": tier,
-            "answer": reference_answer(value),
-        },
-    }
 
 
 def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -124,8 +107,14 @@ def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
     rng.shuffle(train)
     rng.shuffle(test)
     return (
-        [_row(r["q"], r["v"], r["tier"], "train", i) for i, r in enumerate(train[:n_train])],
-        [_row(r["q"], r["v"], r["tier"], "test", i) for i, r in enumerate(test[:n_test])],
+        [
+            task_row(DATA_SOURCE, r["q"], r["v"], r["tier"], "train", i)
+            for i, r in enumerate(train[:n_train])
+        ],
+        [
+            task_row(DATA_SOURCE, r["q"], r["v"], r["tier"], "test", i)
+            for i, r in enumerate(test[:n_test])
+        ],
     )
 
 
@@ -175,18 +164,7 @@ def write_task(
     out_dir: str | Path, n_train: int = 4000, n_test: int = 1000, seed: int = 0
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``test.parquet`` into ``out_dir``; returns their paths."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    train, test = generate_rows(n_train, n_test, seed)
-    paths = {}
-    for name, rows in (("train", train), ("test", test)):
-        path = out / f"{name}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), path)
-        paths[name] = path
-    return paths
+    return write_splits(out_dir, *generate_rows(n_train, n_test, seed))
 
 
 # --- preference pairs (the learner's dpo mode) ------------------------------------------------

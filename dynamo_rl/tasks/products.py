@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynamo_rl.tasks import task_row, write_splits
+
 DATA_SOURCE = "products"
 LEFT_DIGITS = 4
 RIGHT_DIGITS = 3
@@ -39,31 +41,12 @@ EOS_TEXT = "<eos>"
 it back as that one token, so a demonstration's prompt can hold the end of an earlier turn."""
 
 
-def reference_answer(value: int) -> str:
-    return f"\\boxed{{{value}}}"
-
-
 def _question(rng: random.Random) -> tuple[str, int, str]:
     while True:
         a = rng.randint(10 ** (LEFT_DIGITS - 1), 10**LEFT_DIGITS - 1)
         b = rng.randint(10 ** (RIGHT_DIGITS - 1), 10**RIGHT_DIGITS - 1)
         if len(str(a * b)) == PRODUCT_DIGITS:
             return f"{a}*{b}=", a * b, f"{LEFT_DIGITS}x{RIGHT_DIGITS}"
-
-
-def _row(question: str, value: int, tier: str, split: str, index: int) -> dict:
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": question}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(value)},
-        "extra_info": {
-            "index": index,
-            "split": split,
-            "tier": tier,
-            "answer": reference_answer(value),
-        },
-    }
 
 
 def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -77,8 +60,10 @@ def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
         if q[0] not in seen:
             seen.add(q[0])
             drawn.append(q)
-    test = [_row(q, v, t, "test", i) for i, (q, v, t) in enumerate(drawn[:n_test])]
-    train = [_row(q, v, t, "train", i) for i, (q, v, t) in enumerate(drawn[n_test:])]
+    test = [task_row(DATA_SOURCE, q, v, t, "test", i) for i, (q, v, t) in enumerate(drawn[:n_test])]
+    train = [
+        task_row(DATA_SOURCE, q, v, t, "train", i) for i, (q, v, t) in enumerate(drawn[n_test:])
+    ]
     return train, test
 
 
@@ -86,18 +71,7 @@ def write_task(
     out_dir: str | Path, n_train: int = 3000, n_test: int = 1000, seed: int = 0
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``test.parquet`` into ``out_dir``; returns their paths."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    train, test = generate_rows(n_train, n_test, seed)
-    paths = {}
-    for name, rows in (("train", train), ("test", test)):
-        path = out / f"{name}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), path)
-        paths[name] = path
-    return paths
+    return write_splits(out_dir, *generate_rows(n_train, n_test, seed))
 
 
 # --- the tool recipe's demonstrations -----------------------------------------------------------
