@@ -463,29 +463,9 @@ class RolloutWorker:
                     )
                 )
             reported = [s.weight_version for s in group if s.weight_version is not None]
-            groups.append(
-                TrajectoryGroup(
-                    prompt_id=r.prompt_id,
-                    prompt_token_ids=tokens,
-                    responses=responses,
-                    weight_version=min(reported) if reported else engine_version,
-                    sampling=SamplingParams(
-                        temperature=self.sampling.temperature,
-                        top_p=self.sampling.top_p,
-                        top_k=self.sampling.top_k,
-                        max_tokens=self.sampling.max_tokens,
-                        seed=self.sampling.seed,  # None: absent, so 0 stays a seed
-                    ),
-                    data_source=r.data_source,
-                    namespace=self.namespace,
-                    prompt_text=text,
-                    timing=Timing(created_unix=created, generate_s=generate_s, verify_s=verify_s),
-                    worker_id=self.worker_id,
-                    allocated_n=count,
-                    priority=priority,
-                    batch_id=batch_id,
-                )
-            )
+            groups.append(self._group(r, tokens, text, responses, reported, engine_version,
+                                      count, priority, batch_id, Timing(created_unix=created,
+                                      generate_s=generate_s, verify_s=verify_s)))  # fmt: skip
             outcomes.append((r.prompt_id, len(group), sum(resp.correct for resp in responses)))
 
         t_push = time.monotonic()
@@ -620,29 +600,10 @@ class RolloutWorker:
             if not responses:
                 continue
             reported = [t.weight_version for e in group for t in e.turns if t.weight_version]
-            groups.append(
-                TrajectoryGroup(
-                    prompt_id=r.prompt_id,
-                    prompt_token_ids=group[0].segments[0].prompt_ids,
-                    responses=responses,
-                    weight_version=min(reported) if reported else engine_version,
-                    sampling=SamplingParams(
-                        temperature=self.sampling.temperature,
-                        top_p=self.sampling.top_p,
-                        top_k=self.sampling.top_k,
-                        max_tokens=self.sampling.max_tokens,
-                        seed=self.sampling.seed,
-                    ),
-                    data_source=r.data_source,
-                    namespace=self.namespace,
-                    prompt_text=text,
-                    timing=Timing(created_unix=created, generate_s=generate_s, verify_s=verify_s),
-                    worker_id=self.worker_id,
-                    allocated_n=count,
-                    priority=priority,
-                    batch_id=batch_id,
-                )
-            )
+            groups.append(self._group(r, group[0].segments[0].prompt_ids, text, responses,
+                                      reported, engine_version, count, priority, batch_id,
+                                      Timing(created_unix=created, generate_s=generate_s,
+                                             verify_s=verify_s)))  # fmt: skip
             # DynaMO counts episodes: n episodes, successes = correct outcomes (forks add
             # training samples, not attempts).
             successes = sum(res.correct for res in verdicts[p])
@@ -666,6 +627,33 @@ class RolloutWorker:
             sum(rewards) / len(rewards) if rewards else 0.0,
         )  # fmt: skip
         return BatchResult(batch_index, groups, entry_ids, fallback)
+
+    def _group(self, r: PromptRecord, prompt_token_ids: Sequence[int], text: str,
+               responses: list[Response], reported: list[int], engine_version: int, count: int,
+               priority: float, batch_id: str, timing: Timing) -> TrajectoryGroup:  # fmt: skip
+        """One prompt's group for the stream, stamped with the oldest weight version its samples
+        report (``reported``; the engine's when none does), so staleness is never understated."""
+        return TrajectoryGroup(
+            prompt_id=r.prompt_id,
+            prompt_token_ids=prompt_token_ids,
+            responses=responses,
+            weight_version=min(reported) if reported else engine_version,
+            sampling=SamplingParams(
+                temperature=self.sampling.temperature,
+                top_p=self.sampling.top_p,
+                top_k=self.sampling.top_k,
+                max_tokens=self.sampling.max_tokens,
+                seed=self.sampling.seed,  # None: absent, so 0 stays a seed
+            ),
+            data_source=r.data_source,
+            namespace=self.namespace,
+            prompt_text=text,
+            timing=timing,
+            worker_id=self.worker_id,
+            allocated_n=count,
+            priority=priority,
+            batch_id=batch_id,
+        )
 
     def _batch_metrics(self, groups: Sequence[TrajectoryGroup], responses: int,
                        rewards: list[float], corrects: int, n_tokens: int,
