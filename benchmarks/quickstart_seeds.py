@@ -10,7 +10,8 @@ seed, through the real services, and its held-out accuracy before and after RL.
 Each run goes to ``<runs>/<method>-seed<N>`` with ``up``'s output in ``up.log`` there; a run whose
 ``summary.json`` exists is read, not run again (so an interrupted sweep continues). Written to
 ``--out`` (default ``benchmarks/results/quickstart_seeds.json``; with ``--quick``,
-``/tmp/quickstart_seeds_quick.json``): per seed the accuracies and the gain in points, the
+``/tmp/quickstart_seeds_quick.json``), with a plot beside it (same name, ``.png``; ``--compare
+FILE`` draws an earlier result file next to it): per seed the accuracies and the gain in points, the
 warm start's steps and its per-tier check (greedy accuracy on held-out train rows), the wall time
 of the whole run and of its stages (from ``up``'s timestamps), and the load average while it ran;
 then the range of the gains. Runs through the services are not bit-reproducible: which rollouts
@@ -86,7 +87,8 @@ def warm_start_check(run_dir: Path) -> dict:
             seen.add(r["step"])
             tiers = {k.split("/", 1)[1]: round(v, 3) for k, v in r.items()
                      if k.startswith("eval_exact/")}  # fmt: skip
-            checks.append({"step": r["step"], "greedy_accuracy": tiers})
+            checks.append({"step": r["step"], "exact": round(r["eval_exact"], 3),
+                           "greedy_accuracy": tiers})  # fmt: skip
     return {"steps": steps, "checks": checks}
 
 
@@ -146,6 +148,34 @@ def sweep(seeds: list[int], method: str, runs: Path, jobs: int, quick: bool) -> 
     return [result_of(run_dir_of(runs, method, s), method, s, load[s]) for s in seeds]
 
 
+def plot(sets: list[tuple[str, dict]], path: Path) -> None:
+    """Held-out accuracy before and after RL per seed, for each (label, result document)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    width = 0.8 / len(sets)
+    for j, (name, d) in enumerate(sets):
+        for r in d["runs"]:
+            x = r["seed"] + (j - (len(sets) - 1) / 2) * width
+            before, after = 100 * r["accuracy_before"], 100 * r["accuracy_after"]
+            color = f"C{j}"
+            ax.bar(x, after - before, width * 0.9, bottom=before, color=color, alpha=0.8,
+                   label=f"{name}: RL's gain" if r is d["runs"][0] else None)  # fmt: skip
+            ax.plot([x - width * 0.45, x + width * 0.45], [before] * 2, color="k", lw=1)
+            ax.annotate(f"{after - before:+.1f}", (x, after), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(sorted({r["seed"] for _, d in sets for r in d["runs"]}))
+    ax.set_xlabel("run.seed (black line: before RL, top of the bar: after)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title("The quickstart through dynamo-rl up, per seed")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", default="0,1,2,3,4", help="run.seed values (default 0,1,2,3,4)")
@@ -154,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default="runs/quickstart-seeds", help="folder of the run folders")
     p.add_argument("--out", help="result JSON (see above for the default)")
     p.add_argument("--quick", action="store_true", help="tiny smoke settings")
+    p.add_argument("--compare", metavar="JSON",
+                   help="an earlier result file drawn beside this one in the plot")  # fmt: skip
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     default_out = "/tmp/quickstart_seeds_quick.json" if args.quick else (
@@ -184,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(out)
+    sets = [(out.stem, doc)]
+    if args.compare:
+        sets.append((Path(args.compare).stem, json.loads(Path(args.compare).read_text())))
+    plot(sets, out.with_suffix(".png"))
+    print(out, out.with_suffix(".png"))
     return 0
 
 

@@ -201,8 +201,7 @@ class Launcher:
         checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
                    "learner.data.group_key=extra_info.tier"]  # fmt: skip
         tiers = sorted({r["extra_info"]["tier"] for r in check})
-        steps = ws.steps
-        self.warm_start(init, sft, str(path), steps, (), checked)
+        steps = self.checked_warm_start(init, sft, str(path), (), checked)
         for extension in range(ws.max_extensions + 1):
             accuracy = self.tier_accuracy(sft, tiers)
             shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
@@ -251,8 +250,7 @@ class Launcher:
             pq.write_table(pa.Table.from_pylist(part), data / f"{name}.parquet")
         checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
                    "learner.data.group_key=extra_info.tier"]  # fmt: skip
-        steps = ws.steps
-        self.warm_start(init, sft, str(data / "warm_start.parquet"), steps, (), checked)
+        steps = self.checked_warm_start(init, sft, str(data / "warm_start.parquet"), (), checked)
         for extension in range(ws.max_extensions + 1):
             accuracy = self.tier_accuracy(sft, checked_tiers)
             shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
@@ -276,12 +274,35 @@ class Launcher:
             label = f" extended for {', '.join(weak)} (below {ws.min_tier_accuracy})"
             self.warm_start(init, sft, str(path), steps, (), checked, label)
 
+    def checked_warm_start(
+        self, init: Path, sft: Path, data: str, options: Sequence[str], checked: list[str]
+    ) -> int:
+        """The first warm-start call of a checked warm start: ``up.warm_start.steps``, or up to
+        them until the check reaches ``target_exact``. Returns the steps it trained."""
+        ws = self.cfg.up.warm_start
+        if ws.target_exact is None:
+            self.warm_start(init, sft, data, ws.steps, options, checked)
+            return ws.steps
+        target = [f"learner.data.stop_exact={ws.target_exact}",
+                  f"learner.data.eval_every={ws.check_every}"]  # fmt: skip
+        label = f" until the check's exact match reaches {ws.target_exact}, at most"
+        self.warm_start(init, sft, data, ws.steps, options, [*checked, *target], label)
+        last = self.last_check(sft)
+        self.say(f"warm start: {last['step']} steps, exact match "
+                 f"{last['eval_exact']:.3f} on the check (target {ws.target_exact})")  # fmt: skip
+        return int(last["step"])
+
+    @staticmethod
+    def last_check(sft: Path) -> dict:
+        """The sft run's last evaluation record."""
+        log = sft.with_name(sft.name + ".run") / "metrics.jsonl"
+        records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+        return [r for r in records if r.get("kind") == "eval"][-1]
+
     @staticmethod
     def tier_accuracy(sft: Path, tiers: list[str]) -> dict[str, float]:
         """Per-tier greedy accuracy of the sft run's last evaluation (its ``eval_exact/<tier>``)."""
-        log = sft.with_name(sft.name + ".run") / "metrics.jsonl"
-        records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-        last = [r for r in records if r.get("kind") == "eval"][-1]
+        last = Launcher.last_check(sft)
         return {t: float(last.get(f"eval_exact/{t}", 0.0)) for t in tiers}
 
     def resolve(self, dataset: str, model: str) -> ExperimentConfig:

@@ -12,7 +12,8 @@ auto-resume, the Hugging Face export and the step log are the RL mode's. What th
 - losses normalised by the whole batch (tokens for sft, pairs for dpo) and scaled by the world
   size (FSDP averages gradients), so ranks and micro-batches add up to the full-batch loss;
 - an evaluation on ``learner.data.eval_path`` before training, every ``eval_every`` steps and at the
-  end (``"kind": "eval"`` records in ``metrics.jsonl``);
+  end (``"kind": "eval"`` records in ``metrics.jsonl``); sft stops early at the first one whose
+  ``eval_exact`` reaches ``learner.data.stop_exact`` (the warm start's target);
 - no weight push: there are no engines to feed.
 
 sft loss: mean negative log-likelihood of the response tokens (answer + EOS) over the batch's
@@ -134,11 +135,17 @@ class OfflineTrainer(Trainer):
     # --- the loop ----------------------------------------------------------------------------
 
     def next_batch(self) -> dict[str, Any] | None:
-        every = self.lc.data.eval_every
+        every, target = self.lc.data.eval_every, self.lc.data.stop_exact
         if self.eval_examples and (
             self.last_eval_step is None or (every and self.step % every == 0)
         ):
-            self.evaluate()
+            exact = self.evaluate().get("eval_exact")
+            # Every rank reads the same all-reduced figure, so they stop at the same step.
+            if target is not None and exact is not None and exact >= target:
+                if self.env.is_main:
+                    log.info("eval_exact %.4f reached learner.data.stop_exact %.4f at step %d: "
+                             "stopping", exact, target, self.step)  # fmt: skip
+                return None
         end = self.max_position
         size = self.lc.train_batch_size
         if end is not None:

@@ -285,6 +285,9 @@ class DataConfig(Section):
     """Held-out rows evaluated before training, every ``eval_every`` steps and at the end."""
     eval_every: Annotated[int, Field(ge=0)] = 0
     """Evaluate every this many steps (besides before and after); 0: only before and after."""
+    stop_exact: Fraction | None = None
+    """sft: stop at the first evaluation whose ``eval_exact`` reaches this (``learner.max_steps``
+    is then the most it trains); null: train to max_steps. Needs ``eval_path``."""
     prompt_key: str = "prompt"
     """Field holding the prompt (text or chat messages)."""
     response_key: str | None = None
@@ -440,6 +443,12 @@ class LearnerConfig(Section):
             raise ValueError(
                 f"learner.mini_batch_size ({mini}) must be <= learner.train_batch_size "
                 f"({self.train_batch_size})"
+            )
+        if self.data.stop_exact is not None and (self.mode == "dpo" or not self.data.eval_path):
+            raise ValueError(
+                "learner.data.stop_exact applies to learner.mode 'sft' with "
+                f"learner.data.eval_path set (the rows whose exact match it reads); got mode "
+                f"{self.mode!r}, eval_path {self.data.eval_path!r}"
             )
         cosine = self.optim.schedule == "cosine"
         if cosine and self.optim.total_steps is None and self.max_steps is None:

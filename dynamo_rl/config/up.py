@@ -61,6 +61,13 @@ class WarmStartConfig(Section):
     match per tier, ``eval_exact/<tier>`` of the sft run); 0: no check (the quickstart: 64). On
     ``products``: that many train questions after the warm start's ``rows`` (their
     demonstrations, when ``demos: tool_calls``)."""
+    target_exact: Annotated[float, Field(ge=0, le=1)] | None = None
+    """With ``check_rows``: the warm start stops at the first check (every ``check_every``
+    steps) whose greedy exact match over all checked rows reaches this, so ``steps`` is the most
+    it runs; null: it runs ``steps``. A fixed step count leaves seeds anywhere from barely
+    started to well learned; a target stops each at the same skill."""
+    check_every: Annotated[int, Field(ge=1)] = 50
+    """Steps between checks while ``target_exact`` is set."""
     min_tier_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.1
     """A tier whose checked greedy accuracy is below this is not learned: the warm start goes on
     for ``extend_steps`` more steps with half of each batch from the tiers not learned."""
@@ -74,6 +81,15 @@ class WarmStartConfig(Section):
     (``tool_calls``; needs ``rollout.prompt_template: raw``)."""
     rows: Annotated[int, Field(ge=0)] = 0
     """``products`` task: train questions the warm start sees (the first ones; 0: all)."""
+
+    @model_validator(mode="after")
+    def _target_needs_check(self) -> WarmStartConfig:
+        if self.target_exact is not None and not self.check_rows:
+            raise ValueError(
+                "up.warm_start.target_exact needs up.warm_start.check_rows > 0 (the held-out "
+                "rows it is checked on)"
+            )
+        return self
 
 
 class EvalConfig(Section):

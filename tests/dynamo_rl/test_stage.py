@@ -22,6 +22,9 @@ SMALL = [
     "up.tiny_model.num_kv_heads=1",
     "up.warm_start.steps=2",
     "up.warm_start.batch_size=8",
+    # Unchecked: 2 steps learn no tier.
+    "up.warm_start.check_rows=0",
+    "up.warm_start.target_exact=null",
 ]
 
 

@@ -153,6 +153,31 @@ def test_sft_command_writes_the_hf_model_to_out(
     assert bad.returncode == 2 and "learner.data.path: no such file" in bad.stderr
 
 
+def test_sft_stops_at_the_first_evaluation_reaching_stop_exact(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    # Four rows to memorise, evaluated on themselves every 5 steps: exact match climbs from 0 to 1
+    # well before max_steps, and the run must end at the first evaluation at or past the target.
+    rows = [{"prompt": f"{a}+{a}=", "extra_info": {"answer": f"\\boxed{{{2 * a}}}"}}
+            for a in (1, 2, 3, 4)]  # fmt: skip
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    out, target, max_steps = tmp_path / "sft", 0.5, 400
+    run([sys.executable, "-m", "dynamo_rl.cli", "sft", "--model", str(tiny_model),
+         "--data", str(data), "--out", str(out), "--steps", str(max_steps), "--lr", "0.003",
+         "--batch-size", "4", f"learner.data.eval_path={data}", "learner.data.eval_every=5",
+         f"learner.data.stop_exact={target}"],
+        tmp_path / "sft.log")  # fmt: skip
+    evals = eval_records(tmp_path / "sft.run")
+    assert [e["step"] for e in evals] == list(range(0, 5 * len(evals), 5))
+    assert all(e["eval_exact"] < target for e in evals[:-1]), evals
+    assert evals[-1]["eval_exact"] >= target
+    stop = evals[-1]["step"]
+    assert 0 < stop < max_steps
+    assert train_records(tmp_path / "sft.run")[-1]["step"] == stop
+    assert (out / "model.safetensors").is_file()
+
+
 def test_dpo_two_ranks_lifts_reward_accuracy_on_held_out_pairs(tmp_path: Path) -> None:
     # The pipeline the docs show: a short supervised warm start on the medium tier (one
     # process, the sft command), then DPO on 2 ranks against it on arith preference pairs whose

@@ -71,6 +71,12 @@ MISTAKES: list[tuple[str, str, list[str], str]] = [
     ("up.tiny_model.num_kv_heads", "up: {tiny_model: {num_heads: 4, num_kv_heads: 3}}", [],
      r"up\.tiny_model\.num_kv_heads"),
     ("up.health_timeout_s", "up: {health_timeout_s: -1}", [], r"up\.health_timeout_s"),
+    ("up.warm_start.target_exact", "up: {warm_start: {check_rows: 0, target_exact: 0.5}}", [],
+     r"up\.warm_start\.target_exact needs up\.warm_start\.check_rows"),
+    ("learner.data.stop_exact", "learner: {data: {stop_exact: 0.5}}", [],
+     r"learner\.data\.stop_exact .*eval_path"),
+    ("learner.data.stop_exact-dpo", "learner: {mode: dpo, data: {stop_exact: 0.5, path: t.parquet, "
+     "eval_path: e.parquet}}", [], r"learner\.data\.stop_exact .*got mode 'dpo'"),
     ("override-unknown", "", ["learner.lrr=1"], r"learner\.lrr: unknown key"),
     ("override-no-equals", "", ["learner.lr"], r"expected KEY=VALUE"),
     ("override-bad-value", "", ["allocator.n_max=many"], r"allocator\.n_max"),
