@@ -9,7 +9,9 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    some problems but not all; with ``rollout.dataset`` set, on that dataset's reference responses
    (``extra_info.answer``, which ``dynamo-rl data`` writes). On the built-in task, with
    ``up.warm_start.check_rows``, that many train rows per tier are held out of the warm start and
-   checked after it (greedy accuracy per tier, the sft run's ``eval_exact/<tier>``); a tier below
+   checked after it (greedy accuracy per tier, the sft run's ``eval_exact/<tier>``; with
+   ``target_exact`` also every ``check_every`` steps, the warm start stopping at the first check
+   whose exact match over all of them reaches it, ``steps`` then being the most); a tier below
    ``min_tier_accuracy`` extends the same run by ``extend_steps`` with half of each batch from
    the tiers not learned, at most ``max_extensions`` times, then the run stops with an error
    naming them. On the ``products`` task (the agent recipe) the warm start sees the first
@@ -201,7 +203,7 @@ class Launcher:
         checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
                    "learner.data.group_key=extra_info.tier"]  # fmt: skip
         tiers = sorted({r["extra_info"]["tier"] for r in check})
-        steps = self.checked_warm_start(init, sft, str(path), (), checked)
+        steps = self.checked_warm_start(init, sft, str(path), checked)
         for extension in range(ws.max_extensions + 1):
             accuracy = self.tier_accuracy(sft, tiers)
             shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
@@ -250,7 +252,7 @@ class Launcher:
             pq.write_table(pa.Table.from_pylist(part), data / f"{name}.parquet")
         checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
                    "learner.data.group_key=extra_info.tier"]  # fmt: skip
-        steps = self.checked_warm_start(init, sft, str(data / "warm_start.parquet"), (), checked)
+        steps = self.checked_warm_start(init, sft, str(data / "warm_start.parquet"), checked)
         for extension in range(ws.max_extensions + 1):
             accuracy = self.tier_accuracy(sft, checked_tiers)
             shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
@@ -274,19 +276,17 @@ class Launcher:
             label = f" extended for {', '.join(weak)} (below {ws.min_tier_accuracy})"
             self.warm_start(init, sft, str(path), steps, (), checked, label)
 
-    def checked_warm_start(
-        self, init: Path, sft: Path, data: str, options: Sequence[str], checked: list[str]
-    ) -> int:
+    def checked_warm_start(self, init: Path, sft: Path, data: str, checked: list[str]) -> int:
         """The first warm-start call of a checked warm start: ``up.warm_start.steps``, or up to
         them until the check reaches ``target_exact``. Returns the steps it trained."""
         ws = self.cfg.up.warm_start
         if ws.target_exact is None:
-            self.warm_start(init, sft, data, ws.steps, options, checked)
+            self.warm_start(init, sft, data, ws.steps, (), checked)
             return ws.steps
         target = [f"learner.data.stop_exact={ws.target_exact}",
                   f"learner.data.eval_every={ws.check_every}"]  # fmt: skip
         label = f" until the check's exact match reaches {ws.target_exact}, at most"
-        self.warm_start(init, sft, data, ws.steps, options, [*checked, *target], label)
+        self.warm_start(init, sft, data, ws.steps, (), [*checked, *target], label)
         last = self.last_check(sft)
         self.say(f"warm start: {last['step']} steps, exact match "
                  f"{last['eval_exact']:.3f} on the check (target {ws.target_exact})")  # fmt: skip

@@ -58,7 +58,7 @@ class WarmStartConfig(Section):
     most from; without it they stay at 0% and RL has nothing to go on there."""
     check_rows: Annotated[int, Field(ge=0)] = 0
     """Built-in task: train rows per tier held out of the warm start to check it (greedy exact
-    match per tier, ``eval_exact/<tier>`` of the sft run); 0: no check (the quickstart: 64). On
+    match per tier, ``eval_exact/<tier>`` of the sft run); 0: no check (the quickstart: 32). On
     ``products``: that many train questions after the warm start's ``rows`` (their
     demonstrations, when ``demos: tool_calls``)."""
     target_exact: Annotated[float, Field(ge=0, le=1)] | None = None
