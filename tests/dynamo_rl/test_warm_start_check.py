@@ -15,21 +15,29 @@ from tests.conftest import REPO, dynamo_rl_argv
 TIERS = ["easy", "medium", "medium-rev", "medium-sub", "hard"]
 
 
-@pytest.mark.slow
-def test_unlearned_tiers_extend_the_warm_start_then_stop_the_run(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    # 10 steps of a tiny model learn nothing exactly: every tier is below 0.5, so the warm start
-    # is extended once (3 more steps, resumed) and then the run stops naming the keys.
+def up_stopped_by_the_check(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """The quickstart shrunk to a 10-step warm start checked on 8 rows per tier, whose tiers
+    (below 0.5) get one 3-step extension and then stop the run (exit 1)."""
     argv = dynamo_rl_argv(
         "up", "--config", str(REPO / "configs" / "quickstart.yaml"), f"run.dir={run_dir}",
         "up.task_train=300", "up.task_test=16", "up.tiny_model.hidden_size=32",
         "up.tiny_model.num_heads=2", "up.tiny_model.num_kv_heads=1", "up.warm_start.steps=10",
         "up.warm_start.batch_size=16", "up.warm_start.check_rows=8",
         "up.warm_start.min_tier_accuracy=0.5", "up.warm_start.max_extensions=1",
-        "up.warm_start.extend_steps=3",
+        "up.warm_start.extend_steps=3", *overrides,
     )  # fmt: skip
     r = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=REPO, check=False)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.slow
+def test_unlearned_tiers_extend_the_warm_start_then_stop_the_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # 10 steps of a tiny model learn nothing exactly: every tier is below 0.5, so the warm start
+    # is extended once (3 more steps, resumed) and then the run stops naming the keys.
+    r = up_stopped_by_the_check(run_dir, "up.warm_start.target_exact=null")
+    assert "supervised warm start: 10 steps on" in r.stdout  # no target: the steps as given
     data = run_dir / "data"
     check = pq.read_table(data / "warm_check.parquet").to_pylist()
     train = pq.read_table(data / "warm_start.parquet").to_pylist()
@@ -58,17 +66,9 @@ def test_a_reached_target_stops_the_warm_start_and_extensions_count_from_there(
     # target_exact 0: the check before any step already reaches it, so the warm start trains 0 of
     # its 10 steps; the tiers are then below 0.5, and the one extension trains 3 steps from there
     # (not from the 10 the config allowed).
-    argv = dynamo_rl_argv(
-        "up", "--config", str(REPO / "configs" / "quickstart.yaml"), f"run.dir={run_dir}",
-        "up.task_train=300", "up.task_test=16", "up.tiny_model.hidden_size=32",
-        "up.tiny_model.num_heads=2", "up.tiny_model.num_kv_heads=1", "up.warm_start.steps=10",
-        "up.warm_start.batch_size=16", "up.warm_start.check_rows=8",
-        "up.warm_start.target_exact=0", "up.warm_start.check_every=5",
-        "up.warm_start.min_tier_accuracy=0.5", "up.warm_start.max_extensions=1",
-        "up.warm_start.extend_steps=3",
-    )  # fmt: skip
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=REPO, check=False)
-    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    r = up_stopped_by_the_check(
+        run_dir, "up.warm_start.target_exact=0", "up.warm_start.check_every=5"
+    )
     assert "until the check's exact match reaches 0.0, at most: 10 steps" in r.stdout
     assert "warm start: 0 steps, exact match 0.000 on the check (target 0.0)" in r.stdout
     assert "(below 0.5): 3 steps" in r.stdout
