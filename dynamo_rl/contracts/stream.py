@@ -33,6 +33,9 @@ id over at-least-once delivery):
   entries — so a restarted learner rebuilds the very batches it lost.
 - :meth:`~TrajectoryReader.read` reads as consumer :data:`CONSUMER`; :meth:`~TrajectoryReader.ack`
   is called only once the checkpoint containing the step that used an entry has been written.
+  A read's reply lost with a dropped connection leaves entries pending that the reader never
+  saw: before each read it compares the group's pending count with the entries it holds, and
+  claims any others back (``XCLAIM``) to train them first.
 - An entry that cannot be trained on (it does not decode, a token id outside the vocabulary,
   longer than ``max_seq_len``) goes to ``dead_letter_stream(ns)`` (fields ``id``, ``reason``,
   ``payload``, ``time_unix``) and is acknowledged at once: never retried, never a crash.
@@ -304,6 +307,10 @@ class TrajectoryReader:
         self.max_seq_len = max_seq_len
         self.on_dead_letter = on_dead_letter
         self.backlog: deque[StreamEntry] = deque()
+        # Pending entries this reader knows of: in the backlog or handed out by read(), not
+        # acknowledged yet. Any other pending entry was delivered to a read whose reply never
+        # arrived (see read()).
+        self.held: set[str] = set()
 
     def setup(self, committed: Iterable[str] = ()) -> int:
         """Create the group if needed and reclaim pending entries; returns how many will be
@@ -336,6 +343,7 @@ class TrajectoryReader:
                 entry = self._decode(eid, fields)
                 if entry is not None:
                     self.backlog.append(entry)
+        self.held = {e.entry_id for e in self.backlog}
         if reclaimed:
             log.info(
                 "reclaimed %d pending entries: %d already trained (acknowledged), %d to train",
@@ -346,8 +354,9 @@ class TrajectoryReader:
         return len(self.backlog)
 
     def read(self, count: int, block_ms: int) -> list[StreamEntry]:
-        """Up to ``count`` trainable entries: the reclaimed backlog first, then new ones (waiting
-        at most ``block_ms`` when there are none)."""
+        """Up to ``count`` trainable entries: the backlog first (reclaimed, or taken back from a
+        lost read), then new ones (waiting at most ``block_ms`` when there are none)."""
+        self._take_back_lost()
         out: list[StreamEntry] = []
         while self.backlog and len(out) < count:
             out.append(self.backlog.popleft())
@@ -361,13 +370,39 @@ class TrajectoryReader:
                 entry = self._decode(_str(eid), fields)
                 if entry is not None:
                     out.append(entry)
+                    self.held.add(entry.entry_id)
         return out
+
+    def _take_back_lost(self) -> None:
+        """Entries delivered to a read whose reply was lost, into the backlog.
+
+        A connection that drops while ``XREADGROUP`` waits (Redis restarting) can lose the reply
+        to a read Redis had already served: its entries are pending for :data:`CONSUMER`, and
+        the client repeats the read, which delivers newer ones. Nothing would train the lost ones until the
+        learner restarted, so whenever the group holds more pending entries than this reader
+        knows of, it claims the others back (in id order)."""
+        pending = int(self.client.xpending(self.stream, self.group)["pending"])
+        if pending <= len(self.held):
+            return
+        rows = self.client.xpending_range(self.stream, self.group, "-", "+", pending)
+        lost = [i for i in (_str(r["message_id"]) for r in rows) if i not in self.held]
+        if not lost:
+            return
+        # Redis 7 leaves out, and drops from the pending list, ids trimmed away meanwhile.
+        claimed = self.client.xclaim(self.stream, self.group, CONSUMER, 0, lost)
+        for eid, fields in claimed:
+            entry = self._decode(_str(eid), fields)
+            if entry is not None:
+                self.backlog.append(entry)
+                self.held.add(entry.entry_id)
+        log.warning("took back %d entries delivered to a read whose reply was lost", len(claimed))
 
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Acknowledge entries whose step is in a written checkpoint."""
         ids = list(entry_ids)
         for i in range(0, len(ids), 1000):
             self.client.xack(self.stream, self.group, *ids[i : i + 1000])
+        self.held.difference_update(ids)
 
     def pending_count(self) -> int:
         """Entries read and not acknowledged yet."""

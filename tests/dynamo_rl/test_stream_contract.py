@@ -450,3 +450,37 @@ def test_a_lease_is_kept_in_redis_a_day_past_its_expiry_then_dropped(redis_url: 
 
     ttl = run(redis_url, scenario)
     assert 30 + LEASE_KEEP_S - 5 <= ttl <= 30 + LEASE_KEEP_S
+
+
+def test_entries_of_a_read_whose_reply_was_lost_are_taken_back_once(redis_url: str) -> None:
+    """A connection dropped mid-XREADGROUP can lose a reply Redis had sent: the entries are
+    pending for the learner's consumer, which never saw them, and the repeated read delivers
+    newer ones. The reader trains the lost ones first, each once."""
+    ids = run(redis_url, lambda c: writer(c).push([group(f"p{i}") for i in range(5)], "w0:s:0"))
+    client = sync_client(redis_url)
+    stream, lgroup = keys.trajectory_stream(NS), keys.learner_group(NS)
+    reader = TrajectoryReader(client, NS)
+    reader.setup()
+    assert [e.entry_id for e in reader.read(1, block_ms=100)] == ids[:1]
+
+    def lose_a_read(count: int) -> None:  # what the lost reply had delivered
+        client.xreadgroup(lgroup, CONSUMER, {stream: ">"}, count=count)
+
+    lose_a_read(2)  # ids[1:3]
+    got = reader.read(10, block_ms=100)
+    assert [e.entry_id for e in got] == ids[1:]  # the lost two first, then the rest
+    assert reader.read(10, block_ms=50) == []  # nothing handed out twice
+    assert reader.pending_count() == 5
+    reader.ack(ids)
+    assert reader.pending_count() == 0
+    # After acknowledgements the reader still tells a lost read from what it holds.
+    more = run(redis_url, lambda c: writer(c).push([group("q0"), group("q1")], "w0:s:1"))
+    lose_a_read(1)
+    assert [e.entry_id for e in reader.read(10, block_ms=100)] == more
+    # A lost entry trimmed away before it was taken back: acknowledged, nothing to train.
+    last = run(redis_url, lambda c: writer(c).push([group("r0")], "w0:s:2"))
+    lose_a_read(1)
+    client.xdel(stream, *last)
+    assert reader.read(10, block_ms=50) == []
+    assert reader.pending_count() == 2  # more, not acknowledged yet
+    client.close()
