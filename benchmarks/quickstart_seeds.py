@@ -216,11 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(out)
     sets = [(out.stem, doc)]
     if args.compare:
         sets.append((Path(args.compare).stem, json.loads(Path(args.compare).read_text())))
-    plot(sets, out.with_suffix(".png"))
-    print(out, out.with_suffix(".png"))
+    try:
+        plot(sets, out.with_suffix(".png"))
+    except ModuleNotFoundError as e:  # the main job's environment has no matplotlib
+        print(f"no plot: {e.name} is not installed (bash scripts/setup.sh --dev installs it)")
+    else:
+        print(out.with_suffix(".png"))
     return 0
 
 

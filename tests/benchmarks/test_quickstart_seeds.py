@@ -4,6 +4,7 @@ form end to end through ``dynamo-rl up``."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,28 @@ def test_quick_sweep_runs_up_and_writes_the_gains(qs, tmp_path: Path) -> None:
     assert qs.main(["--quick", "--seeds", "3", "--runs", str(tmp_path / "runs"),
                     "--out", str(out)]) == 0  # fmt: skip
     assert (tmp_path / "runs" / "dynamo-seed3" / "summary.json").stat().st_mtime_ns == mtime
+
+
+def test_finished_runs_are_summed_up_and_plotted_or_the_plot_skipped(
+    qs, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    runs = tmp_path / "runs"
+    for seed, (before, after) in {0: (0.3, 0.45), 1: (0.4, 0.52)}.items():
+        run_dir = runs / f"dynamo-seed{seed}"
+        run_dir.mkdir(parents=True)
+        summary = {"accuracy_before": before, "accuracy_after": after, "wall_s": 300.0}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        (run_dir / "up.log").write_text(LOG)
+    out = tmp_path / "seeds.json"
+    assert qs.main(["--seeds", "0,1", "--runs", str(runs), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["gain_points"] for r in doc["runs"]] == [15.0, 12.0]
+    assert doc["gain_points"] == {"min": 12.0, "max": 15.0, "mean": 13.5}
+    assert out.with_suffix(".png").stat().st_size > 0
+    # Without matplotlib (the main job's environment) the figures are written, the plot skipped.
+    out.with_suffix(".png").unlink()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert qs.main(["--seeds", "0,1", "--runs", str(runs), "--out", str(out),
+                    "--compare", str(out)]) == 0  # fmt: skip
+    assert "no plot: matplotlib is not installed" in capsys.readouterr().out
+    assert not out.with_suffix(".png").exists() and json.loads(out.read_text()) == doc
