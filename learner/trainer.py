@@ -104,7 +104,8 @@ class Trainer:
             from dynamo_rl.redis_client import sync_client
 
             # A Redis restart (minutes at most) is waited out, reconnecting, rather than fatal:
-            # every call the learner makes is safe to repeat (XREADGROUP, XACK, SET). The socket
+            # every call the learner makes is safe to repeat (XACK, SET; an XREADGROUP whose reply
+            # was lost left its entries pending, which the reader takes back). The socket
             # waits out a blocking XREADGROUP (stream.block_ms) on top of the command timeout.
             self.redis = sync_client(
                 cfg.endpoints.redis_url, block_s=self.lc.stream.block_ms / 1000, retries=40

@@ -14,13 +14,18 @@ import json
 import os
 import re
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
 from dynamo_rl import keys
-from dynamo_rl.procs import start_redis
+from dynamo_rl.codec import Response, TrajectoryGroup, encode_entry
+from dynamo_rl.contracts.stream import TrajectoryReader
+from dynamo_rl.procs import free_port, start_redis
+from dynamo_rl.redis_client import sync_client
 from tests.reliability.helpers import UpRun, process_tree, send_signal
 
 STEPS = 10
@@ -123,3 +128,55 @@ def test_redis_restart_keeps_stream_stats_and_pending_entries(tmp_path: Path) ->
         client.close()
     finally:
         server.stop()
+
+
+def test_a_read_reply_lost_to_a_redis_shutdown_is_trained_after_the_restart(tmp_path: Path) -> None:
+    """Redis serves the learner's blocked read and shuts down before sending the reply (a push
+    and a SHUTDOWN in one pipeline): the entry is pending for the learner's consumer in the AOF,
+    the client repeats its read against the restarted server and gets only the later entries.
+    The reader takes the lost one back on its next read; every entry is trained exactly once."""
+    port = free_port()
+    server, url = start_redis(tmp_path / "redis", port=port, appendonly=True)
+    client = sync_client(url, block_s=30, retries=100)
+    reader = TrajectoryReader(client, "lost")
+    reader.setup()
+    entry = encode_entry(
+        TrajectoryGroup(
+            prompt_id="p", prompt_token_ids=[5], responses=[Response(token_ids=[7], logprobs=[-1.0])]
+        )
+    )
+    first: list = []
+    blocked = threading.Thread(target=lambda: first.extend(reader.read(8, block_ms=20_000)))
+    try:
+        blocked.start()
+        admin = redis.Redis.from_url(url)
+        while not any(c.get("cmd") == "xreadgroup" for c in admin.client_list()):
+            time.sleep(0.01)  # the reader is blocked on the server
+        pipe = admin.pipeline(transaction=False)
+        for _ in range(8):
+            pipe.xadd(reader.stream, entry)
+        pipe.execute_command("SHUTDOWN")
+        with pytest.raises(redis.ConnectionError):
+            pipe.execute()
+        server.proc.wait(timeout=30)
+        server, _ = start_redis(tmp_path / "redis", port=port, appendonly=True)
+        blocked.join(timeout=60)
+        assert not blocked.is_alive()
+        stream = client.xrange(reader.stream)
+        ids = [_id_text(eid) for eid, _ in stream]
+        assert len(ids) == 8
+        # The first entry's reply was lost: the repeated read got the other seven.
+        lost = sorted(set(ids) - {e.entry_id for e in first})
+        assert lost and [e.entry_id for e in first] == [i for i in ids if i not in lost]
+        again = reader.read(8, block_ms=100)
+        assert [e.entry_id for e in again] == lost
+        assert reader.read(8, block_ms=100) == []
+        reader.ack(ids)
+        assert reader.pending_count() == 0
+    finally:
+        client.close()
+        server.stop()
+
+
+def _id_text(entry_id: bytes | str) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
