@@ -142,7 +142,9 @@ def test_a_read_reply_lost_to_a_redis_shutdown_is_trained_after_the_restart(tmp_
     reader.setup()
     entry = encode_entry(
         TrajectoryGroup(
-            prompt_id="p", prompt_token_ids=[5], responses=[Response(token_ids=[7], logprobs=[-1.0])]
+            prompt_id="p",
+            prompt_token_ids=[5],
+            responses=[Response(token_ids=[7], logprobs=[-1.0])],
         )
     )
     first: list = []
