@@ -139,12 +139,13 @@ class OfflineTrainer(Trainer):
         if self.eval_examples and (
             self.last_eval_step is None or (every and self.step % every == 0)
         ):
-            exact = self.evaluate().get("eval_exact")
-            # Every rank reads the same all-reduced figure, so they stop at the same step.
-            if target is not None and exact is not None and exact >= target:
+            record = self.evaluate()
+            # Every rank reads the same all-reduced figure, so they stop at the same step (the
+            # config refuses stop_exact in dpo, whose evaluation has no eval_exact).
+            if target is not None and record["eval_exact"] >= target:
                 if self.env.is_main:
                     log.info("eval_exact %.4f reached learner.data.stop_exact %.4f at step %d: "
-                             "stopping", exact, target, self.step)  # fmt: skip
+                             "stopping", record["eval_exact"], target, self.step)  # fmt: skip
                 return None
         end = self.max_position
         size = self.lc.train_batch_size

@@ -152,8 +152,10 @@ def test_a_read_reply_lost_to_a_redis_shutdown_is_trained_after_the_restart(tmp_
     try:
         blocked.start()
         admin = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 30
         while not any(c.get("cmd") == "xreadgroup" for c in admin.client_list()):
-            time.sleep(0.01)  # the reader is blocked on the server
+            assert time.monotonic() < deadline, "the reader never blocked in XREADGROUP"
+            time.sleep(0.01)
         pipe = admin.pipeline(transaction=False)
         for _ in range(8):
             pipe.xadd(reader.stream, entry)
@@ -165,7 +167,7 @@ def test_a_read_reply_lost_to_a_redis_shutdown_is_trained_after_the_restart(tmp_
         blocked.join(timeout=60)
         assert not blocked.is_alive()
         stream = client.xrange(reader.stream)
-        ids = [_id_text(eid) for eid, _ in stream]
+        ids = [eid.decode() for eid, _ in stream]
         assert len(ids) == 8
         # The first entry's reply was lost: the repeated read got the other seven.
         lost = sorted(set(ids) - {e.entry_id for e in first})
@@ -178,7 +180,3 @@ def test_a_read_reply_lost_to_a_redis_shutdown_is_trained_after_the_restart(tmp_
     finally:
         client.close()
         server.stop()
-
-
-def _id_text(entry_id: bytes | str) -> str:
-    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
