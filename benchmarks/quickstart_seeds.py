@@ -5,16 +5,19 @@ seed, through the real services, and its held-out accuracy before and after RL.
     .venv/bin/python benchmarks/quickstart_seeds.py --seeds 1,3 --jobs 1
     .venv/bin/python benchmarks/quickstart_seeds.py --method grpo     # the same, allocation
                                                                      # uniform and modulation off
+    .venv/bin/python benchmarks/quickstart_seeds.py --method dynamo-prompt-mean
+                                                 # DynaMO with learner.algorithm.agg=prompt-mean
     .venv/bin/python benchmarks/quickstart_seeds.py --quick          # smoke run (tiny settings)
 
 Each run goes to ``<runs>/<method>-seed<N>`` with ``up``'s output in ``up.log`` there; a run whose
 ``summary.json`` exists is read, not run again (so an interrupted sweep continues). Written to
 ``--out`` (default ``benchmarks/results/quickstart_seeds.json``; with ``--quick``,
 ``/tmp/quickstart_seeds_quick.json``), with a plot beside it (same name, ``.png``; ``--compare
-FILE`` draws an earlier result file next to it): per seed the accuracies and the gain in points, the
-warm start's steps and its per-tier check (greedy accuracy on held-out train rows), the wall time
-of the whole run and of its stages (from ``up``'s timestamps), and the load average while it ran;
-then the range of the gains. Runs through the services are not bit-reproducible: which rollouts
+FILE`` draws an earlier result file next to it): per seed the accuracies and the gain in points,
+the warm start's steps and its per-tier check (greedy accuracy on held-out train rows), the wall
+time of the whole run and of its stages (from ``up``'s timestamps), and the load average while it
+ran; then the range of the gains, and with ``--compare`` this sweep minus the earlier one, paired
+by seed, with 95% t intervals. Runs through the services are not bit-reproducible: which rollouts
 form a batch depends on timing (workers, engine and learner run concurrently), so one seed run
 twice gives close but not identical figures.
 """
@@ -32,11 +35,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sample_efficiency import paired  # noqa: E402 - the seed-paired t interval, shared
+
 CONFIG = REPO / "configs" / "quickstart.yaml"
 METHODS = {
     "dynamo": [],
     # GRPO as the quickstart runs it: uniform n = 8 per prompt, no modulation; all else equal.
     "grpo": ["rollout.allocation=uniform", "learner.algorithm.modulation.enabled=false"],
+    # DynaMO with each prompt's group weighted equally (the DynaMO recipes' aggregation).
+    "dynamo-prompt-mean": ["learner.algorithm.agg=prompt-mean"],
 }
 # Tiny settings for a smoke run: every stage runs, in a minute or two on an idle machine.
 QUICK = [
@@ -176,6 +184,23 @@ def plot(sets: list[tuple[str, dict]], path: Path) -> None:
     plt.close(fig)
 
 
+def compare(doc: dict, other: dict, name: str) -> dict:
+    """This sweep minus ``other`` (an earlier result file), paired by seed: the final held-out
+    accuracy and the gain, in points, each with its 95% t interval; printed and returned."""
+    out = {"against": name, "method": other.get("method")}
+    for key in ("accuracy_after", "gain_points"):
+        scale = 100 if key == "accuracy_after" else 1
+        mine, theirs = ({r["seed"]: scale * r[key] for r in d["runs"]} for d in (doc, other))
+        p = paired(mine, theirs)
+        out[key] = {"mean": p["mean"], "ci95": p["ci"], "seeds": p["seeds"],
+                    "per_seed": {s: round(mine[s] - theirs[s], 2) for s in p["seeds"]}}  # fmt: skip
+        if p["seeds"]:
+            lo, hi = p["ci"]
+            print(f"{key} minus {name} ({other.get('method')}), seeds {p['seeds']}: "
+                  f"{p['mean']:+.2f} points, 95% [{lo:+.2f}, {hi:+.2f}]")  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", default="0,1,2,3,4", help="run.seed values (default 0,1,2,3,4)")
@@ -214,12 +239,15 @@ def main(argv: list[str] | None = None) -> int:
                         "mean": round(sum(gains) / len(gains), 2)},
         "runs": results,
     }  # fmt: skip
+    if args.compare:
+        other = json.loads(Path(args.compare).read_text())
+        doc["paired_to_compare"] = compare(doc, other, args.compare)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(out)
     sets = [(out.stem, doc)]
     if args.compare:
-        sets.append((Path(args.compare).stem, json.loads(Path(args.compare).read_text())))
+        sets.append((Path(args.compare).stem, other))
     try:
         plot(sets, out.with_suffix(".png"))
     except ModuleNotFoundError as e:  # the main job's environment has no matplotlib

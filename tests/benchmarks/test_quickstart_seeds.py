@@ -88,7 +88,25 @@ def test_finished_runs_are_summed_up_and_plotted_or_the_plot_skipped(
     # Without matplotlib (the main job's environment) the figures are written, the plot skipped.
     out.with_suffix(".png").unlink()
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    # --compare: an earlier sweep (here GRPO's) subtracted seed by seed, with a t interval.
+    grpo = tmp_path / "grpo.json"
+    grpo.write_text(json.dumps({"method": "grpo", "runs": [
+        {"seed": 0, "accuracy_before": 0.3, "accuracy_after": 0.40, "gain_points": 10.0},
+        {"seed": 1, "accuracy_before": 0.4, "accuracy_after": 0.50, "gain_points": 10.0},
+        {"seed": 7, "accuracy_before": 0.4, "accuracy_after": 0.90, "gain_points": 50.0},
+    ]}))  # fmt: skip
     assert qs.main(["--seeds", "0,1", "--runs", str(runs), "--out", str(out),
-                    "--compare", str(out)]) == 0  # fmt: skip
-    assert "no plot: matplotlib is not installed" in capsys.readouterr().out
-    assert not out.with_suffix(".png").exists() and json.loads(out.read_text()) == doc
+                    "--compare", str(grpo)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "no plot: matplotlib is not installed" in printed
+    assert "accuracy_after minus" in printed and "+3.50 points" in printed
+    assert not out.with_suffix(".png").exists()
+    compared = json.loads(out.read_text())
+    paired = compared.pop("paired_to_compare")
+    assert compared == doc
+    after = paired["accuracy_after"]
+    assert after["seeds"] == [0, 1] and after["per_seed"] == {"0": 5.0, "1": 2.0}
+    # mean 3.5, s.d. 2.12 over 2 seeds: half-width 12.706 * 2.12 / sqrt(2) = 19.06
+    assert after["mean"] == pytest.approx(3.5)
+    assert after["ci95"] == pytest.approx([3.5 - 19.059, 3.5 + 19.059], abs=1e-2)
+    assert paired["gain_points"]["per_seed"] == {"0": 5.0, "1": 2.0}
