@@ -9,6 +9,7 @@ tests/reliability/test_faults_leases.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -452,7 +453,7 @@ def test_a_lease_is_kept_in_redis_a_day_past_its_expiry_then_dropped(redis_url: 
     assert 30 + LEASE_KEEP_S - 5 <= ttl <= 30 + LEASE_KEEP_S
 
 
-def test_entries_of_a_read_whose_reply_was_lost_are_taken_back_once(redis_url: str) -> None:
+def test_entries_of_a_read_whose_reply_was_lost_are_taken_back_once(redis_url: str, caplog) -> None:
     """A connection dropped mid-XREADGROUP can lose a reply Redis had sent: the entries are
     pending for the learner's consumer, which never saw them, and the repeated read delivers
     newer ones. The reader trains the lost ones first, each once."""
@@ -467,7 +468,9 @@ def test_entries_of_a_read_whose_reply_was_lost_are_taken_back_once(redis_url: s
         client.xreadgroup(lgroup, CONSUMER, {stream: ">"}, count=count)
 
     lose_a_read(2)  # ids[1:3]
-    got = reader.read(10, block_ms=100)
+    with caplog.at_level(logging.WARNING, logger="dynamo_rl.contracts.stream"):
+        got = reader.read(10, block_ms=100)
+    assert caplog.messages == ["took back 2 entries delivered to a read whose reply was lost"]
     assert [e.entry_id for e in got] == ids[1:]  # the lost two first, then the rest
     assert reader.read(10, block_ms=50) == []  # nothing handed out twice
     assert reader.pending_count() == 5

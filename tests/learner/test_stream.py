@@ -3,6 +3,10 @@ dead-lettering of entries the learner cannot train on."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 import redis
 
 from dynamo_rl import keys
@@ -17,7 +21,7 @@ def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
 
 
-def test_reclaim_skips_committed_ids_and_retrains_the_rest(redis_url: str) -> None:
+def test_reclaim_skips_committed_ids_and_retrains_the_rest(redis_url: str, caplog) -> None:
     ids = write_groups(redis_url, NS, make_groups(6))
     client = _client(redis_url)
     first = TrajectoryReader(client, NS)
@@ -28,7 +32,11 @@ def test_reclaim_skips_committed_ids_and_retrains_the_rest(redis_url: str) -> No
 
     # A restarted learner whose checkpoint holds the steps that used ids[0] and ids[1].
     second = TrajectoryReader(client, NS)
-    assert second.setup(committed=ids[:2]) == 2
+    with caplog.at_level(logging.INFO, logger="dynamo_rl.contracts.stream"):
+        assert second.setup(committed=ids[:2]) == 2
+    assert caplog.messages == [
+        "reclaimed 4 pending entries: 2 already trained (acknowledged), 2 to train"
+    ]
     assert second.pending_count() == 2  # the committed ones were acknowledged at setup
     again = second.read(4, block_ms=100)
     assert [e.entry_id for e in again] == ids[2:6]  # the lost ones first, in order, then new
@@ -75,3 +83,73 @@ def test_poison_entries_go_to_the_dead_letter_stream(redis_url: str) -> None:
     assert letters[1][1][b"payload"] == good.SerializeToString()
     # Dead letters are acknowledged at once; only the good entry waits for its checkpoint.
     assert reader.pending_count() == 1
+
+
+def test_the_limits_take_what_fits_exactly_and_dead_letter_the_rest_with_a_reason(
+    redis_url: str,
+) -> None:
+    """Token id ``vocab_size - 1`` and a sequence of exactly ``max_seq_len`` tokens train; one
+    more of either, or an empty prompt, is dead-lettered with a reason naming it."""
+    client = _client(redis_url)
+    stream = keys.trajectory_stream(NS)
+
+    def entry(pid: str, prompt: list[int], tokens: list[int]) -> str:
+        g = TrajectoryGroup(
+            prompt_id=pid,
+            prompt_token_ids=prompt,
+            responses=[Response(token_ids=tokens, logprobs=[-1.0] * len(tokens), reward=1.0)],
+        )
+        return client.xadd(stream, encode_entry(g)).decode()
+
+    fits = [entry("top-id", [5, 258], [7]), entry("full", [5] * 20, [7] * 12)]
+    entry("id-past-vocab", [5, 259], [7])
+    entry("one-too-long", [5] * 20, [7] * 13)
+    entry("no-prompt", [], [7])
+    dead: dict[str, str] = {}
+    reader = TrajectoryReader(
+        client, NS, vocab_size=259, max_seq_len=32, on_dead_letter=lambda i, r: dead.update({i: r})
+    )
+    reader.setup()
+    assert [e.entry_id for e in reader.read(10, block_ms=100)] == fits
+    assert list(dead.values()) == [
+        "token id 259 outside the model's vocabulary of 259",
+        "prompt+response of 33 tokens exceeds learner.max_seq_len 32",
+        "prompt_token_ids is empty",
+    ]
+
+
+def test_a_read_takes_the_backlog_first_and_never_more_than_count(redis_url: str) -> None:
+    ids = write_groups(redis_url, NS, make_groups(9))
+    client = _client(redis_url)
+    TrajectoryReader(client, NS).setup()
+    TrajectoryReader(client, NS).read(5, block_ms=100)  # read, never acknowledged: a crash
+    reader = TrajectoryReader(client, NS)
+    assert reader.setup() == 5
+    assert [e.entry_id for e in reader.read(3, block_ms=100)] == ids[:3]  # backlog only
+    assert [e.entry_id for e in reader.read(4, block_ms=100)] == ids[3:7]  # 2 backlog + 2 new
+    assert [e.entry_id for e in reader.read(4, block_ms=100)] == ids[7:]
+
+
+def test_a_read_waits_for_an_entry_up_to_block_ms(redis_url: str) -> None:
+    """With nothing to read, ``read`` blocks in XREADGROUP and returns the entry pushed while it
+    waits (the push is made once Redis reports the read as a blocked client)."""
+    client = _client(redis_url)
+    reader = TrajectoryReader(client, NS)
+    reader.setup()
+    pushed: list[str] = []
+
+    def push_once_blocked() -> None:
+        other = _client(redis_url)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if other.info("clients")["blocked_clients"] >= 1:
+                pushed.extend(write_groups(redis_url, NS, make_groups(1)))
+                break
+            time.sleep(0.01)
+        other.close()
+
+    pusher = threading.Thread(target=push_once_blocked)
+    pusher.start()
+    got = reader.read(1, block_ms=30_000)
+    pusher.join()
+    assert pushed and [e.entry_id for e in got] == pushed
