@@ -299,7 +299,6 @@ class TrajectoryReader:
         on_dead_letter: Callable[[str, str], None] | None = None,
     ) -> None:
         self.client = client
-        self.namespace = namespace
         self.stream = keys.trajectory_stream(namespace)
         self.group = keys.learner_group(namespace)
         self.dead = keys.dead_letter_stream(namespace)
@@ -327,10 +326,9 @@ class TrajectoryReader:
             reply = self.client.xautoclaim(
                 self.stream, self.group, CONSUMER, min_idle_time=0, start_id=start, count=512
             )
+            # Pending ids whose entries were trimmed away: Redis 7 lists them third in the reply
+            # and drops them from the pending list itself, so there is nothing to acknowledge.
             next_start, entries = _str(reply[0]), reply[1]
-            deleted = reply[2] if len(reply) > 2 else []
-            if deleted:  # pending ids whose entries were trimmed away: nothing to train
-                self.client.xack(self.stream, self.group, *deleted)
             reclaimed.extend((_str(eid), fields) for eid, fields in entries)
             if next_start == "0-0":
                 break
