@@ -194,7 +194,7 @@ def reinforce_pp_advantages(
         count = _segment_sum(torch.ones_like(seq_return), index, g)
         mean = _segment_sum(seq_return, index, g) / count
         mean = torch.where(count < 2, torch.zeros_like(mean), mean)
-        returns = torch.where(valid, returns - mean[index, None], 0.0)
+        returns = returns - mean[index, None]  # masked positions: whitened to 0 below
     return masked_whiten(returns, mask)
 
 
@@ -227,7 +227,6 @@ def gae_advantages(
         last_gae = torch.where(m, gae, last_gae)
         next_value = torch.where(m, v[:, t], next_value)
         adv[:, t] = last_gae
-    adv = torch.where(valid, adv, 0.0)
     returns = torch.where(valid, adv + v, 0.0)
     return masked_whiten(adv, mask), returns
 
@@ -241,11 +240,9 @@ def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
     valid = mask.bool()
     positions = torch.arange(mask.shape[1], device=mask.device)
     last = torch.where(valid, positions, -1).amax(-1)
-    out = torch.zeros(mask.shape, dtype=_float(rewards).dtype, device=rewards.device)
-    has_any = last >= 0
-    rows = torch.arange(mask.shape[0], device=mask.device)[has_any]
-    out[rows, last[has_any]] = _float(rewards)[has_any]
-    return out
+    r = _float(rewards)
+    out = torch.zeros(mask.shape, dtype=r.dtype, device=rewards.device)
+    return out.scatter(1, last.clamp(min=0)[:, None], torch.where(last >= 0, r, 0.0)[:, None])
 
 
 def dapo_keep_groups(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
