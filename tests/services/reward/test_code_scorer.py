@@ -10,6 +10,7 @@ bubblewrap sandbox.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
@@ -238,3 +239,45 @@ def test_score_runs_on_the_sandbox_threads_and_is_timed() -> None:
     count = registry.get_sample_value("dynamo_reward_item_duration_seconds_count", {"kind": "code"})
     total = registry.get_sample_value("dynamo_reward_item_duration_seconds_sum", {"kind": "code"})
     assert count == 2 and 0 < total < 120
+
+
+def test_all_or_nothing_scores_zero_even_after_passing_cases(scorer: CodeScorer) -> None:
+    res = score(scorer, ECHO_DOUBLE, stdio(("1", "2"), ("2", "5")), scoring="all_or_nothing")
+    assert (res.score, res.reason) == (0.0, "wrong_answer")
+    assert res.detail == "passed 1/2; case 1: wrong_answer: expected '5', got '4'"
+
+
+def test_output_that_is_not_utf8_is_compared_and_reported_not_raised(scorer: CodeScorer) -> None:
+    res = score(scorer, "import sys\nsys.stdout.buffer.write(b'\\xff1\\n')", stdio(("", "1")))
+    assert res.reason == "wrong_answer"
+    assert res.detail == "passed 0/1; case 0: wrong_answer: expected '1', got '\ufffd1'"
+    program = "import sys\nsys.stderr.buffer.write(b'bad \\xff')\nsys.exit(3)"
+    res = score(scorer, program, stdio(("", "1")))
+    assert res.reason == "runtime_error" and res.detail.endswith(
+        "case 0: runtime_error: bad \ufffd"
+    )
+
+
+def test_trailing_whitespace_is_forgiven_on_every_line_and_nothing_else_is_stripped() -> None:
+    assert _check_stdio("a\nb", b"a  \nb\n") == (True, "")
+    assert _check_stdio("aX", b"aX\n") == (True, "")
+    assert _check_stdio("X", b"") == (False, "expected 'X', got ''")
+
+
+def test_an_assert_block_reads_an_empty_stdin(scorer: CodeScorer) -> None:
+    tests = {"type": "assert", "code": "import sys\nassert sys.stdin.read() == ''"}
+    assert score(scorer, "pass", tests).correct
+
+
+def test_the_items_own_time_and_memory_limits_apply(scorer: CodeScorer) -> None:
+    slow = "import time\ntime.sleep(4)\nprint(1)"
+    assert score(scorer, slow, stdio(("", "1")), timeout_s=1).reason == "timeout"
+    big = "x = bytearray(300 * 2**20)\nprint(1)"
+    assert score(scorer, big, stdio(("", "1")), memory_mb=64).reason == "memory_limit"
+
+
+def test_check_call_cuts_long_values_at_80_characters() -> None:
+    assert _check_call("M", "a" * 100, b'M"' + b"b" * 100 + b'"\n') == (
+        False,
+        f"expected {json.dumps('a' * 100)[:80]}, got {json.dumps('b' * 100)[:80]}",
+    )
