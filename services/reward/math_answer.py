@@ -44,9 +44,7 @@ def last_boxed(text: str) -> str | None:
             depth = 0
             for j in range(i, len(text)):
                 c = text[j]
-                if c == "\\":  # an escaped brace (\{ or \}) does not count
-                    continue
-                if c == "{" and text[j - 1] != "\\":
+                if c == "{" and text[j - 1] != "\\":  # an escaped brace (\{) does not count
                     depth += 1
                 elif c == "}" and text[j - 1] != "\\":
                     depth -= 1
@@ -93,7 +91,6 @@ def extract_gsm8k(text: str, flexible: bool = False) -> str | None:
         found = [_gsm8k_number(m) for m in _NUMBER.findall(text)]
     else:
         found = [_gsm8k_number(m) for m in _GSM8K_STRICT.findall(text)]
-    found = [f for f in found if f not in ("", "-")]
     return found[-1] if found else None
 
 
@@ -133,7 +130,8 @@ def _boxed(text: str) -> str:
 
 def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[str, Any]:
     """Score one answer: ``{"correct", "format_ok", "reason", "detail"}`` and, when one was found,
-    ``"answer"`` (the extracted text). Main thread only."""
+    ``"answer"`` (the extracted text). math-verify's own timeouts (``signal.alarm``, main thread
+    only) are off: the caller bounds the time (the service scores in worker processes)."""
     if mode in ("gsm8k", "gsm8k_flexible"):
         return score_gsm8k(response, ground_truth, flexible=mode == "gsm8k_flexible")
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -174,8 +172,8 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
         "correct": correct,
         "format_ok": True,
         "reason": "ok" if correct else "wrong_answer",
-        "detail": f"answer {str(answer)[:200]!r}",
-        "answer": None if answer is None else str(answer),
+        "detail": f"answer {answer[:200]!r}",
+        "answer": answer,
     }
 
 

@@ -7,6 +7,8 @@ module (a mutant, in scripts/mutation.py) is seen by the test process too.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from services.reward.math_answer import (
@@ -45,6 +47,7 @@ def test_math_case_in_process(
         (r"\boxed{ }", None),
         (r"\boxed", None),
         (r"\boxed$", None),
+        (r"\boxedx", None),  # not the box command followed by a token
         ("no box", None),
     ],
 )
@@ -64,6 +67,10 @@ def test_last_boxed(text: str, boxed: str | None) -> None:
         ("Answer: $", "$"),  # a lone dollar is not a pair
         ("Answer: .", None),  # nothing left after the period
         ("Answer: $ $", None),
+        ("Answer: $$", None),  # an empty pair
+        ("Answer: **X**", "X"),  # only markup and dollars are stripped, not letters
+        ("Answer: __5__", "5"),
+        ("Answer: $X$", "X"),
         ("My answer 3", None),
     ],
 )
@@ -154,3 +161,31 @@ def test_a_long_bad_ground_truth_is_quoted_up_to_200_characters() -> None:
     assert score_gsm8k("#### 1", truth, False)["detail"] == (
         f"no number in the ground truth {truth[:200]!r}"
     )
+
+
+def test_gsm8k_flexible_is_scored_by_the_gsm8k_rules_not_math_verify() -> None:
+    text = "so the total is 1,234 dollars"
+    assert score_math(text, "1234", "gsm8k_flexible") == score_gsm8k(text, "1234", True)
+
+
+def test_score_math_runs_off_the_main_thread() -> None:
+    """math-verify's own timeouts (signal.alarm, main thread only) are off: the service bounds
+    the time itself, in worker processes."""
+    out: list[dict] = []
+    t = threading.Thread(target=lambda: out.append(score_math(r"\boxed{5}", "5", "math_verify")))
+    t.start()
+    t.join(60)
+    assert out and out[0]["correct"] is True
+
+
+def test_long_answers_and_ground_truths_are_quoted_up_to_200_characters() -> None:
+    bad = "}" * 300
+    res = score_math("Answer: " + bad, "2", "answer_line")
+    assert res["detail"] == f"answer {bad[:200]!r} could not be parsed" and res["answer"] == bad
+    long = "1+" * 150 + "1"
+    res = score_math("Answer: " + long, "2", "answer_line")
+    assert res["detail"] == f"answer {long[:200]!r}" and res["answer"] == long
+    res = score_math(r"\boxed{1}", bad, "last_boxed")
+    assert res["detail"] == f"math-verify could not parse the ground truth {bad[:200]!r}"
+    digits = "1" * 300
+    assert score_gsm8k("#### " + digits, "2", False)["detail"] == f"answer {digits[:200]!r}"
