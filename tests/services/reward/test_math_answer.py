@@ -164,8 +164,12 @@ def test_a_long_bad_ground_truth_is_quoted_up_to_200_characters() -> None:
 
 
 def test_gsm8k_flexible_is_scored_by_the_gsm8k_rules_not_math_verify() -> None:
-    text = "so the total is 1,234 dollars"
-    assert score_math(text, "1234", "gsm8k_flexible") == score_gsm8k(text, "1234", True)
+    for text in ("so the total is 1,234 dollars", "no digits here"):
+        assert score_math(text, "1234", "gsm8k_flexible") == score_gsm8k(text, "1234", True)
+    assert (
+        score_math("no digits here", "1", "gsm8k_flexible")["detail"]
+        != (score_math("no digits here", "1", "math_verify")["detail"])
+    )
 
 
 def test_score_math_runs_off_the_main_thread() -> None:
