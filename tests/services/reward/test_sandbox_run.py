@@ -261,3 +261,17 @@ def test_a_sandbox_that_starts_but_prints_the_wrong_thing_fails_the_check(host_d
             Sandbox(bwrap=str(fake)).check()
     finally:
         fake.unlink()
+
+
+def test_a_bwrap_that_cannot_be_executed_is_a_sandbox_error_and_leaks_no_descriptor() -> None:
+    """The OS refuses to start the sandbox (here: no such binary): the run says so with the OS
+    error, and the status pipe and the files' memfds are closed all the same."""
+    fds = set(os.listdir("/proc/self/fd"))
+    res = Sandbox(bwrap="/nonexistent/bwrap").run(
+        [PY, "-c", "print(1)"], RunLimits(), files={"a.py": (b"print(1)", 0o644)}
+    )
+    assert res == RunResult(
+        "sandbox_error", None, b"", b"", 0.0,
+        sandbox_error="[Errno 2] No such file or directory: '/nonexistent/bwrap'",
+    )  # fmt: skip
+    assert set(os.listdir("/proc/self/fd")) == fds
