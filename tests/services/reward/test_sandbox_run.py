@@ -275,3 +275,10 @@ def test_a_bwrap_that_cannot_be_executed_is_a_sandbox_error_and_leaks_no_descrip
         sandbox_error="[Errno 2] No such file or directory: '/nonexistent/bwrap'",
     )  # fmt: skip
     assert set(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_run_without_stdin_reads_nothing_and_output_at_the_cap_is_not_cut() -> None:
+    prog = "import sys\nassert sys.stdin.buffer.read() == b''\nsys.stdout.write('y' * 10_000)"
+    res = Sandbox().run([PY, "-I", "-c", prog], RunLimits(max_output_bytes=10_000))
+    assert res.status == "finished" and res.return_code == 0, res.stderr
+    assert res.truncated is False and res.stdout == b"y" * 10_000
