@@ -202,10 +202,10 @@ def test_kl_k3_stays_finite_for_an_infinite_log_ratio_and_names_the_kinds() -> N
 
 def test_dpo_label_smoothing_and_reward_metrics_by_hand() -> None:
     pc, pr = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -2.0])
-    rc, rr = torch.tensor([-1.5, -1.0]), torch.tensor([-2.0, -2.5])
+    rc, rr = torch.tensor([-1.5, -1.0]), torch.tensor([-2.0, -2.0])
     beta, eps = 0.5, 0.1
     loss, m = dpo_loss(pc, pr, rc, rr, beta=beta, label_smoothing=eps)
-    h = [(-1.0 + 1.5) - (-3.0 + 2.0), (-2.0 + 1.0) - (-2.0 + 2.5)]  # 1.5, -1.5
+    h = [(-1.0 + 1.5) - (-3.0 + 2.0), (-2.0 + 1.0) - (-2.0 + 2.0)]  # 1.5, -1.0: not symmetric
 
     def logsig(x: float) -> float:
         return -math.log1p(math.exp(-x))
@@ -214,7 +214,7 @@ def test_dpo_label_smoothing_and_reward_metrics_by_hand() -> None:
     assert loss.item() == pytest.approx(want, rel=1e-6)
     assert set(m) == {"reward_chosen", "reward_rejected", "reward_accuracy", "reward_margin"}
     assert m["reward_chosen"].item() == pytest.approx(beta * (0.5 - 1.0) / 2)
-    assert m["reward_rejected"].item() == pytest.approx(beta * (-1.0 + 0.5) / 2)
+    assert m["reward_rejected"].item() == pytest.approx(beta * (-1.0 + 0.0) / 2)
     assert m["reward_accuracy"].item() == 0.5
     # A tie is not a correct preference.
     tie = dpo_loss(pc[:1], pc[:1], rc[:1], rc[:1])[1]["reward_accuracy"].item()
@@ -255,3 +255,8 @@ def test_every_tensor_a_loss_builds_is_on_its_inputs_device() -> None:
         got = every()
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         assert g.device.type == "cpu" and torch.equal(g, e), i
+
+
+def test_group_token_counts_follow_the_masks_device() -> None:
+    mask = torch.ones(3, 2, device="meta")  # the ids stay on the CPU, as the learner has them
+    assert group_token_counts(torch.tensor([0, 0, 1]), mask).device == mask.device
