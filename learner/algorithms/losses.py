@@ -84,9 +84,9 @@ def group_token_counts(group_ids: torch.Tensor, mask: torch.Tensor) -> torch.Ten
             f"group_ids must be [B] with B = {mask.shape[0]} rows, got {tuple(group_ids.shape)}"
         )
     _, inverse = torch.unique(group_ids, return_inverse=True)
+    groups = int(inverse.max()) + 1 if inverse.numel() else 0  # read where the ids are
     inverse = inverse.to(mask.device)
     row_tokens = mask.bool().sum(-1).to(torch.float32)
-    groups = int(inverse.max()) + 1 if inverse.numel() else 0
     per_group = torch.zeros(groups, dtype=torch.float32, device=mask.device)
     return per_group.index_add_(0, inverse, row_tokens)[inverse]
 
