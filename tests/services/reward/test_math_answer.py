@@ -176,10 +176,14 @@ def test_score_math_runs_off_the_main_thread() -> None:
     """math-verify's own timeouts (signal.alarm, main thread only) are off: the service bounds
     the time itself, in worker processes."""
     out: list[dict] = []
-    t = threading.Thread(target=lambda: out.append(score_math(r"\boxed{5}", "5", "math_verify")))
+
+    def score_both() -> None:
+        out.extend(score_math(r"\boxed{5}", "5", mode) for mode in ("math_verify", "last_boxed"))
+
+    t = threading.Thread(target=score_both)
     t.start()
     t.join(60)
-    assert out and out[0]["correct"] is True
+    assert [r["correct"] for r in out] == [True, True]
 
 
 def test_long_answers_and_ground_truths_are_quoted_up_to_200_characters() -> None:
