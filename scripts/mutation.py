@@ -5,7 +5,7 @@ the test files that exercise it in-process: mutmut runs them once to learn which
 function, then forks one process per mutant and runs only those tests. Results go to
 ``runs/mutation/<module>.json`` (score, and every surviving mutant's diff) for docs/testing.md.
 
-    python scripts/mutation.py                      # every module below (73 min, loaded 2 cores)
+    python scripts/mutation.py                      # every module below (~41 min quiet, 73 loaded)
     python scripts/mutation.py allocator_algorithm  # one module
     python scripts/mutation.py --list               # the modules and their tests
 
