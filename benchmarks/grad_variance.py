@@ -22,9 +22,17 @@ on one batch.
 
 The allocator sees statistics from earlier samples, as in training: per batch and prompt,
 ``stat_samples`` draws from the pool (G, k). Variants: ``uniform``; ``dra`` (scheme reference,
-priority variance: the DynaMO default); ``dra-wl-std`` (water-level, std); and each with hopeless
-prompts (k = 0 after ≥ ``stat_samples`` samples) cut to ``hopeless_n`` responses (``+hl``).
-n_min 2, n_max 2B, initial_budget 4, mastery 0.85, min_priority 0.01.
+priority variance: the shipped recipe's allocator); ``dra-wl-std`` (water-level, std); each with
+hopeless prompts (k = 0 after ≥ ``stat_samples`` samples) cut to ``hopeless_n`` responses
+(``+hl``); all within the recipe's range scaled to the budget (``configs/dynamo_grpo.yaml``:
+8..24 at n = 16, so B/2..3B/2) and with its initial budget, mastery threshold and min priority.
+``dra-wide`` is ``dra`` with n_min 2, n_max 2B (the first measurement's range). Two allocators
+training could not run, both within 1..2B: ``oracle``, n_i ∝ each prompt's own gradient spread
+measured on the pool (``gradient_spread``) — the Neyman allocation, about the least variance
+any allocation of the budget can reach (up to the noise of its spread estimates); and
+``oracle-sigma``, n_i ∝ the σ of each prompt's success rate over the whole pool (what σ-allocation
+does with exact statistics). ``--advantage drgrpo`` replaces GRPO's
+advantages with Dr.GRPO's (not divided by the group std).
 
 The reference gradient of a checkpoint and weighting is the gradient of the whole pool (``pool``
 samples for every prompt). Per case: relative MSE E‖g − g_ref‖² / ‖g_ref‖², its variance part
@@ -39,6 +47,7 @@ the ratio of MSE to uniform's (interval by the delta method).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -54,23 +63,35 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 RESULTS = REPO / "benchmarks" / "results"
 WEIGHTINGS = ("token-mean", "prompt-mean")
+ADVANTAGES = ("grpo", "drgrpo", "rloo")
 
 
 @dataclass
 class GVSettings:
     prompts: int = 32
-    """Fixed prompt set: the first rows of the RL train pool."""
+    """Prompts per set (a fixed set: consecutive rows of the RL train pool)."""
+    prompt_offset: int = 0
+    """Row of the RL train pool the first set starts at."""
     pool: int = 32
     """Samples per prompt generated once per checkpoint (batches draw from them)."""
+    prompt_sets: int = 3
+    """Disjoint prompt sets measured one after the other (each ``prompts`` rows on from the last);
+    the summary gives each ratio per set and its range."""
     rl_steps: str = "0,40"
     """Checkpoints: RL steps after the warm start (0 = the warm start itself)."""
     budgets: str = "4,8,16"
     """Average samples per prompt B."""
-    batches: int = 200
+    batches: int = 400
     """Independent batches per (checkpoint, budget, allocator)."""
     stat_samples: int = 16
     """Samples behind each prompt's allocator statistics (drawn per batch)."""
     hopeless_n: int = 1
+    oracle_draws: int = 64
+    """Groups drawn per prompt to measure its gradient spread (the ``oracle`` allocator)."""
+    advantage: str = "grpo"
+    """Advantage estimator of the batch loss: grpo (the recipe's), drgrpo or rloo."""
+    allocators: str = "uniform,dra,dra+hl,dra-wl-std,dra-wl-std+hl,dra-wide,oracle,oracle-sigma"
+    """Allocators measured (uniform is the baseline and always included)."""
     sketch: int = 8192
     micro_batch: int = 64
     """Rows per micro-batch (the quickstart's learner.micro_batch_size): modulation's range."""
@@ -79,13 +100,45 @@ class GVSettings:
     seed: int = 0
 
 
+RECIPE = REPO / "configs" / "dynamo_grpo.yaml"
+
 ALLOCATORS: dict[str, dict[str, Any]] = {
     "uniform": {},
+    # The shipped recipe's allocator: its scheme and priority, its n range scaled to the budget.
     "dra": {"scheme": "reference", "priority": "variance"},
     "dra+hl": {"scheme": "reference", "priority": "variance", "hopeless": True},
     "dra-wl-std": {"scheme": "water-level", "priority": "std"},
     "dra-wl-std+hl": {"scheme": "water-level", "priority": "std", "hopeless": True},
+    # The range of the first measurement: n_min 2, n_max 2B.
+    "dra-wide": {"scheme": "reference", "priority": "variance", "wide": True},
+    # Not allocators training can run, both within 1..2B (as free as any variant above):
+    # n ∝ each prompt's true per-sample gradient spread, measured on the pool (Neyman
+    # allocation: about the least variance any allocation of this budget can reach) ...
+    "oracle": {"oracle": "spread"},
+    # ... and n ∝ the σ of each prompt's success rate over the whole pool (σ-allocation without
+    # the noise of ``stat_samples`` draws).
+    "oracle-sigma": {"oracle": "sigma"},
 }
+
+
+@functools.cache
+def recipe_allocator():
+    """The allocator section of the shipped DynaMO recipe (``configs/dynamo_grpo.yaml``)."""
+    from dynamo_rl.config import load_config
+
+    return load_config(RECIPE, env={}).allocator
+
+
+def bounds_for(spec: dict[str, Any], budget_b: int) -> tuple[int, int]:
+    """(n_min, n_max) at budget B: the recipe's range relative to its n; 2..2B (``wide``);
+    1..2B (``oracle``)."""
+    if spec.get("oracle"):
+        return 1, 2 * budget_b
+    if spec.get("wide"):
+        return 2, 2 * budget_b
+    a = recipe_allocator()
+    lo = max(1, round(budget_b * a.n_min / a.n_per_prompt))
+    return lo, max(lo, round(budget_b * a.n_max / a.n_per_prompt))
 
 
 def algo_config(agg: str):
@@ -186,8 +239,11 @@ class Sketch:
         return out
 
 
-def build_pool(model, tok, rows: list[dict], g: GVSettings, s, seed: int) -> dict[str, Any]:
-    """``pool`` samples per prompt with rewards, token log-probs/entropies and gradient sketches."""
+def build_pool(
+    model, tok, rows: list[dict], g: GVSettings, s, seed: int, cache_file: Path | None = None
+) -> dict[str, Any]:
+    """``pool`` samples per prompt with rewards, token log-probs/entropies and gradient sketches
+    (kept in ``cache_file`` when given, so a rerun with other allocators skips this part)."""
     import torch
     from sample_efficiency import (
         decode_responses,
@@ -201,6 +257,9 @@ def build_pool(model, tok, rows: list[dict], g: GVSettings, s, seed: int) -> dic
 
     params = [p for p in model.parameters() if p.requires_grad]
     sketch = Sketch(params, g.sketch, seed=12345)
+    if cache_file is not None and cache_file.exists():
+        print(f"[pool] from {cache_file}", flush=True)
+        return {**torch.load(cache_file), "sketch": sketch, "params": params}
     prompts = [prompt_text(r) for r in rows for _ in range(g.pool)]
     gts = [r["reward_model"]["ground_truth"] for r in rows for _ in range(g.pool)]
     model.eval()
@@ -243,23 +302,25 @@ def build_pool(model, tok, rows: list[dict], g: GVSettings, s, seed: int) -> dic
         if i % 256 == 0:
             print(f"[pool] {i}/{n} token gradients ({time.time() - t0:.0f}s)", flush=True)
     reward = torch.tensor([r for _, _, r in samples])
-    return {
+    data = {
         "samples": samples,
         "logp": logp,
         "ent": ent,
         "mask": mask,
         "grads": grads,
         "reward": reward.reshape(len(rows), g.pool),
-        "sketch": sketch,
-        "params": params,
     }
+    if cache_file is not None:
+        torch.save(data, cache_file.with_suffix(".tmp"))
+        cache_file.with_suffix(".tmp").replace(cache_file)
+    return {**data, "sketch": sketch, "params": params}
 
 
 # ---------------------------------------------------------------------------------------------
 # One batch's gradient through the learner's objective
 
 
-def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int):
+def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int, advantage: str = "grpo"):
     """∂loss/∂logp ``[rows, T]`` of the learner's loss on pool rows ``idx`` (groups ``groups``).
 
     Rows are ordered group by group (as the learner's mini-batches); each micro-batch of ``micro``
@@ -268,14 +329,14 @@ def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int):
     """
     import torch
 
-    from learner.algorithms import group_token_counts, grpo_advantages
+    from learner.algorithms import ADVANTAGE_ESTIMATORS, group_token_counts
     from learner.objective import ObjectiveInputs, rl_objective
 
     algo = algo_config(agg)
     mask = pool["mask"][idx]
     gids = torch.as_tensor(groups)
     rewards = pool["reward"].reshape(-1)[idx]
-    adv = grpo_advantages(rewards, gids)[:, None] * mask
+    adv, _ = ADVANTAGE_ESTIMATORS[advantage](rewards=rewards, mask=mask, group_ids=gids)
     logp = pool["logp"][idx].clone().requires_grad_(True)
     ent = pool["ent"][idx]
     gt = group_token_counts(gids, mask)
@@ -301,21 +362,21 @@ def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int):
     return coef
 
 
-def batch_gradient(pool: dict, idx, groups, agg: str, micro: int):
+def batch_gradient(pool: dict, idx, groups, agg: str, micro: int, advantage: str = "grpo"):
     """Sketched parameter gradient Σ ∂loss/∂logp · ∇logp of the batch, and the coefficients."""
     import torch
 
-    coef = batch_coefficients(pool, idx, groups, agg, micro)
+    coef = batch_coefficients(pool, idx, groups, agg, micro, advantage)
     return torch.einsum("rt,rtd->d", coef, pool["grads"][idx]), coef
 
 
-def true_gradient(model, pool: dict, idx, groups, agg: str, micro: int):
+def true_gradient(model, pool: dict, idx, groups, agg: str, micro: int, advantage: str = "grpo"):
     """The same loss, backpropagated through the model (for the chain-rule check)."""
     import torch
 
     from learner.algorithms import token_logprobs_and_entropy
 
-    _, coef = batch_gradient(pool, idx, groups, agg, micro)
+    _, coef = batch_gradient(pool, idx, groups, agg, micro, advantage)
     model.zero_grad(set_to_none=True)
     for j, i in enumerate(idx.tolist()):
         p_ids, r_ids, _ = pool["samples"][i]
@@ -333,7 +394,83 @@ def true_gradient(model, pool: dict, idx, groups, agg: str, micro: int):
 # Allocation
 
 
-def counts_for(name: str, stats_g, stats_k, budget_b: int, n_prompts: int, g: GVSettings):
+def gradient_spread(pool: dict, n: int, g: GVSettings, seed: int):
+    """Per prompt, √(n · E‖g_i − E g_i‖²) of its own group's gradient at group size n (groups
+    drawn from its pool): the σ_i of the variance Σ σ_i²/n_i, measured rather than guessed."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    rewards = pool["reward"]
+    n_prompts, size = rewards.shape
+    out = np.zeros(n_prompts)
+    for i in range(n_prompts):
+        if float(rewards[i].min()) == float(rewards[i].max()):
+            continue  # every group's rewards are equal: no gradient at any n
+        gs = torch.stack(
+            [
+                batch_gradient(
+                    pool,
+                    torch.as_tensor(i * size + rng.integers(0, size, n)),
+                    [i] * n,
+                    "prompt-mean",
+                    g.micro_batch,
+                    g.advantage,
+                )[0]
+                for _ in range(g.oracle_draws)
+            ]
+        )
+        out[i] = math.sqrt(n * float((gs - gs.mean(0)).square().sum(1).mean()))
+    return out
+
+
+def spread_vs_sigma(spread, rewards) -> dict[str, float]:
+    """How far the Bernoulli σ of the pool's success rate tells a prompt's gradient spread:
+    their correlation over prompts with a gradient, and the variance ratio to uniform's of
+    unbounded Neyman allocation, (Σ s_i)² / (N Σ s_i²) — the most any allocation could gain."""
+    import numpy as np
+
+    p = rewards.mean(1)
+    sigma = np.sqrt(p * (1 - p))
+    live = spread > 0
+    varied = live.sum() > 2 and np.ptp(spread[live]) > 0 and np.ptp(sigma[live]) > 0
+    corr = float(np.corrcoef(spread[live], sigma[live])[0, 1]) if varied else math.nan
+    total = float(np.square(spread).sum())
+    ratio = float(spread.sum() ** 2 / (spread.size * total)) if total > 0 else math.nan
+    return {"corr": corr, "neyman_var_ratio": ratio}
+
+
+def neyman_counts(w, total: int, n_min: int, n_max: int):
+    """Integers n_i = clip(λ·w_i, n_min, n_max) summing to ``total`` (largest remainders)."""
+    import numpy as np
+
+    n = len(w)
+    total = int(np.clip(total, n * n_min, n * n_max))
+    if not (w > 0).any():
+        return np.full(n, total // n) + (np.arange(n) < total % n)
+    lo, hi = 0.0, n_max / float(w[w > 0].min())
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if np.clip(mid * w, n_min, n_max).sum() < total:
+            lo = mid
+        else:
+            hi = mid
+    x = np.clip(hi * w, n_min, n_max)
+    out = np.floor(x + 1e-9).astype(np.int64)
+    left = total - int(out.sum())
+    out[np.argsort(-(x - out), kind="stable")[:left]] += 1
+    return out
+
+
+def counts_for(
+    name: str,
+    stats_g,
+    stats_k,
+    budget_b: int,
+    n_prompts: int,
+    g: GVSettings,
+    oracle: dict[str, Any] | None = None,
+):
     import numpy as np
 
     from allocator.algorithm import allocate_rollouts
@@ -341,15 +478,19 @@ def counts_for(name: str, stats_g, stats_k, budget_b: int, n_prompts: int, g: GV
     spec = ALLOCATORS[name]
     if not spec:
         return np.full(n_prompts, budget_b, dtype=np.int64)
+    n_min, n_max = bounds_for(spec, budget_b)
+    if spec.get("oracle"):
+        return neyman_counts(oracle[spec["oracle"]], budget_b * n_prompts, n_min, n_max)
+    a = recipe_allocator()
     return allocate_rollouts(
         stats_g,
         stats_k,
         budget_b * n_prompts,
-        n_min=2,
-        n_max=2 * budget_b,
-        initial_budget=4,
-        mastery_threshold=0.85,
-        min_priority=0.01,
+        n_min=n_min,
+        n_max=n_max,
+        initial_budget=a.initial_budget,
+        mastery_threshold=a.mastery_threshold,
+        min_priority=a.min_priority,
         priority=spec["priority"],
         scheme=spec["scheme"],
         hopeless_after=g.stat_samples if spec.get("hopeless") else 0,
@@ -374,7 +515,10 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
     n_prompts, size = pool["reward"].shape
     all_idx = torch.arange(n_prompts * size)
     all_groups = all_idx // size
-    refs = {w: batch_gradient(pool, all_idx, all_groups, w, g.micro_batch)[0] for w in WEIGHTINGS}
+    refs = {
+        w: batch_gradient(pool, all_idx, all_groups, w, g.micro_batch, g.advantage)[0]
+        for w in WEIGHTINGS
+    }
     t_max = pool["grads"].shape[1]
     flat = pool["grads"].reshape(-1, g.sketch)  # [pool rows × T, sketch], a view
     rewards = pool["reward"].numpy()
@@ -385,7 +529,14 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
         "cases": {},
     }
     for b in [int(x) for x in g.budgets.split(",")]:
-        for name in ALLOCATORS:
+        p_pool = rewards.mean(1)
+        oracle = {"sigma": np.sqrt(p_pool * (1 - p_pool))}
+        if "oracle" in g.allocators.split(","):
+            spread = gradient_spread(pool, b, g, seed=seed + b)
+            out.setdefault("gradient_spread", {})[f"B{b}"] = spread.tolist()
+            out.setdefault("spread_vs_sigma", {})[f"B{b}"] = spread_vs_sigma(spread, rewards)
+            oracle["spread"] = spread
+        for name in g.allocators.split(","):
             rng = np.random.default_rng([seed, b, list(ALLOCATORS).index(name)])
             per: dict[str, dict[str, list[float]]] = {w: {"mse": [], "cos": []} for w in WEIGHTINGS}
             # Per batch, the coefficient of every pool token (repeats add up); all the batches'
@@ -397,7 +548,7 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
                 draws = rng.integers(0, size, (n_prompts, g.stat_samples))
                 k = rewards[np.arange(n_prompts)[:, None], draws].sum(1)
                 counts = counts_for(
-                    name, np.full(n_prompts, float(g.stat_samples)), k, b, n_prompts, g
+                    name, np.full(n_prompts, float(g.stat_samples)), k, b, n_prompts, g, oracle
                 )
                 idx, groups, zero = [], [], 0
                 for i, c in enumerate(counts.tolist()):
@@ -412,7 +563,7 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
                 idx_t = torch.tensor(idx)
                 tok = (idx_t[:, None] * t_max + torch.arange(t_max)[None]).reshape(-1)
                 for w in WEIGHTINGS:
-                    coef = batch_coefficients(pool, idx_t, groups, w, g.micro_batch)
+                    coef = batch_coefficients(pool, idx_t, groups, w, g.micro_batch, g.advantage)
                     coefs[w][m].index_add_(0, tok, coef.reshape(-1))
             grads = {w: coefs[w] @ flat for w in WEIGHTINGS}  # [batches, sketch]
             for w in WEIGHTINGS:
@@ -470,8 +621,8 @@ def chain_rule_check(model, pool: dict, g: GVSettings) -> dict[str, float]:
     groups = (idx // size).tolist()
     res = {}
     for w in WEIGHTINGS:
-        composed, _ = batch_gradient(pool, idx, groups, w, g.micro_batch)
-        real = true_gradient(model, pool, idx, groups, w, g.micro_batch)
+        composed, _ = batch_gradient(pool, idx, groups, w, g.micro_batch, g.advantage)
+        real = true_gradient(model, pool, idx, groups, w, g.micro_batch, g.advantage)
         scale = float(real.norm())
         res[w] = float((composed - real).norm()) / scale if scale else float(composed.norm())
     return res
@@ -487,19 +638,25 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ckpts = list(report["checkpoints"])
+    summary = report["summary"]
+    ckpts = list(summary)
     fig, axes = plt.subplots(len(ckpts), 2, figsize=(11, 3.6 * len(ckpts)), squeeze=False)
-    names = [n for n in ALLOCATORS if n != "uniform"]
+    names = [n for n in report["allocators"] if n != "uniform"]
     for row, ck in enumerate(ckpts):
-        cases = report["checkpoints"][ck]["cases"]
+        cases = summary[ck]
         budgets = sorted({int(k.split("/")[0][1:]) for k in cases})
         for col, w in enumerate(WEIGHTINGS):
             ax = axes[row][col]
             width = 0.8 / len(names)
             for j, n in enumerate(names):
-                vals = [cases[f"B{b}/{n}"][w]["mse_ratio_to_uniform"] for b in budgets]
+                vals = [cases[f"B{b}/{n}"][w] for b in budgets]
+                mean = [v["mse_ratio_mean"] for v in vals]
+                err = [
+                    [m - v["mse_ratio_range"][0] for m, v in zip(mean, vals, strict=True)],
+                    [v["mse_ratio_range"][1] - m for m, v in zip(mean, vals, strict=True)],
+                ]
                 xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(budgets))]
-                ax.bar(xs, [v[0] for v in vals], width, yerr=[v[1] for v in vals], label=n)
+                ax.bar(xs, mean, width, yerr=err, label=n)
             ax.axhline(1.0, color="k", lw=0.8)
             ax.axhline(0.85, color="r", lw=0.8, ls="--")
             ax.set_xticks(range(len(budgets)), [f"B={b}" for b in budgets])
@@ -507,7 +664,10 @@ def plot(report: dict, path: Path) -> None:
             ax.set_title(f"{ck}, {w}")
             if row == 0 and col == 0:
                 ax.legend(fontsize=7)
-    fig.suptitle("Batch-gradient MSE to the reference, allocator / uniform at equal budget")
+    fig.suptitle(
+        "Batch-gradient MSE to the reference, allocator / uniform at equal budget "
+        f"(mean over {len(report['sets'])} prompt sets, bars: min..max)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -537,6 +697,8 @@ def parse(argv: list[str] | None):
             batches=4,
             sketch=256,
             stat_samples=4,
+            oracle_draws=4,
+            prompt_sets=2,
             rl_batch=4,
             rl_n=4,
         )
@@ -544,6 +706,17 @@ def parse(argv: list[str] | None):
         v = getattr(args, name, None)
         if v is not None:
             setattr(g, name, v)
+    if g.prompt_sets < 1:
+        p.error(f"--prompt-sets {g.prompt_sets}: must be >= 1")
+    if g.advantage not in ADVANTAGES:
+        p.error(f"--advantage {g.advantage!r}: allowed: {', '.join(ADVANTAGES)}")
+    chosen = g.allocators.split(",")
+    unknown = [n for n in chosen if n not in ALLOCATORS]
+    if unknown or "uniform" not in chosen:
+        p.error(
+            f"--allocators {g.allocators!r}: must include uniform; allowed: {', '.join(ALLOCATORS)}"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
     return args, s, g
 
 
@@ -557,25 +730,46 @@ def main(argv: list[str] | None = None) -> int:
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     warm = warm_start(s, cache)
-    rows = task_rows(s)[0][: g.prompts]
+    train = task_rows(s)[0]
+    offsets = [g.prompt_offset + j * g.prompts for j in range(g.prompt_sets)]
+    if offsets[-1] + g.prompts > len(train):
+        raise SystemExit(
+            f"--prompt-offset {g.prompt_offset} + --prompt-sets {g.prompt_sets} × --prompts "
+            f"{g.prompts} is past the {len(train)} train prompts"
+        )
     report: dict[str, Any] = {
         "what": "batch-gradient error at equal budget, allocator vs uniform (module docstring)",
         "settings": asdict(g),
         "task_settings": asdict(s),
-        "allocators": ALLOCATORS,
-        "checkpoints": {},
+        "allocators": {n: ALLOCATORS[n] for n in g.allocators.split(",")},
+        "recipe_allocator": recipe_allocator().model_dump(),
+        "sets": [],
     }
-    for steps in [int(x) for x in g.rl_steps.split(",")]:
-        ck = rl_checkpoint(s, g, warm, steps, cache)
-        model, tok = load(ck)
-        name = "warm start" if steps == 0 else f"RL step {steps}"
-        print(f"== {name}: building the pool ({g.prompts} × {g.pool})", flush=True)
-        pool = build_pool(model, tok, rows, g, s, seed=g.seed * 7919 + steps)
-        res = measure_checkpoint(pool, g, seed=g.seed * 7919 + steps)
-        res["chain_rule_check"] = chain_rule_check(model, pool, g)
-        print(f"  p mean {res['p_mean']:.3f}; chain-rule check {res['chain_rule_check']}")
-        report["checkpoints"][name] = res
-        del pool
+    steps_list = [int(x) for x in g.rl_steps.split(",")]
+    checkpoints = {steps: rl_checkpoint(s, g, warm, steps, cache) for steps in steps_list}
+    for offset in offsets:
+        rows = train[offset : offset + g.prompts]
+        result: dict[str, Any] = {"prompt_offset": offset, "checkpoints": {}}
+        for steps, ck in checkpoints.items():
+            model, tok = load(ck)
+            name = "warm start" if steps == 0 else f"RL step {steps}"
+            print(
+                f"== prompts {offset}..{offset + g.prompts - 1}, {name}: the pool "
+                f"({g.prompts} × {g.pool})",
+                flush=True,
+            )
+            seed = g.seed * 7919 + steps
+            pool_file = (
+                cache / f"pool-{ck.name}-{offset}+{g.prompts}x{g.pool}-sk{g.sketch}-s{seed}.pt"
+            )
+            pool = build_pool(model, tok, rows, g, s, seed=seed, cache_file=pool_file)
+            res = measure_checkpoint(pool, g, seed=seed)
+            res["chain_rule_check"] = chain_rule_check(model, pool, g)
+            print(f"  p mean {res['p_mean']:.3f}; chain-rule check {res['chain_rule_check']}")
+            result["checkpoints"][name] = res
+            del pool
+        report["sets"].append(result)
+    report["summary"] = summarise(report["sets"])
     report["wall_s"] = time.time() - t0
     default = cache / "quick" / "grad_variance" if args.quick else RESULTS / "grad_variance"
     out = Path(args.out) if args.out else default
@@ -587,23 +781,66 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def summarise(sets: list[dict]) -> dict[str, Any]:
+    """Per checkpoint, case and weighting: the MSE and variance ratios to uniform of every prompt
+    set, and their mean, min and max."""
+    out: dict[str, Any] = {}
+    for ck, res in sets[0]["checkpoints"].items():
+        for key in res["cases"]:
+            case: dict[str, Any] = {}
+            for w in WEIGHTINGS:
+                mse = [
+                    st["checkpoints"][ck]["cases"][key][w]["mse_ratio_to_uniform"][0] for st in sets
+                ]
+                var = [
+                    st["checkpoints"][ck]["cases"][key][w]["var_ratio_to_uniform"] for st in sets
+                ]
+                case[w] = {
+                    "mse_ratio": mse,
+                    "mse_ratio_mean": sum(mse) / len(mse),
+                    "mse_ratio_range": [min(mse), max(mse)],
+                    "var_ratio": var,
+                    "var_ratio_mean": sum(var) / len(var),
+                }
+            case["zero_adv_share"] = [
+                st["checkpoints"][ck]["cases"][key]["zero_adv_share"][0] for st in sets
+            ]
+            out.setdefault(ck, {})[key] = case
+    return out
+
+
 def print_table(report: dict) -> None:
+    for st in report["sets"]:
+        print(
+            f"\nprompts {st['prompt_offset']}.. | checkpoint | B | allocator | zero-adv share | "
+            + " | ".join(f"{w} rel. MSE | {w} MSE ratio | {w} cos" for w in WEIGHTINGS)
+            + " |"
+        )
+        for ck, res in st["checkpoints"].items():
+            for key, c in res["cases"].items():
+                b, name = key.split("/")
+                cells = [f"{c['zero_adv_share'][0]:.3f} ± {c['zero_adv_share'][1]:.3f}"]
+                for w in WEIGHTINGS:
+                    m, r, cs = c[w]["rel_mse"], c[w]["mse_ratio_to_uniform"], c[w]["cos"]
+                    cells += [
+                        f"{m[0]:.3f} ± {m[1]:.3f}",
+                        f"{r[0]:.2f} ± {r[1]:.2f}",
+                        f"{cs[0]:.3f} ± {cs[1]:.3f}",
+                    ]
+                print(f"| {ck} | {b[1:]} | {name} | " + " | ".join(cells) + " |")
     print(
-        "\n| checkpoint | B | allocator | zero-adv share | "
-        + " | ".join(f"{w} rel. MSE | {w} MSE ratio | {w} cos" for w in WEIGHTINGS)
+        "\nMSE / uniform's per prompt set (mean) | checkpoint | B | allocator | "
+        + " | ".join(WEIGHTINGS)
         + " |"
     )
-    for ck, res in report["checkpoints"].items():
-        for key, c in res["cases"].items():
+    for ck, cases in report["summary"].items():
+        for key, c in cases.items():
             b, name = key.split("/")
-            cells = [f"{c['zero_adv_share'][0]:.3f} ± {c['zero_adv_share'][1]:.3f}"]
-            for w in WEIGHTINGS:
-                m, r, cs = c[w]["rel_mse"], c[w]["mse_ratio_to_uniform"], c[w]["cos"]
-                cells += [
-                    f"{m[0]:.3f} ± {m[1]:.3f}",
-                    f"{r[0]:.2f} ± {r[1]:.2f}",
-                    f"{cs[0]:.3f} ± {cs[1]:.3f}",
-                ]
+            cells = [
+                " / ".join(f"{r:.2f}" for r in c[w]["mse_ratio"])
+                + f" ({c[w]['mse_ratio_mean']:.2f})"
+                for w in WEIGHTINGS
+            ]
             print(f"| {ck} | {b[1:]} | {name} | " + " | ".join(cells) + " |")
 
 

@@ -60,15 +60,21 @@ def pool(gv, tiny):
     return p, g
 
 
-def _learner_gradient(gv, model, pool, idx, groups, agg, micro):
+def _learner_gradient(gv, model, pool, idx, groups, agg, micro, advantage="grpo"):
     """The learner's objective on the batch, backpropagated through the model, then sketched."""
-    from learner.algorithms import group_token_counts, grpo_advantages, token_logprobs_and_entropy
+    from learner.algorithms import (
+        drgrpo_advantages,
+        group_token_counts,
+        grpo_advantages,
+        token_logprobs_and_entropy,
+    )
     from learner.objective import ObjectiveInputs, rl_objective
 
     model.zero_grad(set_to_none=True)
     mask = pool["mask"][idx]
     gids = torch.tensor(groups)
-    adv = grpo_advantages(pool["reward"].reshape(-1)[idx], gids)[:, None] * mask
+    estimator = {"grpo": grpo_advantages, "drgrpo": drgrpo_advantages}[advantage]
+    adv = estimator(pool["reward"].reshape(-1)[idx], gids)[:, None] * mask
     gt = group_token_counts(gids, mask)
     norm = float(mask.sum()) if agg == "token-mean" else float(len(set(groups)))
     logps, ents = [], []
@@ -100,14 +106,17 @@ def _learner_gradient(gv, model, pool, idx, groups, agg, micro):
     return pool["sketch"]([p.grad.unsqueeze(0) for p in pool["params"]])[0]
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "prompt-mean"])
-def test_composed_gradient_is_the_learners_backward(gv, tiny, pool, agg):
+@pytest.mark.parametrize(
+    ("agg", "advantage"),
+    [("token-mean", "grpo"), ("prompt-mean", "grpo"), ("prompt-mean", "drgrpo")],
+)
+def test_composed_gradient_is_the_learners_backward(gv, tiny, pool, agg, advantage):
     model, _ = tiny
     p, g = pool
     idx = torch.tensor([0, 1, 1, 3, 4, 6, 8, 9, 10, 11, 11])  # unequal groups, repeats
     groups = (idx // g.pool).tolist()
-    composed, _ = gv.batch_gradient(p, idx, groups, agg, g.micro_batch)
-    want = _learner_gradient(gv, model, p, idx, groups, agg, g.micro_batch)
+    composed, _ = gv.batch_gradient(p, idx, groups, agg, g.micro_batch, advantage)
+    want = _learner_gradient(gv, model, p, idx, groups, agg, g.micro_batch, advantage)
     assert float(want.norm()) > 0
     assert torch.allclose(composed, want, rtol=1e-4, atol=1e-6 * float(want.norm()))
 
@@ -119,6 +128,124 @@ def test_weightings_differ_when_groups_are_unequal(gv, pool):
     tm, _ = gv.batch_gradient(p, idx, groups, "token-mean", g.micro_batch)
     pm, _ = gv.batch_gradient(p, idx, groups, "prompt-mean", g.micro_batch)
     assert not torch.allclose(tm, pm)
+
+
+def test_advantage_choice_changes_the_gradient(gv, pool):
+    p, g = pool
+    idx = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7])
+    groups = (idx // g.pool).tolist()
+    std, _ = gv.batch_gradient(p, idx, groups, "prompt-mean", g.micro_batch, "grpo")
+    raw, _ = gv.batch_gradient(p, idx, groups, "prompt-mean", g.micro_batch, "drgrpo")
+    assert not torch.allclose(std, raw)
+
+
+def test_the_recipe_range_scales_with_the_budget(gv):
+    a = gv.recipe_allocator()
+    # The shipped recipe itself (configs/dynamo_grpo.yaml), not the section's defaults (4..24).
+    assert (a.n_per_prompt, a.n_min, a.n_max) == (16, 8, 24)
+    assert gv.bounds_for(gv.ALLOCATORS["dra"], 16) == (8, 24)
+    assert gv.bounds_for(gv.ALLOCATORS["dra-wl-std+hl"], 8) == (4, 12)
+    assert gv.bounds_for(gv.ALLOCATORS["dra"], 4) == (2, 6)
+    assert gv.bounds_for(gv.ALLOCATORS["dra"], 1) == (1, 2)
+    assert gv.bounds_for(gv.ALLOCATORS["dra-wide"], 8) == (2, 16)
+    assert gv.bounds_for(gv.ALLOCATORS["oracle"], 8) == (1, 16)
+
+
+def test_allocators_spend_the_budget_within_the_range(gv):
+    import numpy as np
+
+    g = gv.GVSettings(stat_samples=16)
+    k = np.array([0, 0, 1, 4, 8, 12, 16, 3], dtype=float)
+    stats = np.full(k.size, 16.0)
+    oracle = {
+        "spread": np.array([0.0, 0.0, 1.0, 2.0, 2.0, 1.0, 0.0, 5.0]),
+        "sigma": np.sqrt(k / 16 * (1 - k / 16)),
+    }
+    for name in gv.ALLOCATORS:
+        counts = gv.counts_for(name, stats, k, 8, k.size, g, oracle)
+        lo, hi = gv.bounds_for(gv.ALLOCATORS[name], 8) if gv.ALLOCATORS[name] else (8, 8)
+        if name.endswith("+hl"):
+            lo = g.hopeless_n
+        assert counts.sum() == 8 * k.size, name
+        assert counts.min() >= lo and counts.max() <= hi, (name, counts)
+    dra = gv.counts_for("dra", stats, k, 8, k.size, g)
+    assert dra[4] == dra.max()  # p = ½ gets the most; no success, or all, the least
+    assert max(dra[0], dra[1], dra[6]) < min(dra[2:6])
+    # The oracles follow their own weights: the largest spread, and p = ½, get the most.
+    assert gv.counts_for("oracle", stats, k, 8, k.size, g, oracle).argmax() == 7
+    assert gv.counts_for("oracle-sigma", stats, k, 8, k.size, g, oracle).argmax() == 4
+
+
+def test_neyman_counts_follow_the_weights_within_bounds(gv):
+    import numpy as np
+
+    w = np.array([0.0, 1.0, 2.0, 4.0, 100.0])
+    counts = gv.neyman_counts(w, 40, 2, 16)
+    # 2 and 16 at the bounds; the other 22 as λ·(1, 2, 4) with λ = 22/7 = 3.14, 6.29, 12.57:
+    # floors 3, 6, 12 and the one left to the largest remainder.
+    assert counts.tolist() == [2, 3, 6, 13, 16]
+    assert gv.neyman_counts(np.zeros(3), 10, 1, 8).tolist() == [4, 3, 3]
+    assert gv.neyman_counts(np.ones(4), 100, 2, 8).tolist() == [8, 8, 8, 8]  # clipped total
+
+
+def test_spread_against_sigma(gv):
+    import numpy as np
+
+    rewards = np.array([[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=float)
+    sigma = np.sqrt([0.0, 0.1875, 0.25, 0.1875])
+    got = gv.spread_vs_sigma(3 * sigma, rewards)  # spread ∝ σ: perfectly told
+    assert got["corr"] == pytest.approx(1.0)
+    assert got["neyman_var_ratio"] == pytest.approx(sigma.sum() ** 2 / (4 * np.square(sigma).sum()))
+    flat = gv.spread_vs_sigma(np.array([0.0, 1.0, 1.0, 1.0]), rewards)
+    assert flat["neyman_var_ratio"] == pytest.approx(9 / 12)  # 3 of 4 prompts carry the variance
+    assert np.isnan(flat["corr"])  # a constant spread has no correlation to speak of
+    assert np.isnan(gv.spread_vs_sigma(np.zeros(4), rewards)["neyman_var_ratio"])
+
+
+def test_gradient_spread_is_zero_only_without_signal(gv, pool):
+    p, _ = pool
+    solved = {**p, "reward": p["reward"].clone()}
+    solved["reward"][1] = 1.0  # every sample of prompt 1 right: equal rewards in every group
+    spread = gv.gradient_spread(solved, 3, gv.GVSettings(oracle_draws=6, micro_batch=5), seed=0)
+    assert spread[1] == 0.0
+    mixed = [i for i in (0, 2) if 0 < float(solved["reward"][i].mean()) < 1]
+    assert mixed and all(spread[i] > 0 for i in mixed)
+
+
+def test_summary_gives_each_sets_ratio_and_its_range(gv):
+    def one(ratio, var, zero):
+        case = {
+            w: {"mse_ratio_to_uniform": (ratio, 0.1), "var_ratio_to_uniform": var}
+            for w in gv.WEIGHTINGS
+        }
+        return {
+            "checkpoints": {
+                "warm start": {"cases": {"B4/dra": {**case, "zero_adv_share": (zero, 0.0)}}}
+            }
+        }
+
+    summary = gv.summarise([one(0.9, 0.8, 0.3), one(0.7, 0.6, 0.2), one(1.1, 1.0, 0.1)])
+    pm = summary["warm start"]["B4/dra"]["prompt-mean"]
+    assert pm["mse_ratio"] == [0.9, 0.7, 1.1]
+    assert pm["mse_ratio_range"] == [0.7, 1.1]
+    assert pm["mse_ratio_mean"] == pytest.approx(0.9)
+    assert pm["var_ratio_mean"] == pytest.approx(0.8)
+    assert summary["warm start"]["B4/dra"]["zero_adv_share"] == [0.3, 0.2, 0.1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompt-sets", "0"], "must be >= 1"),
+        (["--allocators", "dra,oracle"], "must include uniform"),
+        (["--allocators", "uniform,dra-fancy"], "unknown: dra-fancy"),
+        (["--advantage", "ppo"], "allowed: grpo, drgrpo, rloo"),
+    ],
+)
+def test_bad_options_are_refused_by_name(gv, capsys, args, message):
+    with pytest.raises(SystemExit):
+        gv.parse(args)
+    assert message in capsys.readouterr().err
 
 
 def test_sketch_preserves_inner_products_on_average(gv):
@@ -136,9 +263,17 @@ def test_quick_run_writes_the_report(gv, tmp_path):
     assert gv.main(["--quick", "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert out.with_suffix(".png").stat().st_size > 0
-    assert list(report["checkpoints"]) == ["warm start", "RL step 2"]
-    for ck in report["checkpoints"].values():
-        assert set(ck["cases"]) == {f"B{b}/{a}" for b in (2, 4) for a in gv.ALLOCATORS}
-        for case in ck["cases"].values():
-            assert 0.0 <= case["zero_adv_share"][0] <= 1.0
-            assert set(case) >= {"token-mean", "prompt-mean"}
+    assert [st["prompt_offset"] for st in report["sets"]] == [0, 4]  # two disjoint sets of 4
+    cases = {f"B{b}/{a}" for b in (2, 4) for a in gv.ALLOCATORS}
+    for st in report["sets"]:
+        assert list(st["checkpoints"]) == ["warm start", "RL step 2"]
+        for ck in st["checkpoints"].values():
+            assert set(ck["cases"]) == cases
+            for case in ck["cases"].values():
+                assert 0.0 <= case["zero_adv_share"][0] <= 1.0
+                assert set(case) >= {"token-mean", "prompt-mean"}
+    assert list(report["summary"]) == ["warm start", "RL step 2"]
+    for ck in report["summary"].values():
+        assert set(ck) == cases
+        for case in ck.values():
+            assert len(case["prompt-mean"]["mse_ratio"]) == 2
