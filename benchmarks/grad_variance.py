@@ -31,8 +31,9 @@ training could not run, both within 1..2B: ``oracle``, n_i ∝ each prompt's own
 measured on the pool (``gradient_spread``) — the Neyman allocation, about the least variance
 any allocation of the budget can reach (up to the noise of its spread estimates); and
 ``oracle-sigma``, n_i ∝ the σ of each prompt's success rate over the whole pool (what σ-allocation
-does with exact statistics). ``--advantage drgrpo`` replaces GRPO's
-advantages with Dr.GRPO's (not divided by the group std).
+does with exact statistics). ``--advantage drgrpo`` replaces GRPO's advantages with Dr.GRPO's
+(not divided by the group std). ``prompt_sets`` disjoint sets of ``prompts`` prompts are measured
+in turn; ``summary`` in the JSON gives every ratio per set.
 
 The reference gradient of a checkpoint and weighting is the gradient of the whole pool (``pool``
 samples for every prompt). Per case: relative MSE E‖g − g_ref‖² / ‖g_ref‖², its variance part
@@ -40,8 +41,8 @@ E‖g − E g‖² / ‖g_ref‖², cosine to the reference, the share of rollou
 whose rewards are all equal), each with a 95% interval over ``batches`` independent batches, and
 the ratio of MSE to uniform's (interval by the delta method).
 
-    .venv/bin/python benchmarks/grad_variance.py --quick    # smoke run (a minute or two)
-    .venv/bin/python benchmarks/grad_variance.py            # full run, JSON + PNG in results/
+    .venv/bin/python benchmarks/grad_variance.py --quick    # smoke run (~15 s)
+    .venv/bin/python benchmarks/grad_variance.py            # full run (~15 min), JSON + PNG in results/
 """
 
 from __future__ import annotations
@@ -528,8 +529,8 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
         "ref_norm": {w: float(refs[w].norm()) for w in WEIGHTINGS},
         "cases": {},
     }
+    p_pool = rewards.mean(1)
     for b in [int(x) for x in g.budgets.split(",")]:
-        p_pool = rewards.mean(1)
         oracle = {"sigma": np.sqrt(p_pool * (1 - p_pool))}
         if "oracle" in g.allocators.split(","):
             spread = gradient_spread(pool, b, g, seed=seed + b)
