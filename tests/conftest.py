@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import redis
 from hypothesis import settings
 
 from dynamo_rl.procs import ServiceProcess, start_redis
@@ -100,6 +102,17 @@ def service(tmp_path: Path) -> Iterator[ServiceFactory]:
     yield start
     for proc in reversed(started):
         proc.stop()
+
+
+def wait_for_blocked_read(client: redis.Redis, timeout_s: float = 30.0) -> None:
+    """Return once some client of ``client``'s server is blocked in XREADGROUP (CLIENT LIST: the
+    command, and the ``b`` flag of a blocking call); AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not any(
+        c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "") for c in client.client_list()
+    ):
+        assert time.monotonic() < deadline, "no client blocked in XREADGROUP"
+        time.sleep(0.01)
 
 
 def dynamo_rl_argv(*args: str) -> list[str]:

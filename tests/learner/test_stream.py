@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import redis
 
 from dynamo_rl import keys
 from dynamo_rl.codec import Response, TrajectoryGroup, encode_entry
 from dynamo_rl.contracts.stream import TrajectoryReader
+from tests.conftest import wait_for_blocked_read
 from tests.learner.helpers import make_groups, write_groups
 
 NS = "streamtest"
@@ -140,13 +140,11 @@ def test_a_read_waits_for_an_entry_up_to_block_ms(redis_url: str) -> None:
 
     def push_once_blocked() -> None:
         other = _client(redis_url)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if other.info("clients")["blocked_clients"] >= 1:
-                pushed.extend(write_groups(redis_url, NS, make_groups(1)))
-                break
-            time.sleep(0.01)
-        other.close()
+        try:
+            wait_for_blocked_read(other)
+            pushed.extend(write_groups(redis_url, NS, make_groups(1)))
+        finally:
+            other.close()
 
     pusher = threading.Thread(target=push_once_blocked)
     pusher.start()

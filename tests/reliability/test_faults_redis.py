@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from dynamo_rl.codec import Response, TrajectoryGroup, encode_entry
 from dynamo_rl.contracts.stream import TrajectoryReader
 from dynamo_rl.procs import free_port, start_redis
 from dynamo_rl.redis_client import sync_client
+from tests.conftest import wait_for_blocked_read
 from tests.reliability.helpers import UpRun, process_tree, send_signal
 
 STEPS = 10
@@ -152,10 +152,7 @@ def test_a_read_reply_lost_to_a_redis_shutdown_is_trained_after_the_restart(tmp_
     try:
         blocked.start()
         admin = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 30
-        while not any(c.get("cmd") == "xreadgroup" for c in admin.client_list()):
-            assert time.monotonic() < deadline, "the reader never blocked in XREADGROUP"
-            time.sleep(0.01)
+        wait_for_blocked_read(admin)
         pipe = admin.pipeline(transaction=False)
         for _ in range(8):
             pipe.xadd(reader.stream, entry)
