@@ -425,14 +425,12 @@ def gradient_spread(pool: dict, n: int, g: GVSettings, seed: int):
     return out
 
 
-def spread_vs_sigma(spread, rewards) -> dict[str, float]:
-    """How far the Bernoulli σ of the pool's success rate tells a prompt's gradient spread:
-    their correlation over prompts with a gradient, and the variance ratio to uniform's of
-    unbounded Neyman allocation, (Σ s_i)² / (N Σ s_i²) — the most any allocation could gain."""
+def spread_vs_sigma(spread, sigma) -> dict[str, float]:
+    """How far ``sigma`` (the Bernoulli σ of each prompt's pool success rate) tells its gradient
+    spread: their correlation over prompts with a gradient, and the variance ratio to uniform's
+    of unbounded Neyman allocation, (Σ s_i)² / (N Σ s_i²) — the most any allocation could gain."""
     import numpy as np
 
-    p = rewards.mean(1)
-    sigma = np.sqrt(p * (1 - p))
     live = spread > 0
     varied = live.sum() > 2 and np.ptp(spread[live]) > 0 and np.ptp(sigma[live]) > 0
     corr = float(np.corrcoef(spread[live], sigma[live])[0, 1]) if varied else math.nan
@@ -530,12 +528,13 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
         "cases": {},
     }
     p_pool = rewards.mean(1)
+    sigma = np.sqrt(p_pool * (1 - p_pool))
     for b in [int(x) for x in g.budgets.split(",")]:
-        oracle = {"sigma": np.sqrt(p_pool * (1 - p_pool))}
+        oracle = {"sigma": sigma}
         if "oracle" in g.allocators.split(","):
             spread = gradient_spread(pool, b, g, seed=seed + b)
             out.setdefault("gradient_spread", {})[f"B{b}"] = spread.tolist()
-            out.setdefault("spread_vs_sigma", {})[f"B{b}"] = spread_vs_sigma(spread, rewards)
+            out.setdefault("spread_vs_sigma", {})[f"B{b}"] = spread_vs_sigma(spread, sigma)
             oracle["spread"] = spread
         for name in g.allocators.split(","):
             rng = np.random.default_rng([seed, b, list(ALLOCATORS).index(name)])

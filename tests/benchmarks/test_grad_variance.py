@@ -191,15 +191,14 @@ def test_neyman_counts_follow_the_weights_within_bounds(gv):
 def test_spread_against_sigma(gv):
     import numpy as np
 
-    rewards = np.array([[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=float)
-    sigma = np.sqrt([0.0, 0.1875, 0.25, 0.1875])
-    got = gv.spread_vs_sigma(3 * sigma, rewards)  # spread ∝ σ: perfectly told
+    sigma = np.sqrt([0.0, 0.1875, 0.25, 0.1875])  # success rates 0, ¼, ½, ¾
+    got = gv.spread_vs_sigma(3 * sigma, sigma)  # spread ∝ σ: perfectly told
     assert got["corr"] == pytest.approx(1.0)
     assert got["neyman_var_ratio"] == pytest.approx(sigma.sum() ** 2 / (4 * np.square(sigma).sum()))
-    flat = gv.spread_vs_sigma(np.array([0.0, 1.0, 1.0, 1.0]), rewards)
+    flat = gv.spread_vs_sigma(np.array([0.0, 1.0, 1.0, 1.0]), sigma)
     assert flat["neyman_var_ratio"] == pytest.approx(9 / 12)  # 3 of 4 prompts carry the variance
     assert np.isnan(flat["corr"])  # a constant spread has no correlation to speak of
-    assert np.isnan(gv.spread_vs_sigma(np.zeros(4), rewards)["neyman_var_ratio"])
+    assert np.isnan(gv.spread_vs_sigma(np.zeros(4), sigma)["neyman_var_ratio"])
 
 
 def test_gradient_spread_is_zero_only_without_signal(gv, pool):
