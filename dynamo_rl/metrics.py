@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
-    start_http_server,
+    make_wsgi_app,
 )
 
 __all__ = [
@@ -128,8 +129,33 @@ class ServiceMetrics:
         return names
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` on its own port (for non-HTTP services); returns the bound port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        """Serve ``/metrics`` on its own port (for non-HTTP services), in a daemon thread; returns
+        the bound port.
+
+        Every other path answers 404 (Prometheus' own server answers the metrics on any path): a
+        readiness probe that reaches a metrics port by mistake (``/healthz`` of a service whose
+        port another process took) must fail, not pass."""
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client.exposition import ThreadingWSGIServer
+
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):  # type: ignore[no-untyped-def]
+            if environ.get("PATH_INFO") == "/metrics":
+                return metrics_app(environ, start_response)
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"dynamo_{self.service}: only /metrics is served here\n".encode()]
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+        server = make_server(host, port, app, Server, handler_class=Quiet)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
         return int(server.server_port)
 
     def snapshot(self) -> list[list[object]]:

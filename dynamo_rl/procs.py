@@ -1,7 +1,8 @@
 """Starting and stopping local processes: the mechanics under :mod:`dynamo_rl.services`'s table,
 which ``dynamo-rl up``, ``eval``, the benchmarks and the tests start services through.
 
-- :func:`free_port` picks a free TCP port on loopback.
+- :func:`free_port` picks a free TCP port on loopback, below the kernel's ephemeral range (so no
+  port-0 bind or outgoing connection takes it before its service binds it).
 - :class:`ServiceProcess` runs a command in its own process group with its output in a log file,
   waits until a health check passes (failing fast, with the last log lines, if the process dies),
   and stops the whole group (SIGTERM, then SIGKILL) so nothing is left behind.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -37,13 +39,39 @@ __all__ = [
 
 _handed_out: set[int] = set()
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_EPHEMERAL = (32768, 60999)
+"""Linux's default range for port-0 binds and outgoing connections (when the file is unreadable)."""
+LOWEST_PICK = 10000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for port-0 binds and the local ports of outgoing connections."""
+    try:
+        lo, hi = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL
+    return lo, hi
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, and never one this process was already given: a caller that picks several
-    ports before starting anything (``up``) must not get the same one twice."""
-    for _ in range(100):
+    """A port free now, below the kernel's ephemeral range, and never one this process was already
+    given (a caller that picks several ports before starting anything, as ``up``, must not get the
+    same one twice).
+
+    A port is picked some time before its service binds it, and meanwhile any process may bind
+    port 0 (a metrics server on a free port) or open a connection: the kernel gives those ports
+    from its ephemeral range only, so a port picked below that range stays free for its service.
+    Picked at random, and checked by binding it."""
+    lo, _hi = ephemeral_range()
+    span = lo - LOWEST_PICK
+    for _ in range(200):
+        port = LOWEST_PICK + secrets.randbelow(span) if span >= 1000 else 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
+            try:
+                s.bind((host, port))
+            except OSError:  # in use
+                continue
             port = int(s.getsockname()[1])
         if port not in _handed_out:
             _handed_out.add(port)

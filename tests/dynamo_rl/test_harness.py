@@ -114,3 +114,61 @@ def test_free_port_never_hands_out_the_same_port_twice() -> None:
 
     ports = [free_port() for _ in range(500)]
     assert len(set(ports)) == len(ports)
+
+
+def test_free_port_is_below_the_ephemeral_range_so_port_0_binds_never_take_it() -> None:
+    """A picked port waits for its service while other processes bind port 0 (metrics servers) and
+    open connections: in CI the allocator's metrics server was given the port ``up`` had picked for
+    the reward service, which then could not bind it. Picks lie below the kernel's ephemeral range,
+    and a thousand port-0 binds held at once never land on one."""
+    import socket
+
+    from dynamo_rl.procs import LOWEST_PICK, ephemeral_range, free_port
+
+    lo, hi = ephemeral_range()
+    assert 1024 <= lo <= hi
+    picked = {free_port() for _ in range(200)}
+    assert all(LOWEST_PICK <= p < lo for p in picked)
+    socks = []
+    try:
+        for _ in range(1000):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        taken = {s.getsockname()[1] for s in socks}
+    finally:
+        for s in socks:
+            s.close()
+    assert all(lo <= p <= hi for p in taken)
+    assert not taken & picked
+
+
+def test_free_port_skips_a_port_in_use(monkeypatch) -> None:
+    """The pick is checked by binding it: a port some process listens on is never handed out."""
+    import socket
+
+    from dynamo_rl import procs
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", procs.LOWEST_PICK + 5))
+        busy.listen()
+        draws = iter([5, 5, 6])
+        monkeypatch.setattr(procs.secrets, "randbelow", lambda _n: next(draws))
+        monkeypatch.setattr(procs, "_handed_out", set())
+        assert procs.free_port() == procs.LOWEST_PICK + 6
+
+
+def test_a_metrics_port_answers_only_metrics() -> None:
+    """A readiness probe that reaches a metrics server (another service given the port) must not
+    pass: ``/metrics`` answers, every other path is 404 (the reward service's ``/healthz`` passed
+    against the allocator's metrics server once, and ``up`` went on without a reward service)."""
+    import httpx
+
+    m = ServiceMetrics("allocator")
+    m.counter("calls_total", "calls").inc()
+    port = m.serve(0)
+    base = f"http://127.0.0.1:{port}"
+    ok = httpx.get(f"{base}/metrics", timeout=5)
+    assert ok.status_code == 200 and "dynamo_allocator_calls_total 1.0" in ok.text
+    for path in ("/healthz", "/health", "/", "/metrics/x"):
+        assert httpx.get(base + path, timeout=5).status_code == 404, path
