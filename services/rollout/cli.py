@@ -8,10 +8,27 @@ once. SIGTERM/SIGINT stop the worker between or inside a batch; a batch is pushe
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 
 from dynamo_rl.cli import parse_config, service_parser
+
+STOP_RETRY_S = 0.5
+"""How often a stop signal's cancellation is repeated until the worker has ended."""
+
+
+def cancel_until_done(task: asyncio.Future[object], every_s: float) -> None:
+    """Cancel ``task``, and again every ``every_s`` seconds until it is done.
+
+    One cancellation can be lost: Python 3.11's ``asyncio.wait_for`` (which the Redis client wraps
+    every command in) returns the result instead of raising when the cancellation arrives just as
+    the awaited call completes, and the worker then waits on; a SIGTERM once went unanswered for
+    over 30 s that way in CI."""
+    if task.done():
+        return
+    task.cancel()
+    asyncio.get_running_loop().call_later(every_s, cancel_until_done, task, every_s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     _args, cfg = parse_config(build_parser(), argv)
 
-    import asyncio
     import logging
     import signal
 
@@ -83,12 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
 
     async def run() -> int:
-        task = asyncio.current_task()
         loop = asyncio.get_running_loop()
+        work = asyncio.ensure_future(worker.run())
+
+        def stop(sig: signal.Signals) -> None:
+            log.info("%s: stopping", sig.name)
+            cancel_until_done(work, STOP_RETRY_S)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
+            loop.add_signal_handler(sig, stop, sig)
         try:
-            done = await worker.run()
+            done = await work
             log.info("done: %d batches", done)
             return 0
         except asyncio.CancelledError:

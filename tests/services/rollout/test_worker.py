@@ -443,10 +443,46 @@ def test_rollout_command_stops_cleanly_on_sigterm_while_waiting(redis_url, datas
             timeout=60,
         )
         proc.signal(signal.SIGTERM)
-        assert proc.proc is not None and proc.proc.wait(timeout=30) == 0
+        assert proc.proc is not None
+        try:
+            code = proc.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running 30 s after SIGTERM:\n{proc.log_tail()}") from None
+        assert code == 0, proc.log_tail()
+        assert "SIGTERM: stopping" in proc.log_tail()
         assert "stopped after 0 batches" in proc.log_tail()
     finally:
         proc.stop()
+
+
+def test_a_lost_cancellation_is_repeated_until_the_worker_ends():
+    """Python 3.11's ``asyncio.wait_for`` (inside every Redis command) can swallow a cancellation
+    that arrives as the awaited call completes; the rollout command's stop signal then cancels
+    again until the worker has ended. Here the work swallows the first two cancellations."""
+    from services.rollout.cli import cancel_until_done
+
+    swallowed = []
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                if len(swallowed) >= 2:
+                    raise
+                swallowed.append(1)
+
+    async def go() -> None:
+        work = asyncio.ensure_future(stubborn())
+        await asyncio.sleep(0)
+        cancel_until_done(work, 0.01)
+        done, _ = await asyncio.wait({work}, timeout=10)
+        if not done:  # end it anyway, so that asyncio.run can return and the test fail
+            swallowed.extend([1, 1])
+            work.cancel()
+        assert done and work.cancelled() and len(swallowed) == 2
+
+    asyncio.run(go())
 
 
 def test_reward_client_matches_results_by_id_and_refuses_bad_items(reward_server):
