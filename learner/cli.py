@@ -9,12 +9,13 @@ imported, so ``--help`` and config mistakes answer at once (exit 2).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from dynamo_rl.cli import EXIT_CONFIG, parse_config, service_parser
 
@@ -75,7 +76,8 @@ def run_ranks(
 
     ``after`` runs on every rank once training has returned. On success every rank waits for the
     others (a barrier) before the process group is destroyed: a rank that tears gloo down while a
-    peer still talks to it can abort ("terminate called without an active exception")."""
+    peer still talks to it can abort ("terminate called without an active exception"). Under
+    torchrun a rank that finished then ends at once (:func:`_end_rank`)."""
     _die_with_launcher()
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
@@ -92,7 +94,6 @@ def run_ranks(
         if after is not None:
             after(trainer)
         finished = True
-        return code
     finally:
         if dist.is_initialized():
             if finished:
@@ -101,6 +102,26 @@ def run_ranks(
                 except Exception as e:  # a peer already gone: nothing left to wait for
                     logging.getLogger(__name__).warning("final barrier failed: %s", e)
             dist.destroy_process_group()
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        _end_rank(code)
+    return code
+
+
+def _end_rank(code: int) -> NoReturn:
+    """End a torchrun rank that finished, without the interpreter's teardown.
+
+    The exit handlers run (the metrics history's last snapshot, trackers, logging), the output is
+    flushed, then the process ends with ``os._exit``. Tearing down the interpreter and torch's
+    native state after a run once aborted a rank that had trained and left its group in order
+    (SIGABRT, "terminate called without an active exception"), so torchrun reported a failed
+    run; a finished rank has nothing left that needs that teardown."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _die_with_launcher() -> None:
