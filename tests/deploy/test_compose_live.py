@@ -188,6 +188,23 @@ class Stack:
     def docker(self, *args: str) -> str:
         return _sh(["docker", *args], self.env, 120)
 
+    def pause(self, service: str, timeout: float = 120) -> None:
+        """``docker pause``, tried again while the runtime answers "unable to freeze" (the cgroup
+        freezer did not settle within the runtime's short wait, as seen once in CI just after the
+        learner's restart; the runtime leaves the container thawed when it gives up)."""
+        argv = ["docker", "pause", self.container(service)]
+        deadline = time.monotonic() + timeout
+        while True:
+            r = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)
+            if r.returncode == 0:
+                return
+            if "unable to freeze" not in r.stderr or time.monotonic() > deadline:
+                pytest.fail(f"{' '.join(argv)} exited {r.returncode}:\n{r.stderr[-3000:]}")
+            time.sleep(1)
+
+    def unpause(self, service: str) -> None:
+        self.docker("unpause", self.container(service))
+
     def engine_version(self) -> int:
         """The engine's weight version, read inside its container (its port is not published)."""
         code = (
@@ -229,19 +246,19 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         # training runs (on an idle machine a step here takes well under a second); the restarted
         # engine serves the weights it was started with until the learner pushes to it again (the
         # next push, or the catch-up push while the learner waits).
-        stack.docker("pause", stack.container("learner"))
+        stack.pause("learner")
         try:
             assert stack.steps() + 3 < STEPS, "too few steps left for the engine's restart"
             _crash_and_wait_restart(stack, "engine")
             _wait("engine healthy", lambda: stack.inspect("engine", "{{.State.Health.Status}}")
                   == "healthy", 400, lambda: stack.logs("engine"))  # fmt: skip
         finally:
-            stack.docker("unpause", stack.container("learner"))
+            stack.unpause("learner")
         at_restart = stack.steps()
         _wait_steps(stack, 2, "after the learner's and the engine's restarts")
         # Held again while the engine is read, so that training cannot reach max_steps before
         # step 4's `docker kill`.
-        stack.docker("pause", stack.container("learner"))
+        stack.pause("learner")
         try:
             # The restarted engine holds weights pushed after its restart (a version it was not
             # started with, at least the step training had reached).
@@ -250,7 +267,7 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
             assert stack.steps() < STEPS, "the learner finished before `docker kill`"
             restarts = stack.inspect("learner", "{{.RestartCount}}")
         finally:
-            stack.docker("unpause", stack.container("learner"))
+            stack.unpause("learner")
 
         # 4. `docker kill`: a manual stop to Docker, which leaves the container down whatever
         # its restart policy; `docker compose up -d --wait` (what a user runs) brings it back, and
@@ -329,12 +346,12 @@ def _up_rollout_last(stack: Stack, wait_timeout: int) -> None:
     first = [s for s in SERVICES if s != "rollout"]
     stack.compose("up", "-d", "--wait", "--wait-timeout", str(wait_timeout), *first,
                   timeout=wait_timeout + 100)  # fmt: skip
-    stack.docker("pause", stack.container("learner"))
+    stack.pause("learner")
     try:
         stack.compose("up", "-d", "--no-deps", "--wait", "--wait-timeout", "600", "rollout",
                       timeout=700)  # fmt: skip
     finally:
-        stack.docker("unpause", stack.container("learner"))
+        stack.unpause("learner")
 
 
 def _wait_steps(stack: Stack, more: int, what: str) -> None:
