@@ -14,6 +14,7 @@ which ``dynamo-rl up``, ``eval``, the benchmarks and the tests start services th
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -45,8 +46,10 @@ LINUX_EPHEMERAL = (32768, 60999)
 LOWEST_PICK = 10000
 
 
+@functools.cache
 def ephemeral_range() -> tuple[int, int]:
-    """The kernel's range for port-0 binds and the local ports of outgoing connections."""
+    """The kernel's range for port-0 binds and the local ports of outgoing connections (read once
+    per process)."""
     try:
         lo, hi = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
     except (OSError, ValueError):
