@@ -47,8 +47,11 @@ COPY dynamo_rl ./dynamo_rl
 COPY allocator ./allocator
 COPY learner ./learner
 COPY services ./services
+COPY launcher ./launcher
+COPY dashboard ./dashboard
+COPY tasks ./tasks
 RUN pip install --no-deps . \
- && python -c "import dynamo_rl, dynamo_rl.dashboard, torch, transformers" \
+ && python -c "import dynamo_rl, launcher, dashboard, tasks, torch, transformers" \
  && dynamo-rl --help > /dev/null
 
 USER 10001:10001

@@ -45,7 +45,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dynamo_rl.services import SERVICES
+    from launcher.service_table import SERVICES
     from learner.tiny_model import build_tiny_model
 
     torch.set_num_threads(args.threads)

@@ -125,7 +125,7 @@ def _start_engine(target: str, model: Path, root: Path, redis_url: str) -> tuple
             proc.stop()
             raise
         return proc, url
-    from dynamo_rl.services import SERVICES
+    from launcher.service_table import SERVICES
 
     return SERVICES["engine"].start(
         root / f"engine-{target}.log", "--model", str(model), f"endpoints.redis_url={redis_url}",

@@ -166,7 +166,7 @@ class Settings:
 
 def task_rows(s: Settings) -> tuple[list[dict], list[dict], list[dict]]:
     """(RL train pool, SFT pool of the warm-start tiers, held-out test rows); test is disjoint."""
-    from dynamo_rl.tasks.arith import generate_rows
+    from tasks.arith import generate_rows
 
     train, test = generate_rows(s.task_train, s.test_prompts, seed=s.task_seed)
     rl_pool = train[: s.train_prompts]

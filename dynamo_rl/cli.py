@@ -31,22 +31,22 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "rollout": ("services.rollout.cli", "run a rollout worker (dataset -> engines -> stream)"),
     "learner": ("learner.cli", "train on the trajectory stream (launch with torchrun)"),
-    "up": ("dynamo_rl.up", "start every service locally and train"),
+    "up": ("launcher.up", "start every service locally and train"),
     "eval": (
         "services.rollout.eval_cli",
         "measure pass@1 / avg@k of a model through the reward service",
     ),
     "config": ("dynamo_rl.config_cli", "validate an experiment config and print it resolved"),
-    "dashboard": ("dynamo_rl.dashboard.cli", "serve the built-in dashboard (charts and samples)"),
+    "dashboard": ("dashboard.cli", "serve the built-in dashboard (charts and samples)"),
     "init-model": ("learner.tiny_model", "build a tiny Qwen2 model and tokenizer (no download)"),
     "sft": ("learner.sft_cli", "supervised fine-tuning (the learner's sft mode; warm start)"),
     "stage": (
-        "dynamo_rl.stage",
+        "launcher.stage",
         "run one stage of up's recipe on its own: prepare | eval-before | eval-after (compose)",
     ),
-    "task": ("dynamo_rl.task_cli", "write a built-in task's train/test data (verl parquet layout)"),
+    "task": ("tasks.cli", "write a built-in task's train/test data (verl parquet layout)"),
     "data": (
-        "dynamo_rl.convert",
+        "tasks.convert",
         "convert a published dataset (GSM8K, MATH, AIME, APPS, ...) into the verl layout",
     ),
 }

@@ -372,7 +372,7 @@ _ANSWER_LINE = {"kind": "math", "extraction": "answer_line"}
 _CODE_CASES = {"kind": "code", "scoring": "fraction"}
 DEFAULT_ROUTES: dict[str, dict[str, str]] = {
     "arith": _MATH_BOXED,  # the built-in task (dynamo-rl task arith)
-    "products": _MATH_BOXED,  # the agent recipe's task (dynamo_rl.tasks.products)
+    "products": _MATH_BOXED,  # the agent recipe's task (tasks.products)
     "openai/gsm8k": {"kind": "math", "extraction": "gsm8k"},
     "lighteval/MATH": _MATH_BOXED,
     "DigitalLearningGmbH/MATH-lighteval": _MATH_BOXED,
@@ -380,7 +380,7 @@ DEFAULT_ROUTES: dict[str, dict[str, str]] = {
     "math_dapo": _ANSWER_LINE,
     "aime*": _ANSWER_LINE,
     "numina_*": {"kind": "math", "extraction": "math_verify"},
-    # The benchmarks and sets `dynamo-rl data` converts (dynamo_rl/convert.py), with the boxed
+    # The benchmarks and sets `dynamo-rl data` converts (tasks/convert.py), with the boxed
     # instruction; OlympiadBench's multi-answer problems need several boxes combined.
     "amc*": _MATH_BOXED,
     "minerva_math": _MATH_BOXED,

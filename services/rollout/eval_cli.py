@@ -13,7 +13,7 @@ first ``--limit`` prompts it samples ``--n`` responses and prints one table, a r
 ``avg@n`` (pass@1 averaged over the n samples; ``accuracy`` in the JSON), the unbiased ``pass@k``
 for each ``--k`` (the Codex estimator 1 − C(n−c, k)/C(n, k)), ``maj@n`` (majority vote over the
 samples' extracted answers), each with a seeded bootstrap 95% interval over prompts
-(:mod:`dynamo_rl.eval_metrics`). ``--out FILE`` writes the figures as JSON with the sampling
+(:mod:`services.rollout.eval_metrics`). ``--out FILE`` writes the figures as JSON with the sampling
 settings and the prompt template they were measured under. With ``--temperature 0`` and ``--n 1``
 it is greedy pass@1. Each prompt is sampled with a seed of its own derived from ``run.seed`` and
 its id (reproducible, independent across prompts); ``--samples FILE`` writes every sample with its
@@ -82,9 +82,9 @@ async def evaluate(
     ``extra_info.tier``), and the first prompt as rendered."""
     import asyncio
 
-    from dynamo_rl.eval_metrics import PromptOutcome, summarize
     from services.rollout.datasets import PromptRenderer, check_prompt_lengths, load_records
     from services.rollout.engines import EnginePool, EngineRequestError
+    from services.rollout.eval_metrics import PromptOutcome, summarize
     from services.rollout.loop import (
         load_tokenizer,
         make_engine_factory,
@@ -392,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.model:
             # Self-contained: an engine and a reward service of our own on free ports.
-            from dynamo_rl.services import SERVICES
+            from launcher.service_table import SERVICES
 
             logs = Path(tempfile.mkdtemp(prefix="dynamo-eval-"))
             engine, engine_url = SERVICES["engine"].start(
@@ -419,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for p in procs:
             p.stop()
-    from dynamo_rl.eval_metrics import format_table
+    from services.rollout.eval_metrics import format_table
 
     sampling = result["sampling"]
     print(format_table(result["benchmarks"]))

@@ -31,7 +31,7 @@ from allocator.server import SERVICE_NAME, RunningServer, start_server
 from allocator.stats import StatsStore
 from dynamo_rl.config import AllocatorConfig
 from dynamo_rl.procs import free_port, grpc_healthy, start_redis
-from dynamo_rl.services import SERVICES
+from launcher.service_table import SERVICES
 from tests.conftest import REPO, dynamo_rl_argv
 
 

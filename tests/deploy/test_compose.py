@@ -129,7 +129,7 @@ def test_dependencies_wait_for_health(compose: dict) -> None:
                 # reaching max_steps) can be waited for by completion.
                 assert services[dep].get("restart") == "on-failure", (name, dep)
             elif (name, dep) == ("eval-after", "learner"):
-                # eval-after waits for the learner's last step itself (dynamo_rl/stage.py), so
+                # eval-after waits for the learner's last step itself (launcher/stage.py), so
                 # that `up --wait` does not fail on a one-shot that exited.
                 assert condition == "service_started", (name, dep)
             else:

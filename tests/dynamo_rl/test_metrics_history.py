@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from dynamo_rl.dashboard.sources import parse_exposition
+from dashboard.sources import parse_exposition
 from dynamo_rl.metrics import History, ServiceMetrics, history_path, read_history
-from dynamo_rl.services import SERVICES
+from launcher.service_table import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,8 +117,8 @@ def test_a_scraped_target_is_recorded_in_the_same_schema(tmp_path: Path) -> None
     """A process that is not ours (a vLLM server) is recorded by scraping its ``/metrics`` (here
     a real Prometheus HTTP server): the line holds exactly what it exposes, plus the extra
     samples; a target that is down writes no line."""
-    from dynamo_rl.dashboard.charts import CHARTS
-    from dynamo_rl.dashboard.sources import JsonlLog, RunFolder, Scraper, chart_data
+    from dashboard.charts import CHARTS
+    from dashboard.sources import JsonlLog, RunFolder, Scraper, chart_data
     from dynamo_rl.metrics import ScrapedMetrics
     from dynamo_rl.procs import free_port
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from dashboard.sources import SampleFilter, SampleReader
 from dynamo_rl import keys
 from dynamo_rl.codec import CODEC_VERSION, Response, TrajectoryGroup, encode_entry
 from dynamo_rl.contracts.stream import (
@@ -24,7 +25,6 @@ from dynamo_rl.contracts.stream import (
     lag_from_groups,
     newest,
 )
-from dynamo_rl.dashboard.sources import SampleFilter, SampleReader
 from dynamo_rl.redis_client import async_client, sync_client
 
 NS = "contract"

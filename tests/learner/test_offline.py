@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from dynamo_rl.procs import free_port
-from dynamo_rl.tasks.arith import generate_rows, write_preferences, write_task
 from learner.steplog import read_log
 from learner.tiny_model import build_tiny_model
+from tasks.arith import generate_rows, write_preferences, write_task
 from tests.conftest import REPO
 from tests.learner.helpers import TORCHRUN, learner_env
 

@@ -13,9 +13,9 @@ import pytest
 
 from dynamo_rl.config import LearnerConfig
 from dynamo_rl.prompts import render_plain
-from dynamo_rl.tasks.arith import generate_rows, preference_rows, write_preferences, wrong_answer
 from learner.offline_data import DataError, DataOrder, check_data_paths, load_examples, read_rows
 from learner.tiny_model import build_char_tokenizer
+from tasks.arith import generate_rows, preference_rows, write_preferences, wrong_answer
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 
 from dynamo_rl.contracts.engine import read_version, weight_protocol
 from dynamo_rl.procs import ServiceProcess, free_port
-from dynamo_rl.services import SERVICES
+from launcher.service_table import SERVICES
 from learner.model import load_policy
 from learner.push import DistributedPush
 from learner.tiny_model import build_tiny_model

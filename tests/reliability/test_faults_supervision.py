@@ -1,4 +1,4 @@
-"""``dynamo-rl up``'s restart policy (:class:`dynamo_rl.supervisor.Supervisor`) on real processes
+"""``dynamo-rl up``'s restart policy (:class:`launcher.supervisor.Supervisor`) on real processes
 (fast: no model, no training).
 
 A service killed with SIGKILL is restarted with a new pid after its backoff; one that keeps
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.supervisor import Supervisor
+from launcher.supervisor import Supervisor
 
 
 def _launcher(tmp_path: Path, **restart: object) -> tuple[Supervisor, io.StringIO]:
@@ -90,7 +90,7 @@ def test_with_restarts_disabled_the_first_exit_stops_the_run(tmp_path: Path) -> 
 
 def test_restart_delays_are_the_projects_backoff() -> None:
     from dynamo_rl.config.up import RestartConfig
-    from dynamo_rl.supervisor import restart_backoff
+    from launcher.supervisor import restart_backoff
 
     exact = restart_backoff(RestartConfig(backoff_s=0.1, backoff_max_s=0.25))
     assert [exact.delay(i) for i in range(4)] == [0.1, 0.2, 0.25, 0.25]

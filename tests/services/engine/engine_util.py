@@ -9,7 +9,7 @@ import httpx
 import torch
 
 from dynamo_rl.procs import ServiceProcess
-from dynamo_rl.services import SERVICES
+from launcher.service_table import SERVICES
 from tests.conftest import REPO
 
 

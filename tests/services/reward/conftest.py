@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from dynamo_rl.procs import ServiceProcess
-from dynamo_rl.services import SERVICES
+from launcher.service_table import SERVICES
 from tests.conftest import REPO
 
 SECRET_ENV = "DYNAMO_REWARD_TEST_SECRET"

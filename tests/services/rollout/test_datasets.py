@@ -189,7 +189,7 @@ def test_code_tests_are_checked_against_the_contract_at_load() -> None:
 
 
 def test_a_rows_tier_is_kept_for_per_tier_evaluations() -> None:
-    from dynamo_rl.tasks.arith import generate_rows
+    from tasks.arith import generate_rows
 
     row = generate_rows(20, 5, seed=0)[1][0]  # a test row of the built-in task
     assert record_from_row(row, 0).tier == row["extra_info"]["tier"]

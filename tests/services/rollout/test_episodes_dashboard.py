@@ -20,10 +20,10 @@ import httpx
 import pytest
 import redis
 
+from dashboard.sources import RunFolder, SampleFilter
 from dynamo_rl.codec import Timing, TrajectoryGroup, encode_entry
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
-from dynamo_rl.dashboard.sources import RunFolder, SampleFilter
 from dynamo_rl.envs import Environment, Step, ToolCallRecord
 from dynamo_rl.keys import trajectory_stream
 from dynamo_rl.procs import http_ok
@@ -32,7 +32,7 @@ from services.rollout.engines import EnginePool, Sampling, make_engine
 from services.rollout.episodes import Conversation, episode_responses, run_episode
 from services.rollout.loop import load_tokenizer
 from tests.conftest import dynamo_rl_argv
-from tests.dynamo_rl.test_dashboard_browser import CHROMIUM, body_attrs, chromium
+from tests.dashboard.test_dashboard_browser import CHROMIUM, body_attrs, chromium
 
 NS = "episodes-dash"
 pytestmark = pytest.mark.slow

@@ -71,8 +71,8 @@ def test_eval_on_two_benchmarks_prints_one_table_and_records_how_it_sampled(
     the sampling settings and the prompt template in the JSON."""
     import itertools
 
-    from dynamo_rl.convert import FORMATS, convert_rows, write_rows
     from learner.tiny_model import build_tiny_model
+    from tasks.convert import FORMATS, convert_rows, write_rows
 
     model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
                              num_kv_heads=1)  # fmt: skip

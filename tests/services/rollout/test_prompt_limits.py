@@ -21,7 +21,7 @@ from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.config.reward import RewardConfig, unrouted
 from dynamo_rl.contracts.stream import TrajectoryReader
 from dynamo_rl.keys import dead_letter_stream, trajectory_stream
-from dynamo_rl.services import SERVICES
+from launcher.service_table import SERVICES
 from services.rollout.datasets import (
     DatasetError,
     PromptRenderer,

@@ -29,7 +29,7 @@ from dynamo_rl.contracts.engine import send
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
-from dynamo_rl.services import SERVICES
+from launcher.service_table import SERVICES
 from services.rollout.datasets import PromptRecord
 from services.rollout.engines import EnginePool, SGLangEngine
 from services.rollout.loop import (

@@ -18,7 +18,7 @@ from dynamo_rl.codec import Response, TrajectoryGroup, decode_entry
 from dynamo_rl.config import load_config
 from dynamo_rl.envs import ENVIRONMENTS, EnvContext, Environment, Step, ToolCallRecord, register_env
 from dynamo_rl.keys import trajectory_stream
-from dynamo_rl.services import SERVICES
+from launcher.service_table import SERVICES
 from learner.batch import batch_mask, samples_from_groups
 from services.rollout.metrics import TOOL_ERROR_KINDS
 from services.rollout.worker import RolloutWorker, build_worker

@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--train and --test must be >= 1")
     if not 1 <= args.pairs_per_prompt <= 9:
         parser.error("--pairs-per-prompt must be in 1..9")
-    from dynamo_rl.tasks.arith import TIERS, write_preferences, write_task
+    from tasks.arith import TIERS, write_preferences, write_task
 
     try:
         if args.name == "arith-prefs":

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from dynamo_rl.config.reward import RewardConfig
-from dynamo_rl.convert import FORMATS, ConvertError, convert_rows, main, read_rows
 from services.reward.routes import Routes
 from services.rollout.datasets import load_records, reward_item
+from tasks.convert import FORMATS, ConvertError, convert_rows, main, read_rows
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.services.reward.conftest import RewardServer, start_reward_server
 

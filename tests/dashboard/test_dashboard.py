@@ -10,12 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dynamo_rl.advantages import group_advantages
-from dynamo_rl.config import load_config
-from dynamo_rl.dashboard.charts import CHARTS, Chart, Series, jsonl_fields, metric_names
-from dynamo_rl.dashboard.cli import default_targets
-from dynamo_rl.dashboard.server import Dashboard, make_server, serve_in_thread
-from dynamo_rl.dashboard.sources import (
+from dashboard.advantages import group_advantages
+from dashboard.charts import CHARTS, Chart, Series, jsonl_fields, metric_names
+from dashboard.cli import default_targets
+from dashboard.server import Dashboard, make_server, serve_in_thread
+from dashboard.sources import (
     JsonlLog,
     RunFolder,
     SampleFilter,
@@ -26,9 +25,10 @@ from dynamo_rl.dashboard.sources import (
     chart_data,
     parse_exposition,
 )
+from dynamo_rl.config import load_config
 from dynamo_rl.metrics import ServiceMetrics, read_history
+from tests.dashboard.dashboard_data import write_metrics_log, write_stream
 from tests.deploy.registry import METRIC_CLASSES, service_of, service_registry
-from tests.dynamo_rl.dashboard_data import write_metrics_log, write_stream
 
 # --- metric names -----------------------------------------------------------------------------
 
@@ -455,7 +455,7 @@ def test_dashboard_imports_no_torch() -> None:
 
     code = (
         "import sys\n"
-        "import dynamo_rl.dashboard.cli, dynamo_rl.dashboard.server, dynamo_rl.dashboard.sources\n"
+        "import dashboard.cli, dashboard.server, dashboard.sources\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     result = subprocess.run(

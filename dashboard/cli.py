@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dynamo_rl.dashboard.server import Dashboard, make_server
-    from dynamo_rl.dashboard.sources import JsonlLog, RunFolder, SampleReader, Scraper
+    from dashboard.server import Dashboard, make_server
+    from dashboard.sources import JsonlLog, RunFolder, SampleReader, Scraper
 
     parser = build_parser()
     args, cfg = parse_config(parser, argv)

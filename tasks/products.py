@@ -1,7 +1,7 @@
 """The built-in ``products`` task: multi-digit products a tiny model cannot do in its head, and the
 tool-using demonstrations of the agent recipe's warm start (``configs/agent_tools.yaml``).
 
-Every row follows verl's layout, like :mod:`dynamo_rl.tasks.arith`::
+Every row follows verl's layout, like :mod:`tasks.arith`::
 
     data_source   "products"
     prompt        [{"role": "user", "content": "4821*372="}]
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dynamo_rl.tasks import task_row, write_splits
+from tasks import task_row, write_splits
 
 DATA_SOURCE = "products"
 LEFT_DIGITS = 4

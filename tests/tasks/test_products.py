@@ -11,10 +11,10 @@ import pytest
 
 from dynamo_rl.config import load_config
 from dynamo_rl.envs import EnvContext, make_env
-from dynamo_rl.tasks.products import EOS_TEXT, generate_rows, tool_demos
 from learner.offline_data import Encoder
 from learner.tiny_model import EOS, build_char_tokenizer
 from services.rollout.episodes import Conversation
+from tasks.products import EOS_TEXT, generate_rows, tool_demos
 from tests.conftest import REPO
 
 
@@ -80,7 +80,7 @@ def test_demonstrations_need_a_tools_environment_that_runs_the_call(env_cfg) -> 
 
 
 def test_up_writes_the_products_task_and_its_demonstrations(tmp_path: Path) -> None:
-    from dynamo_rl.up import Launcher
+    from launcher.up import Launcher
 
     cfg = load_config(
         str(REPO / "configs" / "agent_tools.yaml"),
@@ -101,7 +101,7 @@ def test_products_warm_start_is_checked_on_unseen_questions_and_extended(tmp_pat
     it never saw, extended, checked again, then refused with an error."""
     import io
 
-    from dynamo_rl.up import Launcher
+    from launcher.up import Launcher
 
     overrides = [
         f"run.dir={tmp_path}", "up.task_train=60", "up.task_test=5", "up.warm_start.rows=20",

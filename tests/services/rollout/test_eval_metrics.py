@@ -1,4 +1,4 @@
-"""avg@k, the unbiased pass@k, maj@k and the bootstrap intervals of ``dynamo_rl.eval_metrics``."""
+"""avg@k, the unbiased pass@k, maj@k and the bootstrap intervals of ``services.rollout.eval_metrics``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dynamo_rl.eval_metrics import (
+from services.rollout.eval_metrics import (
     PromptOutcome,
     format_table,
     majority_correct,

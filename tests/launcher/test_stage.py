@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from dynamo_rl.config import load_config
-from dynamo_rl.stage import expected_paths
+from launcher.stage import expected_paths
 from tests.conftest import REPO, dynamo_rl_argv
 
 SMALL = [

@@ -34,7 +34,7 @@ import yaml
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.up import Launcher, Progress
+from launcher.up import Launcher, Progress
 
 __all__ = ["STAGES", "expected_paths", "main"]
 

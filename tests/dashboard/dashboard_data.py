@@ -14,8 +14,8 @@ from pathlib import Path
 
 from prometheus_client.metrics import MetricWrapperBase
 
+from dashboard.charts import CHARTS
 from dynamo_rl.codec import Response, Timing, TrajectoryGroup, encode_entry
-from dynamo_rl.dashboard.charts import CHARTS
 from dynamo_rl.keys import trajectory_stream, weight_version_key
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from tests.deploy.registry import METRIC_CLASSES, service_registry

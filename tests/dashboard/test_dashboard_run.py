@@ -23,7 +23,7 @@ import pytest
 
 from dynamo_rl.procs import http_ok
 from tests.conftest import REPO, dynamo_rl_argv
-from tests.dynamo_rl.test_dashboard_browser import CHROMIUM, body_attrs, chromium
+from tests.dashboard.test_dashboard_browser import CHROMIUM, body_attrs, chromium
 from tests.dynamo_rl.test_trackers import tensorboard_scalars, wandb_run
 
 STEPS = 4

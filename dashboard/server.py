@@ -21,8 +21,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from dynamo_rl.dashboard.charts import CHARTS, Chart
-from dynamo_rl.dashboard.sources import (
+from dashboard.charts import CHARTS, Chart
+from dashboard.sources import (
     JsonlLog,
     RunFolder,
     SampleFilter,
@@ -33,7 +33,7 @@ from dynamo_rl.dashboard.sources import (
 
 __all__ = ["Dashboard", "make_server"]
 
-log = logging.getLogger("dynamo_rl.dashboard")
+log = logging.getLogger("dashboard")
 
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -118,7 +118,7 @@ class Dashboard:
 
 
 def _static(name: str) -> bytes:
-    return resources.files("dynamo_rl.dashboard").joinpath("static", name).read_bytes()
+    return resources.files("dashboard").joinpath("static", name).read_bytes()
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -22,7 +22,7 @@ import pytest
 
 from dynamo_rl.procs import http_ok
 from tests.conftest import dynamo_rl_argv
-from tests.dynamo_rl.dashboard_data import serving_service_metrics, write_metrics_log, write_stream
+from tests.dashboard.dashboard_data import serving_service_metrics, write_metrics_log, write_stream
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

@@ -7,18 +7,11 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    (``dynamo-rl init-model``) and warm-starts it on the task's reference answers
    (``dynamo-rl sft``, the learner's supervised mode) so that RL starts from a model that solves
    some problems but not all; with ``rollout.dataset`` set, on that dataset's reference responses
-   (``extra_info.answer``, which ``dynamo-rl data`` writes). On the built-in task, with
-   ``up.warm_start.check_rows``, that many train rows per tier are held out of the warm start and
-   checked after it (greedy accuracy per tier, the sft run's ``eval_exact/<tier>``; with
-   ``target_exact`` also every ``check_every`` steps, the warm start stopping at the first check
-   whose exact match over all of them reaches it, ``steps`` then being the most); a tier below
-   ``min_tier_accuracy`` extends the same run by ``extend_steps`` with half of each batch from
-   the tiers not learned, at most ``max_extensions`` times, then the run stops with an error
-   naming them. On the ``products`` task (the agent recipe) the warm start sees the first
-   ``up.warm_start.rows`` questions: their direct answers, or with ``demos: tool_calls`` two-turn
-   demonstrations that call the calculator of the ``rollout.env`` tools environment
-   (:func:`dynamo_rl.tasks.products.tool_demos`). Both steps are skipped when their output
-   already exists.
+   (``extra_info.answer``, which ``dynamo-rl data`` writes). On the built-in tasks, with
+   ``up.warm_start.check_rows``, the warm start is checked per tier on train rows it never saw and
+   extended while a tier stays below ``min_tier_accuracy``, at most ``max_extensions`` times, then
+   the run stops with an error (:mod:`launcher.warm_start`: the recipes and the one loop). Both
+   steps are skipped when their output already exists.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM
@@ -38,7 +31,7 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 Logs per service are in ``logs/``. Ctrl-C (or SIGTERM) stops every child — whole process groups,
 SIGTERM then SIGKILL — and so does the end of training: nothing is left behind.
 
-**Supervision** (``up.restart``) is :class:`dynamo_rl.supervisor.Supervisor`'s, like a compose
+**Supervision** (``up.restart``) is :class:`launcher.supervisor.Supervisor`'s, like a compose
 ``restart: always`` policy: once the services are up, a service that exits — the embedded Redis
 (same port, same AOF folder), the allocator, the reward service, an engine (same port), a rollout
 worker, the learner (until it exits 0 at ``max_steps``) — is restarted after a back-off; a crash
@@ -46,7 +39,7 @@ loop stops the run with its last log lines. What survives a restart is the servi
 learner resumes from its last checkpoint, the others keep their state in Redis. ``pids.json`` in
 the run folder names each service's current pid.
 
-Every service is started from the one table in :mod:`dynamo_rl.services` (command line, health
+Every service is started from the one table in :mod:`launcher.service_table` (command line, health
 probe, ports). Log lines name Redis only through :func:`dynamo_rl.redis_client.redact_url`.
 """
 
@@ -64,13 +57,11 @@ from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.procs import ServiceProcess, free_port, start_redis
 from dynamo_rl.redis_client import redact_url
-from dynamo_rl.services import SERVICES, cli_argv, engine_service
-from dynamo_rl.supervisor import Interrupted, Supervisor
+from launcher.service_table import SERVICES, cli_argv, engine_service
+from launcher.supervisor import Interrupted, Supervisor
+from launcher.warm_start import WarmStart
 
 __all__ = ["Launcher", "main"]
-
-# Share of each batch an extension of the warm start spends on the tiers not yet learned.
-FOCUS_SHARE = 0.5
 
 
 class Launcher:
@@ -101,9 +92,9 @@ class Launcher:
         if self.cfg.rollout.dataset:
             return self.cfg.rollout.dataset, None
         if self.cfg.up.task == "products":
-            from dynamo_rl.tasks.products import write_task
+            from tasks.products import write_task
         else:
-            from dynamo_rl.tasks.arith import write_task
+            from tasks.arith import write_task
 
         data = self.run_dir / "data"
         if not (data / "train.parquet").exists():
@@ -131,179 +122,8 @@ class Launcher:
             return str(init)
         sft = self.run_dir / "model" / "sft"
         if not (sft / "config.json").exists():
-            # The built-in task's tiers, or the user's dataset as it is: its rows' reference
-            # responses (extra_info.answer, as `dynamo-rl data` writes them) are the targets.
-            if self.cfg.rollout.dataset:
-                self.warm_start(init, sft, self.cfg.rollout.dataset, up.warm_start.steps)
-            elif up.task == "products":
-                self.warm_start_products(init, sft)
-            else:
-                self.warm_start_task(init, sft)
+            WarmStart(self.cfg, self.run_dir, self.sup.run_step, self.say).run(init, sft)
         return str(sft)
-
-    def warm_start(
-        self,
-        init: Path,
-        sft: Path,
-        data: str,
-        steps: int,
-        options: Sequence[str] = (),
-        overrides: Sequence[str] = (),
-        label: str = "",
-    ) -> None:
-        """One ``dynamo-rl sft`` call; a later call with more steps resumes the same run."""
-        ws = self.cfg.up.warm_start
-        self.say(f"supervised warm start{label}: {steps} steps on {data}")
-        self.sup.run_step(
-            "sft",
-            cli_argv("sft", "--model", str(init), "--data", data,
-                     "--out", str(sft), "--steps", str(steps), "--lr", str(ws.lr),
-                     "--batch-size", str(ws.batch_size), *options,
-                     "--seed", str(self.cfg.run.seed),
-                     f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
-                     f"learner.optim.weight_decay={ws.weight_decay}",
-                     # The warm start renders prompts exactly as the rollout worker will.
-                     f"learner.data.template={self.cfg.rollout.prompt_template}", *overrides),
-        )  # fmt: skip
-
-    def warm_start_products(self, init: Path, sft: Path) -> None:
-        """The ``products`` task's warm start on its first ``up.warm_start.rows`` train questions:
-        their direct answers, or (``demos: tool_calls``) two-turn demonstrations that call the
-        calculator of the ``rollout.env`` tools environment and copy its output."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        ws = self.cfg.up.warm_start
-        data = self.run_dir / "data"
-        every = pq.read_table(data / "train.parquet").to_pylist()
-        rows = every[: ws.rows] if ws.rows else every
-        # The check: train questions the warm start never sees (after its rows).
-        check = every[len(rows) : len(rows) + ws.check_rows]
-        if ws.check_rows and not check:
-            raise RuntimeError(
-                "up.warm_start.check_rows: no train questions left after up.warm_start.rows to "
-                "check the warm start on; lower up.warm_start.rows or raise up.task_train"
-            )
-        if ws.demos == "tool_calls":
-            from dynamo_rl.tasks.products import tool_demos
-
-            env = self.cfg.rollout.env
-            if env.name != "tools" or self.cfg.rollout.prompt_template != "raw":
-                raise RuntimeError(
-                    "up.warm_start.demos=tool_calls: needs rollout.env.name=tools (with the "
-                    "calculator tool) and rollout.prompt_template=raw"
-                )
-            rows, check = tool_demos(rows, env), tool_demos(check, env)
-        path = data / f"warm_start_{ws.demos}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), path)
-        if not check:
-            self.warm_start(init, sft, str(path), ws.steps)
-            return
-        pq.write_table(pa.Table.from_pylist(check), data / "warm_check.parquet")
-        checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
-                   "learner.data.group_key=extra_info.tier"]  # fmt: skip
-        tiers = sorted({r["extra_info"]["tier"] for r in check})
-        steps = self.checked_warm_start(init, sft, str(path), checked)
-        for extension in range(ws.max_extensions + 1):
-            accuracy = self.tier_accuracy(sft, tiers)
-            shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
-            self.say(f"warm start checked (greedy exact match on {len(check)} rows of unseen "
-                     f"train questions): {shown}")  # fmt: skip
-            if min(accuracy.values()) >= ws.min_tier_accuracy:
-                return
-            if extension == ws.max_extensions:
-                raise RuntimeError(
-                    f"up.warm_start: still below up.warm_start.min_tier_accuracy "
-                    f"({ws.min_tier_accuracy}) after {steps} steps and {ws.max_extensions} "
-                    "extensions (up.warm_start.max_extensions); raise up.warm_start.steps or lr"
-                )
-            steps += ws.extend_steps
-            label = f" extended (below {ws.min_tier_accuracy})"
-            self.warm_start(init, sft, str(path), steps, (), checked, label)
-
-    def warm_start_task(self, init: Path, sft: Path) -> None:
-        """The built-in task's warm start, checked: greedy accuracy per tier on held-out train
-        rows after it, and ``extend_steps`` more steps weighted toward the tiers below
-        ``min_tier_accuracy`` until every tier is learned (or an error after
-        ``max_extensions``)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from dynamo_rl.tasks.arith import check_split, focus_mix
-
-        ws = self.cfg.up.warm_start
-        data = self.run_dir / "data"
-        rows = pq.read_table(data / "train.parquet").to_pylist()
-        present = {r["extra_info"]["tier"] for r in rows}
-        missing = [t for t in ws.tiers if t not in present]
-        if missing:
-            raise RuntimeError(
-                f"up.warm_start.tiers: no train rows of {', '.join(missing)} (the task's tiers: "
-                f"{', '.join(sorted(present))})"
-            )
-        if not ws.check_rows:
-            tiers = ["--tiers", ",".join(ws.tiers)]
-            self.warm_start(init, sft, str(data / "train.parquet"), ws.steps, tiers)
-            return
-        train, check = check_split(rows, ws.tiers, ws.check_rows)
-        checked_tiers = [t for t in ws.tiers if any(r["extra_info"]["tier"] == t for r in check)]
-        paths = {"warm_start": train, "warm_check": check}
-        for name, part in paths.items():
-            pq.write_table(pa.Table.from_pylist(part), data / f"{name}.parquet")
-        checked = [f"learner.data.eval_path={data / 'warm_check.parquet'}",
-                   "learner.data.group_key=extra_info.tier"]  # fmt: skip
-        steps = self.checked_warm_start(init, sft, str(data / "warm_start.parquet"), checked)
-        for extension in range(ws.max_extensions + 1):
-            accuracy = self.tier_accuracy(sft, checked_tiers)
-            shown = ", ".join(f"{t} {a:.2f}" for t, a in accuracy.items())
-            self.say(f"warm start checked (greedy accuracy on {len(check)} held-out train rows): "
-                     f"{shown}")  # fmt: skip
-            weak = [t for t, a in accuracy.items() if a < ws.min_tier_accuracy]
-            if not weak:
-                return
-            if extension == ws.max_extensions:
-                raise RuntimeError(
-                    f"up.warm_start: tiers {', '.join(weak)} still below "
-                    f"up.warm_start.min_tier_accuracy ({ws.min_tier_accuracy}) after {steps} "
-                    f"steps and {ws.max_extensions} extensions (up.warm_start.max_extensions); "
-                    "raise up.warm_start.steps or lr, or leave those tiers out of "
-                    "up.warm_start.tiers"
-                )
-            mix = focus_mix(train, weak, FOCUS_SHARE, seed=self.cfg.run.seed + extension)
-            path = data / f"warm_focus{extension + 1}.parquet"
-            pq.write_table(pa.Table.from_pylist(mix), path)
-            steps += ws.extend_steps
-            label = f" extended for {', '.join(weak)} (below {ws.min_tier_accuracy})"
-            self.warm_start(init, sft, str(path), steps, (), checked, label)
-
-    def checked_warm_start(self, init: Path, sft: Path, data: str, checked: list[str]) -> int:
-        """The first warm-start call of a checked warm start: ``up.warm_start.steps``, or up to
-        them until the check reaches ``target_exact``. Returns the steps it trained."""
-        ws = self.cfg.up.warm_start
-        if ws.target_exact is None:
-            self.warm_start(init, sft, data, ws.steps, (), checked)
-            return ws.steps
-        target = [f"learner.data.stop_exact={ws.target_exact}",
-                  f"learner.data.eval_every={ws.check_every}"]  # fmt: skip
-        label = f" until the check's exact match reaches {ws.target_exact}, at most"
-        self.warm_start(init, sft, data, ws.steps, (), [*checked, *target], label)
-        last = self.last_check(sft)
-        self.say(f"warm start: {last['step']} steps, exact match "
-                 f"{last['eval_exact']:.3f} on the check (target {ws.target_exact})")  # fmt: skip
-        return int(last["step"])
-
-    @staticmethod
-    def last_check(sft: Path) -> dict:
-        """The sft run's last evaluation record."""
-        log = sft.with_name(sft.name + ".run") / "metrics.jsonl"
-        records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-        return [r for r in records if r.get("kind") == "eval"][-1]
-
-    @staticmethod
-    def tier_accuracy(sft: Path, tiers: list[str]) -> dict[str, float]:
-        """Per-tier greedy accuracy of the sft run's last evaluation (its ``eval_exact/<tier>``)."""
-        last = Launcher.last_check(sft)
-        return {t: float(last.get(f"eval_exact/{t}", 0.0)) for t in tiers}
 
     def resolve(self, dataset: str, model: str) -> ExperimentConfig:
         """Pick free ports and write the one config every child reads."""

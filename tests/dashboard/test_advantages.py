@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from dynamo_rl.advantages import GROUP_ESTIMATORS, group_advantages
+from dashboard.advantages import GROUP_ESTIMATORS, group_advantages
 from learner.algorithms import ADVANTAGE_ESTIMATORS
 
 

@@ -11,7 +11,7 @@ A small HTTP server (standard library only, no torch) with two pages:
   count, a group-normalised advantage) for reviewing reward hacking by eye, filterable by reward
   and data source.
 
-Which metric each chart shows is data (:mod:`dynamo_rl.dashboard.charts`); a test checks every
+Which metric each chart shows is data (:mod:`dashboard.charts`); a test checks every
 metric name there against the services' metric registries, as it does for the Grafana dashboard.
 The charts are drawn by a few hundred lines of our own JavaScript into inline SVG: no CDN, no
 build step, nothing fetched from outside the server.

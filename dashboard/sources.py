@@ -8,7 +8,7 @@
   before its chart shows a point.
 - :class:`SampleReader` reads the newest trajectory groups from the Redis stream and flattens them
   into one row per response for the samples page.
-- :func:`chart_data` turns a :class:`~dynamo_rl.dashboard.charts.Chart` into the lines the page
+- :func:`chart_data` turns a :class:`~dashboard.charts.Chart` into the lines the page
   draws.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynamo_rl.dashboard.charts import Chart, Series
+from dashboard.charts import Chart, Series
 
 __all__ = ["JsonlLog", "RunFolder", "SampleFilter", "SampleReader", "Scraper", "chart_data"]
 
@@ -371,7 +371,7 @@ class SampleReader:
     scan: int = 500
     estimator: str = "grpo"
     """The learner's advantage estimator (its registry name): the advantage column uses its
-    formula (``dynamo_rl.advantages``); estimators with no per-group figure give None."""
+    formula (``dashboard.advantages``); estimators with no per-group figure give None."""
     _client: Any = field(default=None, repr=False)
 
     def _redis(self) -> Any:
@@ -382,7 +382,7 @@ class SampleReader:
         return self._client
 
     def read(self, flt: SampleFilter) -> dict[str, Any]:
-        from dynamo_rl.advantages import group_advantages
+        from dashboard.advantages import group_advantages
         from dynamo_rl.contracts.stream import newest
         from dynamo_rl.keys import trajectory_stream, weight_version_key
         from dynamo_rl.sample_log import episode_view
@@ -624,7 +624,7 @@ class RunFolder:
 
     def read(self, flt: SampleFilter) -> dict[str, Any]:
         """The samples page's rows from the sample log, newest group first."""
-        from dynamo_rl.advantages import group_advantages
+        from dashboard.advantages import group_advantages
 
         groups = self.groups()
         rows: list[dict[str, Any]] = []

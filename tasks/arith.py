@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynamo_rl.tasks import reference_answer, task_row, write_splits
+from tasks import reference_answer, task_row, write_splits
 
 DATA_SOURCE = "arith"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dynamo_rl.tasks.arith import TIERS, check_split, focus_mix, generate_rows
+from tasks.arith import TIERS, check_split, focus_mix, generate_rows
 from tests.conftest import dynamo_rl_argv
 
 
