@@ -39,6 +39,7 @@ STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/samples": ("samples.html", "text/html; charset=utf-8"),
     "/static/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/static/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
 }
 
 

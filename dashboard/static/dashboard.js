@@ -301,7 +301,19 @@ async function refreshSamples() {
   }
 }
 
+// The header bar both pages share: the run's name, the two pages, the status line.
+function header() {
+  document.querySelector("header").replaceChildren(
+    el("h1", {}, "DynaMO-RL"),
+    el("span", { id: "run" }),
+    el("a", { href: "/" }, "charts"),
+    el("a", { href: "/samples" }, "samples"),
+    el("span", { class: "status", id: "status" }, "loading…"),
+  );
+}
+
 function start() {
+  header();
   const page = document.body.dataset.page;
   if (page === "charts") {
     refreshCharts();

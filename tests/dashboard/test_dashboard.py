@@ -297,12 +297,13 @@ def test_pages_and_script_are_served_from_the_package(dashboard_url: str) -> Non
         ("/", 'data-page="charts"'),
         ("/samples", 'data-page="samples"'),
         ("/static/dashboard.js", "function lineChart"),
+        ("/static/dashboard.css", "header .status"),
     ):
         r = httpx.get(dashboard_url + path)
         assert r.status_code == 200 and marker in r.text, path
         assert "default-src 'self'" in r.headers["content-security-policy"]
     # Nothing on the pages comes from another origin (there is no internet where it runs).
-    for path in ("/", "/samples", "/static/dashboard.js"):
+    for path in ("/", "/samples", "/static/dashboard.js", "/static/dashboard.css"):
         assert "http://" not in httpx.get(dashboard_url + path).text.replace(
             "http://www.w3.org/2000/svg", ""
         )
