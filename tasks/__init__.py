@@ -1,4 +1,10 @@
-"""Built-in tasks: small verifiable datasets generated locally (no download)."""
+"""Task data in the verl parquet layout the rollout worker and the learner read.
+
+- :mod:`tasks.arith` and :mod:`tasks.products`: the built-in tasks, small verifiable datasets
+  generated locally (no download); this module holds the row layout and writer they share;
+- :mod:`tasks.cli`: ``dynamo-rl task``, a built-in task's train/test files;
+- :mod:`tasks.convert`: ``dynamo-rl data``, published datasets converted into the same layout.
+"""
 
 from __future__ import annotations
 
