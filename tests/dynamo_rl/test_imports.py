@@ -45,3 +45,14 @@ def test_help_is_fast_and_light() -> None:
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     assert _run(code).returncode == 0
+
+
+def test_every_subcommand_names_a_module_that_exists() -> None:
+    # The table names modules as strings (imported only when the subcommand runs): a module moved
+    # without its entry would fail only when someone runs that subcommand.
+    import importlib.util
+
+    from dynamo_rl.cli import SUBCOMMANDS
+
+    missing = [m for m, _help in SUBCOMMANDS.values() if importlib.util.find_spec(m) is None]
+    assert not missing, missing
