@@ -10,7 +10,10 @@ under 8 clients where its handler's work was 0.4 ms and a bare gRPC server's 0.3
 metrics are observed in one pass (:func:`dynamo_rl.metrics.observe_many`).
 
 Each request is validated first; a bad one gets ``INVALID_ARGUMENT`` with a message that names the
-field (``n_min``, ``outcomes[3].successes``, ...). Redis errors become ``UNAVAILABLE``: the server
+field (``n_min``, ``outcomes[3].successes``, ...). ``Allocate``'s parameters are validated in one
+place, :func:`request_params`: the request's set fields merged over the config's
+(:class:`dynamo_rl.contracts.allocator.AllocationParams`, the model the config and the algorithm
+share). Redis errors become ``UNAVAILABLE``: the server
 keeps running, and redis-py reconnects on the next call, so it recovers as soon as Redis is back
 (the Lua script is reloaded if the new Redis lost it).
 
@@ -38,10 +41,11 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from allocator.algorithm import PRIORITIES, SCHEMES, allocate_rollouts
+from allocator.algorithm import allocate_rollouts
 from allocator.metrics import AllocatorMetrics
 from allocator.stats import StatsStore
 from dynamo_rl.config import AllocatorConfig
+from dynamo_rl.contracts.allocator import REQUEST_FIELDS, AllocationParams, InvalidParams
 from dynamo_rl.keys import stats_key
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
 
@@ -51,6 +55,7 @@ __all__ = [
     "BadRequest",
     "RunningServer",
     "encode_allocate_response",
+    "request_params",
     "start_server",
 ]
 
@@ -100,6 +105,28 @@ def _prompt_ids(ids: list[str], limit: int, field: str = "prompt_ids") -> list[s
         if "\0" in pid:
             raise BadRequest(f"{field}[{i}]: prompt id {pid!r} contains a NUL character")
     return ids
+
+
+# -- the Allocate request's parameters -------------------------------------------------------------
+
+# A field with presence counts when set; priority and scheme have none: empty means unset.
+_HAS_PRESENCE = {
+    name: pb.AllocateRequest.DESCRIPTOR.fields_by_name[name].has_presence for name in REQUEST_FIELDS
+}
+
+
+def request_params(req: pb.AllocateRequest, defaults: AllocationParams) -> AllocationParams:
+    """The request's allocation parameters, its set fields merged over ``defaults`` (the config),
+    validated as one :class:`AllocationParams`; :class:`BadRequest` names each bad field."""
+    given = {
+        name: getattr(req, name)
+        for name, presence in _HAS_PRESENCE.items()
+        if (req.HasField(name) if presence else getattr(req, name))
+    }
+    try:
+        return defaults.with_overrides(given)
+    except InvalidParams as e:
+        raise BadRequest(str(e)) from None
 
 
 # -- the Allocate reply in the protobuf wire format ------------------------------------------------
@@ -194,64 +221,16 @@ class AllocatorService:
         namespace = _namespace(req.namespace)
         ids = _prompt_ids(list(req.prompt_ids), cfg.max_prompts_per_request)
         n = len(ids)
-        n_min = req.n_min if req.HasField("n_min") else cfg.n_min
-        n_max = req.n_max if req.HasField("n_max") else cfg.n_max
-        if n_min < 0:
-            raise BadRequest(f"n_min: must be >= 0, got {n_min}")
-        if n_max < 1:
-            raise BadRequest(f"n_max: must be >= 1, got {n_max}")
-        if n_min > n_max:
-            raise BadRequest(f"n_min: {n_min} is greater than n_max {n_max}")
-        which = req.WhichOneof("total")
-        if which == "budget":
+        params = request_params(req, cfg)
+        if req.WhichOneof("total") == "budget":
             if req.budget < 0:
                 raise BadRequest(f"budget: must be >= 0, got {req.budget}")
             budget = req.budget
-        elif which == "n_per_prompt":
-            if req.n_per_prompt < 1:
-                raise BadRequest(f"n_per_prompt: must be >= 1, got {req.n_per_prompt}")
-            budget = req.n_per_prompt * n
         else:
-            budget = cfg.n_per_prompt * n
-        initial_budget = (
-            req.initial_budget if req.HasField("initial_budget") else cfg.initial_budget
-        )
-        if initial_budget < 0:
-            raise BadRequest(f"initial_budget: must be >= 0, got {initial_budget}")
-        mastery = (
-            req.mastery_threshold if req.HasField("mastery_threshold") else cfg.mastery_threshold
-        )
-        if not 0 < mastery <= 1:
-            raise BadRequest(f"mastery_threshold: must be in (0, 1], got {mastery}")
-        min_priority = req.min_priority if req.HasField("min_priority") else cfg.min_priority
-        if not 0 <= min_priority <= 1:
-            raise BadRequest(f"min_priority: must be in [0, 1], got {min_priority}")
-        priority = req.priority or cfg.priority
-        if priority not in PRIORITIES:
-            raise BadRequest(f"priority: {priority!r} is not one of {', '.join(PRIORITIES)}")
-        scheme = req.scheme or cfg.scheme
-        if scheme not in SCHEMES:
-            raise BadRequest(f"scheme: {scheme!r} is not one of {', '.join(SCHEMES)}")
-
-        if cfg.hopeless_after and cfg.hopeless_n > n_min:
-            raise BadRequest(
-                f"n_min: {n_min} is below the server's allocator.hopeless_n {cfg.hopeless_n}"
-            )
+            budget = params.n_per_prompt * n
         stats = await self.store.aget(namespace, ids)
         counts, priorities = allocate_rollouts(
-            stats.samples,
-            stats.successes,
-            budget,
-            n_min=n_min,
-            n_max=n_max,
-            initial_budget=initial_budget,
-            mastery_threshold=mastery,
-            min_priority=min_priority,
-            priority=priority,  # type: ignore[arg-type]
-            scheme=scheme,  # type: ignore[arg-type]
-            hopeless_after=cfg.hopeless_after,
-            hopeless_n=cfg.hopeless_n,
-            return_priorities=True,
+            stats.samples, stats.successes, budget, params, return_priorities=True
         )
         total = int(counts.sum())
         self.m.observe_allocation(total, counts, priorities)

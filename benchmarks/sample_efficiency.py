@@ -451,6 +451,7 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
 
     from allocator.algorithm import allocate_rollouts
     from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
+    from dynamo_rl.contracts.allocator import AllocationParams
 
     torch.set_num_threads(1)
     spec = method_specs(s.decay)[method]
@@ -497,13 +498,15 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
                 samples[batch],
                 successes[batch],
                 budget,
-                n_min=s.n_min,
-                n_max=s.n_max,
-                initial_budget=s.initial_budget,
-                mastery_threshold=s.mastery_threshold,
-                min_priority=s.min_priority,
-                priority=spec.priority,
-                scheme=spec.scheme,
+                AllocationParams(
+                    n_min=s.n_min,
+                    n_max=s.n_max,
+                    initial_budget=s.initial_budget,
+                    mastery_threshold=s.mastery_threshold,
+                    min_priority=s.min_priority,
+                    priority=spec.priority,
+                    scheme=spec.scheme,
+                ),
             ).tolist()
         else:
             counts = [s.n] * s.batch_size
