@@ -11,6 +11,9 @@ the same peer at the same moment does not retry in lock-step, and no delay grows
 - :class:`Retrying` is one operation's state: how often it has failed, since when, and whether it
   may try again (``max_attempts``, ``max_wait_s``); :meth:`Retrying.next_delay` returns the next
   delay or raises :class:`RetryExhausted` with the last reason.
+- :class:`RetryPolicy` is a client's settings (back-off and limits), built once in its
+  constructor by :meth:`RetryPolicy.of` from the keywords every client takes; its
+  :meth:`~RetryPolicy.start` gives each operation a fresh :class:`Retrying`.
 - :func:`retry_call` and :func:`aretry_call` wrap a call that raises a retryable exception.
 
 Loops with more shape than "call, catch, sleep" (status codes, ``Retry-After``) use a
@@ -110,6 +113,46 @@ class Retrying:
         """Forget earlier failures (after a success, for a long-lived connection)."""
         self.attempts = 0
         self.started = None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """A client's retry settings, fixed when it is built; :meth:`start` gives each operation its
+    own :class:`Retrying`. Every network client builds its policy with :meth:`of` from the same
+    constructor keywords (``backoff_s``, ``backoff_max_s``, its limits, ``on_retry``)."""
+
+    backoff: Backoff = field(default_factory=Backoff)
+    max_attempts: int | None = None
+    """Retries allowed per operation (``None``: unbounded)."""
+    max_wait_s: float | None = None
+    """Seconds after an operation's first failure past which it is not retried (``None``: unbounded)."""
+    on_retry: Callable[[str, float], None] | None = None
+    """Called with (reason, delay) before each wait."""
+
+    @classmethod
+    def of(
+        cls,
+        backoff_s: float,
+        backoff_max_s: float,
+        *,
+        max_attempts: int | None = None,
+        max_wait_s: float | None = None,
+        on_retry: Callable[[str, float], None] | None = None,
+    ) -> RetryPolicy:
+        """``backoff_s`` doubling up to ``backoff_max_s``, jittered, within the given limits."""
+        return cls(
+            Backoff(base_s=backoff_s, cap_s=backoff_max_s), max_attempts, max_wait_s, on_retry
+        )
+
+    def start(self, what: str) -> Retrying:
+        """A fresh retry state for one operation, named ``what`` in messages."""
+        return Retrying(
+            what,
+            self.backoff,
+            max_attempts=self.max_attempts,
+            max_wait_s=self.max_wait_s,
+            on_retry=self.on_retry,
+        )
 
 
 def retry_call(
