@@ -36,7 +36,7 @@ import grpc
 from dynamo_rl.contracts.allocator import CONFIG_ONLY, REQUEST_FIELDS
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2_grpc as pb_grpc
-from dynamo_rl.retry import Retrying, RetryPolicy, aretry_call, retry_call
+from dynamo_rl.retry import Backoff, Retrying, RetryPolicy, aretry_call, retry_call
 
 __all__ = [
     "AllocationResult",
@@ -97,8 +97,8 @@ class AllocatorClient:
         self.addr = addr
         self.timeout_s = timeout_s
         self.retries = retries
-        self.retry = RetryPolicy.of(
-            backoff_s, backoff_max_s, max_attempts=retries, on_retry=on_retry
+        self.retry = RetryPolicy(
+            Backoff(backoff_s, backoff_max_s), max_attempts=retries, on_retry=on_retry
         )
         self._control_token = control_token
         self._slots = threading.BoundedSemaphore(max_in_flight)

@@ -12,8 +12,8 @@ the same peer at the same moment does not retry in lock-step, and no delay grows
   may try again (``max_attempts``, ``max_wait_s``); :meth:`Retrying.next_delay` returns the next
   delay or raises :class:`RetryExhausted` with the last reason.
 - :class:`RetryPolicy` is a client's settings (back-off and limits), built once in its
-  constructor by :meth:`RetryPolicy.of` from the keywords every client takes; its
-  :meth:`~RetryPolicy.start` gives each operation a fresh :class:`Retrying`.
+  constructor from the keywords every client takes; its :meth:`~RetryPolicy.start` gives each
+  operation a fresh :class:`Retrying`.
 - :func:`retry_call` and :func:`aretry_call` wrap a call that raises a retryable exception.
 
 Loops with more shape than "call, catch, sleep" (status codes, ``Retry-After``) use a
@@ -118,8 +118,8 @@ class Retrying:
 @dataclass(frozen=True)
 class RetryPolicy:
     """A client's retry settings, fixed when it is built; :meth:`start` gives each operation its
-    own :class:`Retrying`. Every network client builds its policy with :meth:`of` from the same
-    constructor keywords (``backoff_s``, ``backoff_max_s``, its limits, ``on_retry``)."""
+    own :class:`Retrying`. Every network client builds one in its constructor from the same
+    keywords: ``Backoff(backoff_s, backoff_max_s)``, its limits and ``on_retry``."""
 
     backoff: Backoff = field(default_factory=Backoff)
     max_attempts: int | None = None
@@ -129,30 +129,9 @@ class RetryPolicy:
     on_retry: Callable[[str, float], None] | None = None
     """Called with (reason, delay) before each wait."""
 
-    @classmethod
-    def of(
-        cls,
-        backoff_s: float,
-        backoff_max_s: float,
-        *,
-        max_attempts: int | None = None,
-        max_wait_s: float | None = None,
-        on_retry: Callable[[str, float], None] | None = None,
-    ) -> RetryPolicy:
-        """``backoff_s`` doubling up to ``backoff_max_s``, jittered, within the given limits."""
-        return cls(
-            Backoff(base_s=backoff_s, cap_s=backoff_max_s), max_attempts, max_wait_s, on_retry
-        )
-
     def start(self, what: str) -> Retrying:
         """A fresh retry state for one operation, named ``what`` in messages."""
-        return Retrying(
-            what,
-            self.backoff,
-            max_attempts=self.max_attempts,
-            max_wait_s=self.max_wait_s,
-            on_retry=self.on_retry,
-        )
+        return Retrying(what, self.backoff, self.max_attempts, self.max_wait_s, self.on_retry)
 
 
 def retry_call(

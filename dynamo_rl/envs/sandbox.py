@@ -15,7 +15,7 @@ import httpx
 
 from dynamo_rl.contracts.reward import RunCodeRequest, RunCodeResponse
 from dynamo_rl.envs.base import EnvUnavailable
-from dynamo_rl.retry import RetryPolicy, aretry_call
+from dynamo_rl.retry import Backoff, RetryPolicy, aretry_call
 
 __all__ = ["SandboxClient", "SandboxDown"]
 
@@ -36,8 +36,8 @@ class SandboxClient:
         on_retry: Callable[[str, float], None] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self.retry = RetryPolicy.of(
-            backoff_s, backoff_max_s, max_wait_s=max_wait_s, on_retry=on_retry
+        self.retry = RetryPolicy(
+            Backoff(backoff_s, backoff_max_s), max_wait_s=max_wait_s, on_retry=on_retry
         )
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 

@@ -19,7 +19,7 @@ import httpx
 from pydantic import ValidationError
 
 from dynamo_rl.contracts.reward import Health, ItemResult, VerifyItem, VerifyRequest, VerifyResponse
-from dynamo_rl.retry import RetryExhausted, RetryPolicy
+from dynamo_rl.retry import Backoff, RetryExhausted, RetryPolicy
 
 __all__ = ["RewardClient", "RewardRequestError", "RewardUnavailable"]
 
@@ -49,8 +49,8 @@ class RewardClient:
         self.url = url.rstrip("/")
         self.batch_items = batch_items
         self.max_wait_s = max_wait_s
-        self.retry = RetryPolicy.of(
-            backoff_s, backoff_max_s, max_wait_s=max_wait_s or None, on_retry=on_retry
+        self.retry = RetryPolicy(
+            Backoff(backoff_s, backoff_max_s), max_wait_s=max_wait_s or None, on_retry=on_retry
         )
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 

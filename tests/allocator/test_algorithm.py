@@ -55,8 +55,8 @@ def loop_allocate(
     n_min,
     n_max,
     initial_budget,
-    mastery,
-    min_p,
+    mastery_threshold,
+    min_priority,
     priority,
     scheme,
     hopeless_after=0,
@@ -65,7 +65,7 @@ def loop_allocate(
     n_max = max(n_min, n_max)
     initial_budget = max(n_min, initial_budget)
     n = len(g)
-    p = loop_priorities(g, k, initial_budget, mastery, min_p, priority)
+    p = loop_priorities(g, k, initial_budget, mastery_threshold, min_priority, priority)
     total = min(max(budget, n * n_min), n * n_max)
     counts = [n_min] * n  # step 2 first: n_min for everyone is reserved
     spare = total - n * n_min
@@ -171,8 +171,8 @@ def _random_case(rng: np.random.Generator) -> dict:
         "n_min": n_min,
         "n_max": n_max,
         "initial_budget": int(rng.integers(0, 16)),
-        "mastery": float(rng.choice([0.85, 0.5, 1.0])),
-        "min_p": float(rng.choice([0.01, 0.0, 0.05])),
+        "mastery_threshold": float(rng.choice([0.85, 0.5, 1.0])),
+        "min_priority": float(rng.choice([0.01, 0.0, 0.05])),
         "priority": str(rng.choice(["variance", "std"])),
         "scheme": str(rng.choice(["reference", "water-level"])),
         "hopeless_after": int(rng.choice([0, 0, 4, 16])),
@@ -180,41 +180,18 @@ def _random_case(rng: np.random.Generator) -> dict:
     }
 
 
+def _params(case: dict) -> dict:
+    """A case's parameters: every key but the statistics and the budget."""
+    return {key: value for key, value in case.items() if key not in ("g", "k", "budget")}
+
+
 def _vectorised(case: dict):
-    return allocate_rollouts(
-        case["g"],
-        case["k"],
-        case["budget"],
-        AllocationParams(
-            n_min=case["n_min"],
-            n_max=case["n_max"],
-            initial_budget=case["initial_budget"],
-            mastery_threshold=case["mastery"],
-            min_priority=case["min_p"],
-            priority=case["priority"],
-            scheme=case["scheme"],
-            hopeless_after=case["hopeless_after"],
-            hopeless_n=case["hopeless_n"],
-        ),
-        return_priorities=True,
-    )
+    params = AllocationParams(**_params(case))
+    return allocate_rollouts(case["g"], case["k"], case["budget"], params, return_priorities=True)
 
 
 def _loop(case: dict):
-    return loop_allocate(
-        list(case["g"]),
-        list(case["k"]),
-        case["budget"],
-        n_min=case["n_min"],
-        n_max=case["n_max"],
-        initial_budget=case["initial_budget"],
-        mastery=case["mastery"],
-        min_p=case["min_p"],
-        priority=case["priority"],
-        scheme=case["scheme"],
-        hopeless_after=case["hopeless_after"],
-        hopeless_n=case["hopeless_n"],
-    )
+    return loop_allocate(list(case["g"]), list(case["k"]), case["budget"], **_params(case))
 
 
 @pytest.mark.parametrize("seed", range(6))

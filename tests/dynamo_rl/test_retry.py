@@ -129,19 +129,22 @@ def test_aretry_call_retries_and_never_swallows_cancellation():
 
 def test_a_policy_gives_each_operation_a_fresh_retrying_with_its_settings():
     seen: list[tuple[str, float]] = []
-    policy = RetryPolicy.of(
-        0.1, 0.4, max_attempts=3, max_wait_s=9.0, on_retry=lambda *a: seen.append(a)
+    backoff = Backoff(0.1, 0.4)
+    policy = RetryPolicy(
+        backoff, max_attempts=3, max_wait_s=9.0, on_retry=lambda *a: seen.append(a)
     )
-    assert policy.backoff == Backoff(base_s=0.1, cap_s=0.4)
     first = policy.start("peer op")
-    assert (first.what, first.max_attempts, first.max_wait_s) == ("peer op", 3, 9.0)
+    assert (first.what, first.backoff, first.max_attempts, first.max_wait_s) == (
+        "peer op",
+        backoff,
+        3,
+        9.0,
+    )
     first.next_delay("down")
     second = policy.start("peer op")
     assert second.attempts == 0 and first.attempts == 1  # no state shared between operations
     second.next_delay("down")
     assert [reason for reason, _ in seen] == ["down", "down"]
-    with pytest.raises(ValueError, match="base"):
-        RetryPolicy.of(2.0, 1.0)  # the back-off's own checks apply
 
 
 def test_every_client_builds_its_policy_from_the_same_keywords():
@@ -153,11 +156,13 @@ def test_every_client_builds_its_policy_from_the_same_keywords():
     hook = print
     allocator = AllocatorClient("127.0.0.1:1", retries=5, backoff_s=0.2, backoff_max_s=0.8,
                                 on_retry=hook)  # fmt: skip
-    assert allocator.retry == RetryPolicy.of(0.2, 0.8, max_attempts=5, on_retry=hook)
-    assert AllocatorClient("127.0.0.1:1").retry == RetryPolicy.of(0.1, 2.0, max_attempts=3)
+    assert allocator.retry == RetryPolicy(Backoff(0.2, 0.8), max_attempts=5, on_retry=hook)
+    assert AllocatorClient("127.0.0.1:1").retry == RetryPolicy(Backoff(0.1, 2.0), max_attempts=3)
     allocator.close()
     reward = RewardClient("http://x", backoff_s=0.3, max_wait_s=0.0, on_retry=hook)
-    assert reward.retry == RetryPolicy.of(0.3, 10.0, max_wait_s=None, on_retry=hook)  # 0: no limit
+    assert reward.retry == RetryPolicy(
+        Backoff(0.3, 10.0), max_wait_s=None, on_retry=hook
+    )  # 0: no limit
     assert RewardClient("http://x", max_wait_s=5.0).retry.max_wait_s == 5.0
     sandbox = SandboxClient("http://x", backoff_max_s=4.0)
-    assert sandbox.retry == RetryPolicy.of(0.5, 4.0, max_wait_s=30.0)
+    assert sandbox.retry == RetryPolicy(Backoff(0.5, 4.0), max_wait_s=30.0)
