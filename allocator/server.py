@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -394,25 +395,17 @@ def _add_allocator_servicer(service: AllocatorService, server: grpc.aio.Server) 
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
+@dataclass(eq=False)
 class RunningServer:
     """A started server: its port, its service, and ``stop()``; it runs on an event loop in a
     thread of its own, so the caller's thread stays free (the tests, the CLI's signal wait)."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        thread: threading.Thread,
-        server: grpc.aio.Server,
-        port: int,
-        service: AllocatorService,
-        pinger: asyncio.Task[None],
-    ) -> None:
-        self.loop = loop
-        self.server = server
-        self.port = port
-        self.service = service
-        self._thread = thread
-        self._pinger = pinger
+    loop: asyncio.AbstractEventLoop
+    _thread: threading.Thread
+    server: grpc.aio.Server
+    port: int
+    service: AllocatorService
+    _pinger: asyncio.Task[None]
 
     def _run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]

@@ -150,13 +150,7 @@ def retry_call(
         try:
             return call()
         except Exception as e:
-            if not _retryable(e, retry_on):
-                raise
-            try:
-                delay = retrying.next_delay(_reason(e))
-            except RetryExhausted:
-                raise e from None
-            sleep(delay)
+            sleep(_delay_after(e, retry_on, retrying))
 
 
 async def aretry_call(
@@ -170,21 +164,23 @@ async def aretry_call(
         try:
             return await call()
         except Exception as e:  # CancelledError is a BaseException: never retried
-            if not _retryable(e, retry_on):
-                raise
-            try:
-                delay = retrying.next_delay(_reason(e))
-            except RetryExhausted:
-                raise e from None
-            await asyncio.sleep(delay)
+            await asyncio.sleep(_delay_after(e, retry_on, retrying))
 
 
-def _retryable(
-    e: Exception, retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool]
-) -> bool:
-    if isinstance(retry_on, tuple):
-        return isinstance(e, retry_on)
-    return bool(retry_on(e))
+def _delay_after(
+    e: Exception,
+    retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool],
+    retrying: Retrying,
+) -> float:
+    """The wait before retrying after ``e``; ``e`` itself is raised if it is not retryable or
+    the retries are spent (the caller's ``except`` block is still active, so its traceback holds)."""
+    retryable = isinstance(e, retry_on) if isinstance(retry_on, tuple) else bool(retry_on(e))
+    if not retryable:
+        raise e
+    try:
+        return retrying.next_delay(_reason(e))
+    except RetryExhausted:
+        raise e from None
 
 
 def _reason(e: BaseException) -> str:
