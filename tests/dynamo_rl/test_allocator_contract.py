@@ -1,6 +1,10 @@
 """The allocation parameters are declared once (``dynamo_rl.contracts.allocator``) and the proto is
 their wire format: the model and ``AllocateRequest`` agree field by field, the client's request
-and the server's reading of it round-trip, and the config section is the model."""
+and the server's reading of it round-trip, and the config section is the model.
+
+The client and the server are imported inside the tests that use them: the server reads the proto's
+descriptor for every parameter at import, so a parameter missing from the proto must fail the
+field-by-field tests here with their message, not the collection of this file."""
 
 from __future__ import annotations
 
@@ -11,8 +15,6 @@ from typing import Any, Literal
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from allocator.client import allocate_request
-from allocator.server import BadRequest, request_params
 from dynamo_rl.config import AllocatorConfig, ConfigError, load_config
 from dynamo_rl.contracts.allocator import (
     CONFIG_ONLY,
@@ -112,6 +114,9 @@ SENT = [
 
 @pytest.mark.parametrize("sent", SENT)
 def test_what_the_client_sends_is_what_the_server_reads(sent: dict) -> None:
+    from allocator.client import allocate_request
+    from allocator.server import request_params
+
     defaults = AllocatorConfig(n_min=1, hopeless_after=0)
     request = allocate_request("ns", ["a", "b"], **sent)
     wire = pb.AllocateRequest.FromString(request.SerializeToString())
@@ -124,6 +129,8 @@ def test_what_the_client_sends_is_what_the_server_reads(sent: dict) -> None:
 
 
 def test_none_leaves_a_field_unset_and_budget_excludes_n_per_prompt() -> None:
+    from allocator.client import allocate_request
+
     request = allocate_request("ns", ["a"], None, budget=7, n_min=None, scheme=None)
     assert request.WhichOneof("total") == "budget" and request.budget == 7
     assert not request.HasField("n_min") and request.scheme == ""
@@ -149,6 +156,9 @@ def test_none_leaves_a_field_unset_and_budget_excludes_n_per_prompt() -> None:
     ],
 )
 def test_a_bad_request_names_the_field_and_what_it_allows(overrides: dict, message: str) -> None:
+    from allocator.client import allocate_request
+    from allocator.server import BadRequest, request_params
+
     defaults = AllocatorConfig(hopeless_after=16)
     with pytest.raises(InvalidParams, match=f"^{message}$"):
         defaults.with_overrides(overrides)
