@@ -13,9 +13,9 @@ Each request is validated first; a bad one gets ``INVALID_ARGUMENT`` with a mess
 field (``n_min``, ``outcomes[3].successes``, ...). ``Allocate``'s parameters are validated in one
 place, :func:`request_params`: the request's set fields merged over the config's
 (:class:`dynamo_rl.contracts.allocator.AllocationParams`, the model the config and the algorithm
-share). Redis errors become ``UNAVAILABLE``: the server
-keeps running, and redis-py reconnects on the next call, so it recovers as soon as Redis is back
-(the Lua script is reloaded if the new Redis lost it).
+share). Redis errors become ``UNAVAILABLE``: the server keeps running, and redis-py reconnects on
+the next call, so it recovers as soon as Redis is back (the Lua script is reloaded if the new Redis
+lost it).
 
 Health: the standard ``grpc.health.v1.Health`` service reports the overall server (``""``) as
 SERVING while the process runs, and ``dynamo.v1.Allocator`` as SERVING only while Redis answers (a
