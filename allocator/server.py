@@ -178,25 +178,20 @@ def encode_allocate_response(
     return b"".join(out)
 
 
+@dataclass(eq=False)
 class AllocatorService:
     """Handlers of ``dynamo.v1.Allocator``, coroutines of the server's one event loop."""
 
-    def __init__(
-        self,
-        cfg: AllocatorConfig,
-        store: StatsStore,
-        metrics: AllocatorMetrics,
-        health_servicer: health.aio.HealthServicer | None = None,
-        control_token: str | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.m = metrics
-        self.health = health_servicer
-        self.control_token = control_token
+    cfg: AllocatorConfig
+    store: StatsStore
+    m: AllocatorMetrics
+    health_servicer: health.aio.HealthServicer | None = None
+    control_token: str | None = None
+
+    def __post_init__(self) -> None:
         self._redis_ok: bool | None = None
         # Labelled children looked up once: .labels() costs microseconds per call.
-        self._latency = {m: metrics.latency.labels(m) for m in _REQUEST_TYPES}
+        self._latency = {m: self.m.latency.labels(m) for m in _REQUEST_TYPES}
 
     # -- RPCs --------------------------------------------------------------------------------
 
@@ -349,13 +344,13 @@ class AllocatorService:
             return
         self._redis_ok = ok  # one event loop: no lock needed
         self.m.redis_up.set(1 if ok else 0)
-        if self.health is not None:
+        if self.health_servicer is not None:
             status = (
                 health_pb2.HealthCheckResponse.SERVING
                 if ok
                 else health_pb2.HealthCheckResponse.NOT_SERVING
             )
-            await self.health.set(SERVICE_NAME, status)
+            await self.health_servicer.set(SERVICE_NAME, status)
         if ok:
             log.info("redis reachable")
         else:
