@@ -38,6 +38,12 @@ from the released code, on purpose: (a) its step 1 could leave a prompt below n_
 exploration used the whole budget — here n_min is reserved for everyone first; (b) unexplored
 prompts take no part in step 3 (the reference gave them a stale per-epoch rank instead).
 
+The parameters (n_min, n_max, initial_budget, ...) come as one
+:class:`~dynamo_rl.contracts.allocator.AllocationParams`, the model the config's ``allocator``
+section and the server's request validation share; it is valid by construction (n_min ≤ n_max,
+hopeless_n ≤ n_min, known priority and scheme), so only the statistics and the budget are checked
+here.
+
 Everything is vectorised numpy: no Python loop over prompts. ``tests/allocator`` keeps a plain loop
 twin of every step and compares the two on random inputs.
 """
@@ -45,34 +51,40 @@ twin of every step and compares the two on random inputs.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["PRIORITIES", "SCHEMES", "UNEXPLORED", "allocate_rollouts", "compute_priorities"]
+from dynamo_rl.contracts.allocator import AllocationParams
 
-PRIORITIES = ("variance", "std")
-SCHEMES = ("reference", "water-level")
+__all__ = ["DEFAULTS", "UNEXPLORED", "allocate_rollouts", "compute_priorities"]
+
 UNEXPLORED = -1.0
 """Priority reported for a prompt that is still explored."""
 
-Priority = Literal["variance", "std"]
-Scheme = Literal["reference", "water-level"]
+DEFAULTS = AllocationParams()
+"""The parameters' defaults (those of the config's ``allocator`` section)."""
 
 
 def compute_priorities(
     sample_counts: npt.ArrayLike,
     success_counts: npt.ArrayLike,
-    *,
-    initial_budget: int = 8,
-    mastery_threshold: float = 0.85,
-    min_priority: float = 0.01,
-    priority: Priority = "variance",
+    params: AllocationParams = DEFAULTS,
 ) -> npt.NDArray[np.float64]:
-    """Priority per prompt; ``UNEXPLORED`` (−1) where G < initial_budget."""
-    if priority not in PRIORITIES:
-        raise ValueError(f"priority: {priority!r} is not one of {', '.join(PRIORITIES)}")
+    """Priority per prompt; ``UNEXPLORED`` (−1) where G < initial_budget.
+
+    Uses ``initial_budget``, ``mastery_threshold``, ``min_priority`` and ``priority`` of
+    ``params``."""
+    return _priorities(sample_counts, success_counts, params, params.initial_budget)
+
+
+def _priorities(
+    sample_counts: npt.ArrayLike,
+    success_counts: npt.ArrayLike,
+    params: AllocationParams,
+    initial_budget: int,
+) -> npt.NDArray[np.float64]:
+    min_priority = params.min_priority
     g = np.asarray(sample_counts, dtype=np.float64)
     k = np.asarray(success_counts, dtype=np.float64)
     # In-place arithmetic: at 100k prompts the temporaries, not the flops, are the cost.
@@ -85,10 +97,10 @@ def compute_priorities(
     np.maximum(p, min_priority, out=p)
     acc = np.divide(k, g, out=den, where=g > 0)  # den is free again
     acc[g <= 0] = 0.0
-    p[acc >= mastery_threshold] = min_priority
-    if priority == "std":
+    p[acc >= params.mastery_threshold] = min_priority
+    if params.priority == "std":
         np.sqrt(p, out=p)
-    p[g < max(initial_budget, 0)] = UNEXPLORED
+    p[g < initial_budget] = UNEXPLORED
     return p
 
 
@@ -96,52 +108,30 @@ def allocate_rollouts(
     sample_counts: npt.ArrayLike,
     success_counts: npt.ArrayLike,
     budget: int,
+    params: AllocationParams = DEFAULTS,
     *,
-    n_min: int = 4,
-    n_max: int = 24,
-    initial_budget: int = 8,
-    mastery_threshold: float = 0.85,
-    min_priority: float = 0.01,
-    priority: Priority = "variance",
-    scheme: Scheme = "reference",
-    hopeless_after: int = 0,
-    hopeless_n: int = 1,
     return_priorities: bool = False,
 ) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """Responses per prompt (int64[N]) summing to the budget clipped to [N·n_min, N·n_max].
 
     ``sample_counts`` (G) and ``success_counts`` (k) may be floats (statistics with decay).
-    ``hopeless_after`` > 0 gives prompts with G ≥ hopeless_after and k < 0.5 only ``hopeless_n``
-    responses (0 ≤ hopeless_n ≤ n_min); 0 turns that off. With ``return_priorities`` the
-    priorities (−1 for prompts still explored) come back too.
+    ``params`` are validated already (n_min ≤ n_max, hopeless_n ≤ n_min, ...): the model
+    guarantees it. With ``return_priorities`` the priorities (−1 for prompts still explored) come
+    back too.
     """
     g = np.asarray(sample_counts, dtype=np.float64).reshape(-1)
     k = np.asarray(success_counts, dtype=np.float64).reshape(-1)
     if g.shape != k.shape:
         raise ValueError(f"sample_counts has {g.size} entries but success_counts has {k.size}")
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme: {scheme!r} is not one of {', '.join(SCHEMES)}")
-    if n_min < 0:
-        raise ValueError(f"n_min must be >= 0, got {n_min}")
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
-    if hopeless_after < 0:
-        raise ValueError(f"hopeless_after must be >= 0 (0: off), got {hopeless_after}")
-    if hopeless_after and not 0 <= hopeless_n <= n_min:
-        raise ValueError(f"hopeless_n must be in [0, n_min = {n_min}], got {hopeless_n}")
     if g.size and (k.min() < 0 or not np.all(k <= g)):  # also catches g < 0 (and NaN)
         raise ValueError("need 0 <= success_counts <= sample_counts for every prompt")
-    n_max = max(n_min, n_max)
-    initial_budget = max(n_min, initial_budget)
+    n_min, n_max, scheme = params.n_min, params.n_max, params.scheme
+    hopeless_after, hopeless_n = params.hopeless_after, params.hopeless_n
+    initial_budget = max(n_min, params.initial_budget)
     n = g.size
-    p = compute_priorities(
-        g,
-        k,
-        initial_budget=initial_budget,
-        mastery_threshold=mastery_threshold,
-        min_priority=min_priority,
-        priority=priority,
-    )
+    p = _priorities(g, k, params, initial_budget)
     counts = np.full(n, n_min, dtype=np.int64)
     total = int(np.clip(budget, n * n_min, n * n_max))
     spare = total - n * n_min  # what is left once everyone has n_min (step 2 done up front)

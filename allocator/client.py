@@ -2,7 +2,7 @@
 
 It adds what every caller needs around the generated stub: a deadline on every call, ``retries``
 retries on ``UNAVAILABLE`` (the server or its Redis is briefly gone) with the project's capped,
-jittered back-off (:class:`dynamo_rl.retry.Backoff`: ``backoff_s`` doubling up to
+jittered back-off (:class:`dynamo_rl.retry.RetryPolicy`: ``backoff_s`` doubling up to
 ``backoff_max_s``), and a bound on the calls in flight so a burst of rollout workers cannot pile
 unbounded work onto one server. Any other error (``INVALID_ARGUMENT`` above all) is raised at
 once: retrying a bad request cannot help.
@@ -14,6 +14,10 @@ held while the client waits.
 After the retries are spent the ``grpc.RpcError`` propagates; callers fall back to uniform counts.
 Note that a retried ``report_outcomes`` may count a batch twice in the rare case where Redis applied
 it and the reply was lost; statistics are estimates, so that is preferred to losing outcomes.
+
+Requests are built by :func:`allocate_request` from the parameters of the shared
+:class:`dynamo_rl.contracts.allocator.AllocationParams` (the fields a request may set), replies
+read by :func:`allocation_result`; ``allocate`` and ``aallocate`` only differ in how they wait.
 
 It imports nothing of the server (no numpy, no Redis), so any framework can use it.
 """
@@ -29,11 +33,21 @@ from typing import Any
 
 import grpc
 
+from dynamo_rl.contracts.allocator import CONFIG_ONLY, REQUEST_FIELDS
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2_grpc as pb_grpc
-from dynamo_rl.retry import Backoff, Retrying, aretry_call, retry_call
+from dynamo_rl.retry import Backoff, Retrying, RetryPolicy, aretry_call, retry_call
 
-__all__ = ["AllocationResult", "AllocatorClient", "PromptStats"]
+__all__ = [
+    "AllocationResult",
+    "AllocatorClient",
+    "PromptStats",
+    "allocate_request",
+    "allocation_result",
+]
+
+Param = float | str | None
+"""A request parameter's value: ``budget``, ``n_min``, ... (int or float), ``priority``, ``scheme``."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +97,9 @@ class AllocatorClient:
         self.addr = addr
         self.timeout_s = timeout_s
         self.retries = retries
-        self.backoff = Backoff(base_s=backoff_s, cap_s=backoff_max_s)
-        self._on_retry = on_retry
+        self.retry = RetryPolicy(
+            Backoff(backoff_s, backoff_max_s), max_attempts=retries, on_retry=on_retry
+        )
         self._control_token = control_token
         self._slots = threading.BoundedSemaphore(max_in_flight)
         # Large batches (tens of thousands of prompt ids) exceed gRPC's 4 MB default.
@@ -102,41 +117,23 @@ class AllocatorClient:
         namespace: str,
         prompt_ids: Sequence[str],
         n_per_prompt: int | None = None,
-        *,
-        budget: int | None = None,
-        n_min: int | None = None,
-        n_max: int | None = None,
-        initial_budget: int | None = None,
-        mastery_threshold: float | None = None,
-        min_priority: float | None = None,
-        priority: str | None = None,
-        scheme: str | None = None,
+        **params: Param,
     ) -> AllocationResult:
-        """Counts per prompt for a batch; give ``n_per_prompt`` or ``budget`` (not both).
+        """Counts per prompt for a batch; give ``n_per_prompt`` or ``budget=`` (not both).
 
-        Unset arguments take the server's configured defaults.
+        ``params``: ``budget`` and any of the request's parameters (``n_min``, ``n_max``,
+        ``initial_budget``, ``mastery_threshold``, ``min_priority``, ``priority``, ``scheme``:
+        :data:`~dynamo_rl.contracts.allocator.REQUEST_FIELDS`); unset or ``None`` ones take the
+        server's configured defaults. See :func:`allocate_request`.
         """
-        request = _allocate_request(namespace, prompt_ids, n_per_prompt, **_options(locals()))
-        return _allocation(self._call("Allocate", request))
+        request = allocate_request(namespace, prompt_ids, n_per_prompt, **params)
+        return allocation_result(self._call("Allocate", request))
 
-    async def aallocate(
-        self,
-        namespace: str,
-        prompt_ids: Sequence[str],
-        n_per_prompt: int | None = None,
-        *,
-        budget: int | None = None,
-        n_min: int | None = None,
-        n_max: int | None = None,
-        initial_budget: int | None = None,
-        mastery_threshold: float | None = None,
-        min_priority: float | None = None,
-        priority: str | None = None,
-        scheme: str | None = None,
-    ) -> AllocationResult:
-        """:meth:`allocate` for an event loop (back-off sleeps hold no thread)."""
-        request = _allocate_request(namespace, prompt_ids, n_per_prompt, **_options(locals()))
-        return _allocation(await self._acall("Allocate", request))
+    async def aallocate(self, *args: Any, **params: Param) -> AllocationResult:
+        """:meth:`allocate` for an event loop, with the same arguments (back-off sleeps hold no
+        thread)."""
+        request = allocate_request(*args, **params)
+        return allocation_result(await self._acall("Allocate", request))
 
     def report_outcomes(self, namespace: str, outcomes: Iterable[tuple[str, int, int]]) -> int:
         """Add ``(prompt_id, attempts, successes)`` per prompt; returns how many prompts changed."""
@@ -181,12 +178,7 @@ class AllocatorClient:
             return call(request, timeout=self.timeout_s, metadata=metadata or None)
 
     def _retrying(self, method: str) -> Retrying:
-        return Retrying(
-            f"allocator {self.addr} {method}",
-            self.backoff,
-            max_attempts=self.retries,
-            on_retry=self._on_retry,
-        )
+        return self.retry.start(f"allocator {self.addr} {method}")
 
     def _call(self, method: str, request: Any) -> Any:
         return retry_call(
@@ -219,60 +211,37 @@ def _unavailable(e: BaseException) -> bool:
     )
 
 
-_ALLOCATE_OPTIONS = (
-    "budget",
-    "n_min",
-    "n_max",
-    "initial_budget",
-    "mastery_threshold",
-    "min_priority",
-    "priority",
-    "scheme",
-)
-
-
-def _options(args: dict[str, Any]) -> dict[str, Any]:
-    """The optional Allocate arguments out of a method's ``locals()``."""
-    return {name: args[name] for name in _ALLOCATE_OPTIONS}
-
-
-def _allocate_request(
+def allocate_request(
     namespace: str,
     prompt_ids: Sequence[str],
     n_per_prompt: int | None = None,
     *,
     budget: int | None = None,
-    n_min: int | None = None,
-    n_max: int | None = None,
-    initial_budget: int | None = None,
-    mastery_threshold: float | None = None,
-    min_priority: float | None = None,
-    priority: str | None = None,
-    scheme: str | None = None,
+    **params: Param,
 ) -> pb.AllocateRequest:
+    """The ``AllocateRequest`` of a batch: its total (``n_per_prompt`` or ``budget``, not both) and
+    any parameter of :data:`~dynamo_rl.contracts.allocator.REQUEST_FIELDS`; ``None`` leaves a field
+    unset, so the server takes its configured default. Values are not checked here: the server
+    validates them against its config (``INVALID_ARGUMENT`` naming the field)."""
     if n_per_prompt is not None and budget is not None:
         raise ValueError("give n_per_prompt or budget, not both")
-    request = pb.AllocateRequest(namespace=namespace, prompt_ids=list(prompt_ids))
-    if budget is not None:
-        request.budget = budget
+    unknown = sorted(set(params) - set(REQUEST_FIELDS))
+    if unknown:
+        raise TypeError(
+            f"allocate: no request parameter {', '.join(unknown)} "
+            f"(allowed: budget, {', '.join(REQUEST_FIELDS)}; {', '.join(CONFIG_ONLY)} are the "
+            "server's config)"
+        )
+    fields = {name: value for name, value in params.items() if value is not None}
     if n_per_prompt is not None:
-        request.n_per_prompt = n_per_prompt
-    optional: dict[str, Any] = {
-        "n_min": n_min,
-        "n_max": n_max,
-        "initial_budget": initial_budget,
-        "mastery_threshold": mastery_threshold,
-        "min_priority": min_priority,
-        "priority": priority,
-        "scheme": scheme,
-    }
-    for name, value in optional.items():
-        if value is not None:
-            setattr(request, name, value)
-    return request
+        fields["n_per_prompt"] = n_per_prompt
+    if budget is not None:
+        fields["budget"] = budget
+    return pb.AllocateRequest(namespace=namespace, prompt_ids=list(prompt_ids), **fields)
 
 
-def _allocation(reply: pb.AllocateResponse) -> AllocationResult:
+def allocation_result(reply: pb.AllocateResponse) -> AllocationResult:
+    """The reply of ``Allocate`` as an :class:`AllocationResult`."""
     return AllocationResult(
         counts=list(reply.counts), priorities=list(reply.priorities), budget=reply.budget
     )

@@ -10,9 +10,12 @@ under 8 clients where its handler's work was 0.4 ms and a bare gRPC server's 0.3
 metrics are observed in one pass (:func:`dynamo_rl.metrics.observe_many`).
 
 Each request is validated first; a bad one gets ``INVALID_ARGUMENT`` with a message that names the
-field (``n_min``, ``outcomes[3].successes``, ...). Redis errors become ``UNAVAILABLE``: the server
-keeps running, and redis-py reconnects on the next call, so it recovers as soon as Redis is back
-(the Lua script is reloaded if the new Redis lost it).
+field (``n_min``, ``outcomes[3].successes``, ...). ``Allocate``'s parameters are validated in one
+place, :func:`request_params`: the request's set fields merged over the config's
+(:class:`dynamo_rl.contracts.allocator.AllocationParams`, the model the config and the algorithm
+share). Redis errors become ``UNAVAILABLE``: the server keeps running, and redis-py reconnects on
+the next call, so it recovers as soon as Redis is back (the Lua script is reloaded if the new Redis
+lost it).
 
 Health: the standard ``grpc.health.v1.Health`` service reports the overall server (``""``) as
 SERVING while the process runs, and ``dynamo.v1.Allocator`` as SERVING only while Redis answers (a
@@ -28,6 +31,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -38,10 +42,11 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from allocator.algorithm import PRIORITIES, SCHEMES, allocate_rollouts
+from allocator.algorithm import allocate_rollouts
 from allocator.metrics import AllocatorMetrics
 from allocator.stats import StatsStore
 from dynamo_rl.config import AllocatorConfig
+from dynamo_rl.contracts.allocator import REQUEST_FIELDS, AllocationParams, InvalidParams
 from dynamo_rl.keys import stats_key
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
 
@@ -51,6 +56,7 @@ __all__ = [
     "BadRequest",
     "RunningServer",
     "encode_allocate_response",
+    "request_params",
     "start_server",
 ]
 
@@ -102,6 +108,28 @@ def _prompt_ids(ids: list[str], limit: int, field: str = "prompt_ids") -> list[s
     return ids
 
 
+# -- the Allocate request's parameters -------------------------------------------------------------
+
+# A field with presence counts when set; priority and scheme have none: empty means unset.
+_HAS_PRESENCE = {
+    name: pb.AllocateRequest.DESCRIPTOR.fields_by_name[name].has_presence for name in REQUEST_FIELDS
+}
+
+
+def request_params(req: pb.AllocateRequest, defaults: AllocationParams) -> AllocationParams:
+    """The request's allocation parameters, its set fields merged over ``defaults`` (the config),
+    validated as one :class:`AllocationParams`; :class:`BadRequest` names each bad field."""
+    given = {
+        name: getattr(req, name)
+        for name, presence in _HAS_PRESENCE.items()
+        if (req.HasField(name) if presence else getattr(req, name))
+    }
+    try:
+        return defaults.with_overrides(given)
+    except InvalidParams as e:
+        raise BadRequest(str(e)) from None
+
+
 # -- the Allocate reply in the protobuf wire format ------------------------------------------------
 
 _VARINT_GROUPS = np.arange(10, dtype=np.uint64) * np.uint64(7)
@@ -150,25 +178,20 @@ def encode_allocate_response(
     return b"".join(out)
 
 
+@dataclass(eq=False)
 class AllocatorService:
     """Handlers of ``dynamo.v1.Allocator``, coroutines of the server's one event loop."""
 
-    def __init__(
-        self,
-        cfg: AllocatorConfig,
-        store: StatsStore,
-        metrics: AllocatorMetrics,
-        health_servicer: health.aio.HealthServicer | None = None,
-        control_token: str | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.m = metrics
-        self.health = health_servicer
-        self.control_token = control_token
+    cfg: AllocatorConfig
+    store: StatsStore
+    m: AllocatorMetrics
+    health_servicer: health.aio.HealthServicer | None = None
+    control_token: str | None = None
+
+    def __post_init__(self) -> None:
         self._redis_ok: bool | None = None
         # Labelled children looked up once: .labels() costs microseconds per call.
-        self._latency = {m: metrics.latency.labels(m) for m in _REQUEST_TYPES}
+        self._latency = {m: self.m.latency.labels(m) for m in _REQUEST_TYPES}
 
     # -- RPCs --------------------------------------------------------------------------------
 
@@ -194,64 +217,16 @@ class AllocatorService:
         namespace = _namespace(req.namespace)
         ids = _prompt_ids(list(req.prompt_ids), cfg.max_prompts_per_request)
         n = len(ids)
-        n_min = req.n_min if req.HasField("n_min") else cfg.n_min
-        n_max = req.n_max if req.HasField("n_max") else cfg.n_max
-        if n_min < 0:
-            raise BadRequest(f"n_min: must be >= 0, got {n_min}")
-        if n_max < 1:
-            raise BadRequest(f"n_max: must be >= 1, got {n_max}")
-        if n_min > n_max:
-            raise BadRequest(f"n_min: {n_min} is greater than n_max {n_max}")
-        which = req.WhichOneof("total")
-        if which == "budget":
+        params = request_params(req, cfg)
+        if req.WhichOneof("total") == "budget":
             if req.budget < 0:
                 raise BadRequest(f"budget: must be >= 0, got {req.budget}")
             budget = req.budget
-        elif which == "n_per_prompt":
-            if req.n_per_prompt < 1:
-                raise BadRequest(f"n_per_prompt: must be >= 1, got {req.n_per_prompt}")
-            budget = req.n_per_prompt * n
         else:
-            budget = cfg.n_per_prompt * n
-        initial_budget = (
-            req.initial_budget if req.HasField("initial_budget") else cfg.initial_budget
-        )
-        if initial_budget < 0:
-            raise BadRequest(f"initial_budget: must be >= 0, got {initial_budget}")
-        mastery = (
-            req.mastery_threshold if req.HasField("mastery_threshold") else cfg.mastery_threshold
-        )
-        if not 0 < mastery <= 1:
-            raise BadRequest(f"mastery_threshold: must be in (0, 1], got {mastery}")
-        min_priority = req.min_priority if req.HasField("min_priority") else cfg.min_priority
-        if not 0 <= min_priority <= 1:
-            raise BadRequest(f"min_priority: must be in [0, 1], got {min_priority}")
-        priority = req.priority or cfg.priority
-        if priority not in PRIORITIES:
-            raise BadRequest(f"priority: {priority!r} is not one of {', '.join(PRIORITIES)}")
-        scheme = req.scheme or cfg.scheme
-        if scheme not in SCHEMES:
-            raise BadRequest(f"scheme: {scheme!r} is not one of {', '.join(SCHEMES)}")
-
-        if cfg.hopeless_after and cfg.hopeless_n > n_min:
-            raise BadRequest(
-                f"n_min: {n_min} is below the server's allocator.hopeless_n {cfg.hopeless_n}"
-            )
+            budget = params.n_per_prompt * n
         stats = await self.store.aget(namespace, ids)
         counts, priorities = allocate_rollouts(
-            stats.samples,
-            stats.successes,
-            budget,
-            n_min=n_min,
-            n_max=n_max,
-            initial_budget=initial_budget,
-            mastery_threshold=mastery,
-            min_priority=min_priority,
-            priority=priority,  # type: ignore[arg-type]
-            scheme=scheme,  # type: ignore[arg-type]
-            hopeless_after=cfg.hopeless_after,
-            hopeless_n=cfg.hopeless_n,
-            return_priorities=True,
+            stats.samples, stats.successes, budget, params, return_priorities=True
         )
         total = int(counts.sum())
         self.m.observe_allocation(total, counts, priorities)
@@ -369,13 +344,13 @@ class AllocatorService:
             return
         self._redis_ok = ok  # one event loop: no lock needed
         self.m.redis_up.set(1 if ok else 0)
-        if self.health is not None:
+        if self.health_servicer is not None:
             status = (
                 health_pb2.HealthCheckResponse.SERVING
                 if ok
                 else health_pb2.HealthCheckResponse.NOT_SERVING
             )
-            await self.health.set(SERVICE_NAME, status)
+            await self.health_servicer.set(SERVICE_NAME, status)
         if ok:
             log.info("redis reachable")
         else:
@@ -415,25 +390,17 @@ def _add_allocator_servicer(service: AllocatorService, server: grpc.aio.Server) 
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
+@dataclass(eq=False)
 class RunningServer:
     """A started server: its port, its service, and ``stop()``; it runs on an event loop in a
     thread of its own, so the caller's thread stays free (the tests, the CLI's signal wait)."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        thread: threading.Thread,
-        server: grpc.aio.Server,
-        port: int,
-        service: AllocatorService,
-        pinger: asyncio.Task[None],
-    ) -> None:
-        self.loop = loop
-        self.server = server
-        self.port = port
-        self.service = service
-        self._thread = thread
-        self._pinger = pinger
+    loop: asyncio.AbstractEventLoop
+    _thread: threading.Thread
+    server: grpc.aio.Server
+    port: int
+    service: AllocatorService
+    _pinger: asyncio.Task[None]
 
     def _run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]

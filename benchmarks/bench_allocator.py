@@ -34,6 +34,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 from _allocator_baseline import reference_pass_by_pass  # noqa: E402
 
 from allocator.algorithm import allocate_rollouts, compute_priorities  # noqa: E402
+from dynamo_rl.contracts.allocator import AllocationParams  # noqa: E402
 
 N_MIN, N_MAX, N_PER_PROMPT, INITIAL = 8, 24, 16, 8  # the DynaMO recipe
 # Published figures for the authors' function on the reference machine kind; printed next to
@@ -102,12 +103,14 @@ def bench_algorithm(quick: bool) -> None:
         f"{'N':>7} {'baseline':>17} {'ours reference':>17} {'ours water-level':>17} {'speed-up':>9}"
     )
     rng = np.random.default_rng(0)
+    ref = AllocationParams(n_min=N_MIN, n_max=N_MAX, initial_budget=INITIAL)
+    water_level = ref.with_overrides({"scheme": "water-level"})
     for n in (1_000, 10_000, 100_000):
         g, k = _stats(rng, n)
         budget = N_PER_PROMPT * n
         # The baseline gets its priorities ready-made, as in the released trainer (a per-epoch
         # rank; 1.0 for prompts never seen).
-        p = compute_priorities(g, k, initial_budget=INITIAL)
+        p = compute_priorities(g, k, AllocationParams(initial_budget=INITIAL))
         p[p < 0] = 1.0
         repeats = 5 if quick else (30 if n < 100_000 else 15)
         base = _best_ms(
@@ -117,16 +120,10 @@ def bench_algorithm(quick: bool) -> None:
             repeats,
         )
         ours = _best_ms(
-            lambda g=g, k=k, budget=budget: allocate_rollouts(
-                g, k, budget, n_min=N_MIN, n_max=N_MAX, initial_budget=INITIAL
-            ),
-            repeats,
+            lambda g=g, k=k, budget=budget: allocate_rollouts(g, k, budget, ref), repeats
         )
         water = _best_ms(
-            lambda g=g, k=k, budget=budget: allocate_rollouts(
-                g, k, budget, n_min=N_MIN, n_max=N_MAX, initial_budget=INITIAL, scheme="water-level"
-            ),
-            repeats,
+            lambda g=g, k=k, budget=budget: allocate_rollouts(g, k, budget, water_level), repeats
         )
         print(
             f"{n:>7} {base[0]:>8.2f} / {base[1]:>6.2f} {ours[0]:>8.2f} / {ours[1]:>6.2f} "
@@ -146,8 +143,10 @@ def bench_algorithm(quick: bool) -> None:
     # Same answer where the two agree by design (every prompt explored).
     g = np.full(10_000, 32.0)
     k = rng.binomial(32, rng.random(10_000)).astype(np.float64)
-    p = compute_priorities(g, k, initial_budget=INITIAL)
-    ours = allocate_rollouts(g, k, N_PER_PROMPT * 10_000, n_min=N_MIN, n_max=N_MAX)
+    p = compute_priorities(g, k, AllocationParams(initial_budget=INITIAL))
+    ours = allocate_rollouts(
+        g, k, N_PER_PROMPT * 10_000, AllocationParams(n_min=N_MIN, n_max=N_MAX)
+    )
     base = np.array(reference_pass_by_pass(g, p, N_PER_PROMPT * 10_000, N_MIN, N_MAX, INITIAL))
     diff = np.abs(ours - base)
     print(
@@ -174,15 +173,14 @@ def bench_objective() -> None:
     for n_min, n_max in ((N_MIN, N_MAX), (4, 32)):
         g = np.full(n, 32.0)
         k = rng.binomial(32, rng.beta(0.6, 0.6, n)).astype(np.float64)
-        var = compute_priorities(g, k, initial_budget=INITIAL)  # σ², floored at min_priority
+        var = compute_priorities(g, k, AllocationParams(initial_budget=INITIAL))  # σ², floored
         budget = N_PER_PROMPT * n
         optimum = float((var / _continuous_optimum(np.sqrt(var), budget, n_min, n_max)).sum())
         rows = [("uniform n=16", float((var / N_PER_PROMPT).sum()))]
         for scheme in ("reference", "water-level"):
             for prio in ("variance", "std"):
-                counts = allocate_rollouts(
-                    g, k, budget, n_min=n_min, n_max=n_max, priority=prio, scheme=scheme
-                )
+                params = AllocationParams(n_min=n_min, n_max=n_max, priority=prio, scheme=scheme)
+                counts = allocate_rollouts(g, k, budget, params)
                 rows.append((f"{scheme} + {prio}", float((var / counts).sum())))
         print(f"  n_min={n_min} n_max={n_max}, N={n}, budget {budget}:")
         print(f"    {'bounded continuous optimum':<28} {optimum:>10.2f}  1.0000")

@@ -480,21 +480,17 @@ def counts_for(
     n_min, n_max = bounds_for(spec, budget_b)
     if spec.get("oracle"):
         return neyman_counts(oracle[spec["oracle"]], budget_b * n_prompts, n_min, n_max)
-    a = recipe_allocator()
-    return allocate_rollouts(
-        stats_g,
-        stats_k,
-        budget_b * n_prompts,
-        n_min=n_min,
-        n_max=n_max,
-        initial_budget=a.initial_budget,
-        mastery_threshold=a.mastery_threshold,
-        min_priority=a.min_priority,
-        priority=spec["priority"],
-        scheme=spec["scheme"],
-        hopeless_after=g.stat_samples if spec.get("hopeless") else 0,
-        hopeless_n=g.hopeless_n,
+    params = recipe_allocator().with_overrides(
+        {
+            "n_min": n_min,
+            "n_max": n_max,
+            "priority": spec["priority"],
+            "scheme": spec["scheme"],
+            "hopeless_after": g.stat_samples if spec.get("hopeless") else 0,
+            "hopeless_n": g.hopeless_n,
+        }
     )
+    return allocate_rollouts(stats_g, stats_k, budget_b * n_prompts, params)
 
 
 def ci(values) -> tuple[float, float]:

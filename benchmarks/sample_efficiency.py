@@ -451,6 +451,7 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
 
     from allocator.algorithm import allocate_rollouts
     from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
+    from dynamo_rl.contracts.allocator import AllocationParams
 
     torch.set_num_threads(1)
     spec = method_specs(s.decay)[method]
@@ -487,24 +488,17 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
         )
 
     record(0, eval_rows)
+    shared = ("n_min", "n_max", "initial_budget", "mastery_threshold", "min_priority")
+    params = AllocationParams(
+        priority=spec.priority, scheme=spec.scheme, **{name: getattr(s, name) for name in shared}
+    )
     for step in range(1, s.steps + 1):
         if len(order) < s.batch_size:
             order += rng.permutation(len(rl_pool)).tolist()
         batch, order = order[: s.batch_size], order[s.batch_size :]
         budget = s.batch_size * s.n
         if spec.allocate:
-            counts = allocate_rollouts(
-                samples[batch],
-                successes[batch],
-                budget,
-                n_min=s.n_min,
-                n_max=s.n_max,
-                initial_budget=s.initial_budget,
-                mastery_threshold=s.mastery_threshold,
-                min_priority=s.min_priority,
-                priority=spec.priority,
-                scheme=spec.scheme,
-            ).tolist()
+            counts = allocate_rollouts(samples[batch], successes[batch], budget, params).tolist()
         else:
             counts = [s.n] * s.batch_size
         assert sum(counts) == budget

@@ -11,6 +11,9 @@ the same peer at the same moment does not retry in lock-step, and no delay grows
 - :class:`Retrying` is one operation's state: how often it has failed, since when, and whether it
   may try again (``max_attempts``, ``max_wait_s``); :meth:`Retrying.next_delay` returns the next
   delay or raises :class:`RetryExhausted` with the last reason.
+- :class:`RetryPolicy` is a client's settings (back-off and limits), built once in its
+  constructor from the keywords every client takes; its :meth:`~RetryPolicy.start` gives each
+  operation a fresh :class:`Retrying`.
 - :func:`retry_call` and :func:`aretry_call` wrap a call that raises a retryable exception.
 
 Loops with more shape than "call, catch, sleep" (status codes, ``Retry-After``) use a
@@ -112,6 +115,25 @@ class Retrying:
         self.started = None
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """A client's retry settings, fixed when it is built; :meth:`start` gives each operation its
+    own :class:`Retrying`. Every network client builds one in its constructor from the same
+    keywords: ``Backoff(backoff_s, backoff_max_s)``, its limits and ``on_retry``."""
+
+    backoff: Backoff = field(default_factory=Backoff)
+    max_attempts: int | None = None
+    """Retries allowed per operation (``None``: unbounded)."""
+    max_wait_s: float | None = None
+    """Seconds after an operation's first failure past which it is not retried (``None``: unbounded)."""
+    on_retry: Callable[[str, float], None] | None = None
+    """Called with (reason, delay) before each wait."""
+
+    def start(self, what: str) -> Retrying:
+        """A fresh retry state for one operation, named ``what`` in messages."""
+        return Retrying(what, self.backoff, self.max_attempts, self.max_wait_s, self.on_retry)
+
+
 def retry_call(
     call: Callable[[], T],
     *,
@@ -128,13 +150,7 @@ def retry_call(
         try:
             return call()
         except Exception as e:
-            if not _retryable(e, retry_on):
-                raise
-            try:
-                delay = retrying.next_delay(_reason(e))
-            except RetryExhausted:
-                raise e from None
-            sleep(delay)
+            sleep(_delay_after(e, retry_on, retrying))
 
 
 async def aretry_call(
@@ -148,21 +164,23 @@ async def aretry_call(
         try:
             return await call()
         except Exception as e:  # CancelledError is a BaseException: never retried
-            if not _retryable(e, retry_on):
-                raise
-            try:
-                delay = retrying.next_delay(_reason(e))
-            except RetryExhausted:
-                raise e from None
-            await asyncio.sleep(delay)
+            await asyncio.sleep(_delay_after(e, retry_on, retrying))
 
 
-def _retryable(
-    e: Exception, retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool]
-) -> bool:
-    if isinstance(retry_on, tuple):
-        return isinstance(e, retry_on)
-    return bool(retry_on(e))
+def _delay_after(
+    e: Exception,
+    retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool],
+    retrying: Retrying,
+) -> float:
+    """The wait before retrying after ``e``; ``e`` itself is raised if it is not retryable or
+    the retries are spent (the caller's ``except`` block is still active, so its traceback holds)."""
+    retryable = isinstance(e, retry_on) if isinstance(retry_on, tuple) else bool(retry_on(e))
+    if not retryable:
+        raise e
+    try:
+        return retrying.next_delay(_reason(e))
+    except RetryExhausted:
+        raise e from None
 
 
 def _reason(e: BaseException) -> str:

@@ -15,7 +15,7 @@ import httpx
 
 from dynamo_rl.contracts.reward import RunCodeRequest, RunCodeResponse
 from dynamo_rl.envs.base import EnvUnavailable
-from dynamo_rl.retry import Backoff, Retrying, aretry_call
+from dynamo_rl.retry import Backoff, RetryPolicy, aretry_call
 
 __all__ = ["SandboxClient", "SandboxDown"]
 
@@ -36,9 +36,9 @@ class SandboxClient:
         on_retry: Callable[[str, float], None] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self.backoff = Backoff(base_s=backoff_s, cap_s=backoff_max_s)
-        self.max_wait_s = max_wait_s
-        self.on_retry = on_retry
+        self.retry = RetryPolicy(
+            Backoff(backoff_s, backoff_max_s), max_wait_s=max_wait_s, on_retry=on_retry
+        )
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 
     async def run(
@@ -61,9 +61,7 @@ class SandboxClient:
                 raise SandboxDown(f"SandboxError: {reply.message}")
             return reply
 
-        retrying = Retrying(
-            f"sandbox {self.url}", self.backoff, max_wait_s=self.max_wait_s, on_retry=self.on_retry
-        )
+        retrying = self.retry.start(f"sandbox {self.url}")
         try:
             return await aretry_call(once, retry_on=(SandboxDown,), retrying=retrying)
         except SandboxDown as e:

@@ -19,7 +19,7 @@ import httpx
 from pydantic import ValidationError
 
 from dynamo_rl.contracts.reward import Health, ItemResult, VerifyItem, VerifyRequest, VerifyResponse
-from dynamo_rl.retry import Backoff, RetryExhausted, Retrying
+from dynamo_rl.retry import Backoff, RetryExhausted, RetryPolicy
 
 __all__ = ["RewardClient", "RewardRequestError", "RewardUnavailable"]
 
@@ -48,19 +48,15 @@ class RewardClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.batch_items = batch_items
-        self.backoff = Backoff(base_s=backoff_s, cap_s=backoff_max_s)
         self.max_wait_s = max_wait_s
-        self._on_retry = on_retry
+        self.retry = RetryPolicy(
+            Backoff(backoff_s, backoff_max_s), max_wait_s=max_wait_s or None, on_retry=on_retry
+        )
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 
     async def _post(self, items: list[VerifyItem]) -> list[ItemResult]:
         body = VerifyRequest(items=items).model_dump(mode="json", exclude_unset=True)
-        retrying = Retrying(
-            f"reward service {self.url}",
-            self.backoff,
-            max_wait_s=self.max_wait_s or None,
-            on_retry=self._on_retry,
-        )
+        retrying = self.retry.start(f"reward service {self.url}")
         while True:
             reason: str
             retry_after: float | None = None

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from allocator.algorithm import UNEXPLORED, allocate_rollouts, compute_priorities
+from dynamo_rl.contracts.allocator import AllocationParams
 
 # -- the loop twin -----------------------------------------------------------------------------
 
@@ -54,8 +55,8 @@ def loop_allocate(
     n_min,
     n_max,
     initial_budget,
-    mastery,
-    min_p,
+    mastery_threshold,
+    min_priority,
     priority,
     scheme,
     hopeless_after=0,
@@ -64,7 +65,7 @@ def loop_allocate(
     n_max = max(n_min, n_max)
     initial_budget = max(n_min, initial_budget)
     n = len(g)
-    p = loop_priorities(g, k, initial_budget, mastery, min_p, priority)
+    p = loop_priorities(g, k, initial_budget, mastery_threshold, min_priority, priority)
     total = min(max(budget, n * n_min), n * n_max)
     counts = [n_min] * n  # step 2 first: n_min for everyone is reserved
     spare = total - n * n_min
@@ -151,7 +152,8 @@ def loop_allocate(
 def _random_case(rng: np.random.Generator) -> dict:
     n = int(rng.integers(0, 80))
     n_min = int(rng.integers(0, 10))
-    n_max = n_min + int(rng.integers(0, 20)) if rng.random() < 0.9 else n_min - 1
+    # n_max = n_min (no room above the floor) is a case of its own; n_max < n_min is invalid.
+    n_max = max(n_min + int(rng.integers(0, 20)) if rng.random() < 0.9 else n_min, 1)
     decayed = rng.random() < 0.3
     g = rng.integers(0, 60, n).astype(float)
     if decayed:
@@ -169,8 +171,8 @@ def _random_case(rng: np.random.Generator) -> dict:
         "n_min": n_min,
         "n_max": n_max,
         "initial_budget": int(rng.integers(0, 16)),
-        "mastery": float(rng.choice([0.85, 0.5, 1.0])),
-        "min_p": float(rng.choice([0.01, 0.0, 0.05])),
+        "mastery_threshold": float(rng.choice([0.85, 0.5, 1.0])),
+        "min_priority": float(rng.choice([0.01, 0.0, 0.05])),
         "priority": str(rng.choice(["variance", "std"])),
         "scheme": str(rng.choice(["reference", "water-level"])),
         "hopeless_after": int(rng.choice([0, 0, 4, 16])),
@@ -178,39 +180,18 @@ def _random_case(rng: np.random.Generator) -> dict:
     }
 
 
+def _params(case: dict) -> dict:
+    """A case's parameters: every key but the statistics and the budget."""
+    return {key: value for key, value in case.items() if key not in ("g", "k", "budget")}
+
+
 def _vectorised(case: dict):
-    return allocate_rollouts(
-        case["g"],
-        case["k"],
-        case["budget"],
-        n_min=case["n_min"],
-        n_max=case["n_max"],
-        initial_budget=case["initial_budget"],
-        mastery_threshold=case["mastery"],
-        min_priority=case["min_p"],
-        priority=case["priority"],
-        scheme=case["scheme"],
-        hopeless_after=case["hopeless_after"],
-        hopeless_n=case["hopeless_n"],
-        return_priorities=True,
-    )
+    params = AllocationParams(**_params(case))
+    return allocate_rollouts(case["g"], case["k"], case["budget"], params, return_priorities=True)
 
 
 def _loop(case: dict):
-    return loop_allocate(
-        list(case["g"]),
-        list(case["k"]),
-        case["budget"],
-        n_min=case["n_min"],
-        n_max=case["n_max"],
-        initial_budget=case["initial_budget"],
-        mastery=case["mastery"],
-        min_p=case["min_p"],
-        priority=case["priority"],
-        scheme=case["scheme"],
-        hopeless_after=case["hopeless_after"],
-        hopeless_n=case["hopeless_n"],
-    )
+    return loop_allocate(list(case["g"]), list(case["k"]), case["budget"], **_params(case))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -255,21 +236,21 @@ def test_more_priority_never_means_fewer_samples(seed: int) -> None:
 def test_priorities_by_hand() -> None:
     g = [4, 16, 16, 16, 20, 16]
     k = [2, 8, 0, 16, 17, 1]
-    p = compute_priorities(g, k, initial_budget=8)
+    p = compute_priorities(g, k, AllocationParams(initial_budget=8))
     assert p[0] == UNEXPLORED
     assert p[1] == pytest.approx(8 * 8 / (16 * 15))
     assert p[2] == pytest.approx(0.01)  # never solved: variance 0, floored
     assert p[3] == pytest.approx(0.01)  # mastered
     assert p[4] == pytest.approx(0.01)  # 0.85 exactly counts as mastered
     assert p[5] == pytest.approx(15 / (16 * 15))
-    s = compute_priorities(g, k, initial_budget=8, priority="std")
+    s = compute_priorities(g, k, AllocationParams(initial_budget=8, priority="std"))
     np.testing.assert_allclose(s[1:], np.sqrt(p[1:]))
 
 
 def test_counts_move_toward_half_solved_prompts() -> None:
     g = np.array([32, 32, 32, 32])
     k = np.array([16, 2, 31, 0])  # half-solved, hard, easy, never solved
-    counts = allocate_rollouts(g, k, 4 * 16, n_min=8, n_max=24)
+    counts = allocate_rollouts(g, k, 4 * 16, AllocationParams(n_min=8, n_max=24))
     assert counts.sum() == 64
     assert counts[0] == 24  # capped; its overflow goes to the others by priority
     assert counts[1] > counts[2] == counts[3] >= 8
@@ -278,43 +259,47 @@ def test_counts_move_toward_half_solved_prompts() -> None:
 def test_unexplored_prompts_get_their_initial_budget() -> None:
     g = np.array([0, 0, 32, 32])
     k = np.array([0, 0, 16, 16])
-    counts = allocate_rollouts(g, k, 4 * 6, n_min=4, n_max=24, initial_budget=8)
+    counts = allocate_rollouts(g, k, 4 * 6, AllocationParams(n_min=4, n_max=24, initial_budget=8))
     assert list(counts) == [8, 8, 4, 4]
     # Budget short: the part above n_min is scaled, never below n_min for anyone.
-    counts = allocate_rollouts(g, k, 4 * 5, n_min=4, n_max=24, initial_budget=8)
+    counts = allocate_rollouts(g, k, 4 * 5, AllocationParams(n_min=4, n_max=24, initial_budget=8))
     assert list(counts) == [6, 6, 4, 4]
 
 
 def test_hopeless_prompts_give_their_share_to_the_others() -> None:
     g = np.array([32, 32, 32, 8, 32])
     k = np.array([16, 2, 0, 0, 0.3])  # half-solved, hard, never solved (32), (only 8), decayed
-    base = allocate_rollouts(g, k, 5 * 8, n_min=4, n_max=24, initial_budget=8)
-    counts = allocate_rollouts(
-        g, k, 5 * 8, n_min=4, n_max=24, initial_budget=8, hopeless_after=16, hopeless_n=1
-    )
+    kw = {"n_min": 4, "n_max": 24, "initial_budget": 8}
+    base = allocate_rollouts(g, k, 5 * 8, AllocationParams(**kw))
+    counts = allocate_rollouts(g, k, 5 * 8, AllocationParams(**kw, hopeless_after=16, hopeless_n=1))
     assert base.min() >= 4
     # never solved after >= 16 samples (k < 0.5 also after decay): 1 each; 8 samples: not yet.
     assert counts[2] == counts[4] == 1 and counts[3] >= 4
     assert counts.sum() == base.sum() == 40
     assert counts[0] > base[0] and counts[1] >= base[1]  # the freed 6 follow the priorities
-    off = allocate_rollouts(g, k, 5 * 8, n_min=4, n_max=24, initial_budget=8, hopeless_after=0)
+    off = allocate_rollouts(g, k, 5 * 8, AllocationParams(**kw, hopeless_after=0))
     assert off.tolist() == base.tolist()
     # Everyone else capped: what is left reaches the hopeless prompts again (sum stays exact).
-    full = allocate_rollouts(g, k, 5 * 24, n_min=4, n_max=24, hopeless_after=16, hopeless_n=0)
+    full = allocate_rollouts(
+        g, k, 5 * 24, AllocationParams(n_min=4, n_max=24, hopeless_after=16, hopeless_n=0)
+    )
     assert full.tolist() == [24] * 5
 
 
 def test_round_robin_when_no_priority() -> None:
     g = np.full(3, 10.0)
     k = np.zeros(3)
-    counts = allocate_rollouts(g, k, 3 * 4 + 2, n_min=4, n_max=8, min_priority=0.0)
+    counts = allocate_rollouts(
+        g, k, 3 * 4 + 2, AllocationParams(n_min=4, n_max=8, min_priority=0.0)
+    )
     assert list(counts) == [5, 5, 4]
 
 
 def test_budget_is_clipped_and_empty_input() -> None:
     g, k = np.full(5, 20.0), np.full(5, 10.0)
-    assert allocate_rollouts(g, k, 0, n_min=4, n_max=24).tolist() == [4] * 5
-    assert allocate_rollouts(g, k, 10**9, n_min=4, n_max=24).tolist() == [24] * 5
+    params = AllocationParams(n_min=4, n_max=24)
+    assert allocate_rollouts(g, k, 0, params).tolist() == [4] * 5
+    assert allocate_rollouts(g, k, 10**9, params).tolist() == [24] * 5
     assert allocate_rollouts([], [], 100).size == 0
 
 
@@ -325,9 +310,8 @@ def test_water_level_std_beats_reference_on_the_variance_objective() -> None:
     sigma2 = compute_priorities(g, k)  # variance, floored
     objective = {}
     for scheme in ("reference", "water-level"):
-        counts = allocate_rollouts(
-            g, k, 16 * 2000, n_min=4, n_max=32, scheme=scheme, priority="std"
-        )
+        params = AllocationParams(n_min=4, n_max=32, scheme=scheme, priority="std")
+        counts = allocate_rollouts(g, k, 16 * 2000, params)
         objective[scheme] = float((sigma2 / counts).sum())
     uniform = float((sigma2 / 16).sum())
     assert objective["water-level"] < objective["reference"] < uniform
@@ -339,15 +323,20 @@ def test_water_level_std_beats_reference_on_the_variance_objective() -> None:
         ({"scheme": "nope"}, "scheme"),
         ({"priority": "nope"}, "priority"),
         ({"n_min": -1}, "n_min"),
-        ({"budget": -5}, "budget"),
+        ({"n_min": 9, "n_max": 8}, "n_min"),
         ({"hopeless_after": -1}, "hopeless_after"),
         ({"hopeless_after": 8, "n_min": 2, "hopeless_n": 3}, "hopeless_n"),
     ],
 )
-def test_bad_arguments_name_the_field(kwargs: dict, match: str) -> None:
-    args = {"sample_counts": [10, 10], "success_counts": [5, 5], "budget": 32, **kwargs}
+def test_bad_parameters_name_the_field(kwargs: dict, match: str) -> None:
+    """The parameters are checked by their model before the algorithm sees them."""
     with pytest.raises(ValueError, match=match):
-        allocate_rollouts(**args)
+        allocate_rollouts([10, 10], [5, 5], 32, AllocationParams(**kwargs))
+
+
+def test_bad_budget_names_the_field() -> None:
+    with pytest.raises(ValueError, match="budget"):
+        allocate_rollouts([10, 10], [5, 5], -5)
 
 
 def test_bad_statistics_are_rejected() -> None:
@@ -364,9 +353,11 @@ def test_the_defaults_are_n_min_4_n_max_24_initial_budget_8_and_hopeless_n_1() -
     explicit = {"n_min": 4, "n_max": 24, "initial_budget": 8, "hopeless_n": 1}
     for budget in (0, 30, 10_000):
         assert (
-            allocate_rollouts(g, k, budget, hopeless_after=16).tolist()
-            == allocate_rollouts(g, k, budget, hopeless_after=16, **explicit).tolist()
+            allocate_rollouts(g, k, budget, AllocationParams(hopeless_after=16)).tolist()
+            == allocate_rollouts(
+                g, k, budget, AllocationParams(hopeless_after=16, **explicit)
+            ).tolist()
         ), budget
     assert compute_priorities([8, 7], [4, 3]).tolist() == (
-        compute_priorities([8, 7], [4, 3], initial_budget=8).tolist()
+        compute_priorities([8, 7], [4, 3], AllocationParams(initial_budget=8)).tolist()
     )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from allocator.algorithm import allocate_rollouts
+from dynamo_rl.contracts.allocator import AllocationParams
 from tests.allocator.test_algorithm import loop_allocate
 
 
@@ -19,8 +20,8 @@ def test_a_batch_over_4096_prompts_matches_the_loop_twin(scheme: str) -> None:
     k = np.floor(g * rng.random(n))
     kw = {"n_min": 2, "n_max": 12, "initial_budget": 8}
     budget = 6 * n  # between N·n_min and N·n_max: the level must be solved, not capped
-    counts = allocate_rollouts(g, k, budget, scheme=scheme, **kw)
-    twin, _prio = loop_allocate(list(g), list(k), budget, mastery=0.85, min_p=0.01,
+    counts = allocate_rollouts(g, k, budget, AllocationParams(scheme=scheme, **kw))
+    twin, _prio = loop_allocate(list(g), list(k), budget, mastery_threshold=0.85, min_priority=0.01,
                                 priority="variance", scheme=scheme, **kw)  # fmt: skip
     assert int(counts.sum()) == budget == sum(twin)
     assert counts.min() >= 2 and counts.max() <= 12

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dynamo_rl.retry import Backoff, RetryExhausted, Retrying, aretry_call, retry_call
+from dynamo_rl.retry import Backoff, RetryExhausted, Retrying, RetryPolicy, aretry_call, retry_call
 
 
 def test_delays_double_then_cap_and_jitter_only_shortens():
@@ -125,3 +125,44 @@ def test_aretry_call_retries_and_never_swallows_cancellation():
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(aretry_call(cancelled, retry_on=lambda e: True, retrying=Retrying("x")))
+
+
+def test_a_policy_gives_each_operation_a_fresh_retrying_with_its_settings():
+    seen: list[tuple[str, float]] = []
+    backoff = Backoff(0.1, 0.4)
+    policy = RetryPolicy(
+        backoff, max_attempts=3, max_wait_s=9.0, on_retry=lambda *a: seen.append(a)
+    )
+    first = policy.start("peer op")
+    assert (first.what, first.backoff, first.max_attempts, first.max_wait_s) == (
+        "peer op",
+        backoff,
+        3,
+        9.0,
+    )
+    first.next_delay("down")
+    second = policy.start("peer op")
+    assert second.attempts == 0 and first.attempts == 1  # no state shared between operations
+    second.next_delay("down")
+    assert [reason for reason, _ in seen] == ["down", "down"]
+
+
+def test_every_client_builds_its_policy_from_the_same_keywords():
+    """The allocator, reward and sandbox clients keep their keywords and their defaults."""
+    from allocator.client import AllocatorClient
+    from dynamo_rl.envs.sandbox import SandboxClient
+    from services.rollout.reward_client import RewardClient
+
+    hook = print
+    allocator = AllocatorClient("127.0.0.1:1", retries=5, backoff_s=0.2, backoff_max_s=0.8,
+                                on_retry=hook)  # fmt: skip
+    assert allocator.retry == RetryPolicy(Backoff(0.2, 0.8), max_attempts=5, on_retry=hook)
+    assert AllocatorClient("127.0.0.1:1").retry == RetryPolicy(Backoff(0.1, 2.0), max_attempts=3)
+    allocator.close()
+    reward = RewardClient("http://x", backoff_s=0.3, max_wait_s=0.0, on_retry=hook)
+    assert reward.retry == RetryPolicy(
+        Backoff(0.3, 10.0), max_wait_s=None, on_retry=hook
+    )  # 0: no limit
+    assert RewardClient("http://x", max_wait_s=5.0).retry.max_wait_s == 5.0
+    sandbox = SandboxClient("http://x", backoff_max_s=4.0)
+    assert sandbox.retry == RetryPolicy(Backoff(0.5, 4.0), max_wait_s=30.0)
