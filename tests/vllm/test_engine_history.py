@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import pytest
 
 from dynamo_rl.config import load_config
-from dynamo_rl.contracts.engine import VLLMWeights, read_version
+from dynamo_rl.contracts.weight_control import VLLMWeights, read_version
 from dynamo_rl.dashboard.server import Dashboard
 from dynamo_rl.dashboard.sources import JsonlLog, RunFolder, SampleReader, Scraper
 from dynamo_rl.metrics import VLLM_SERIES, read_history

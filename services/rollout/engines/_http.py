@@ -1,13 +1,17 @@
-"""HTTP plumbing shared by the engine clients: one ``httpx.AsyncClient`` per replica and one mapping
-from transport failures and status codes to the engine errors of :mod:`.base`."""
+"""HTTP plumbing shared by the engine clients: one ``httpx.AsyncClient`` per replica, one mapping
+from transport failures and status codes to the engine errors of :mod:`.base`, and the two ways a
+contract model can refuse: a request it refuses is the caller's (:class:`EngineRequestError`, as
+the engine's own 422), an answer it refuses is the engine's (:class:`EngineProtocolError`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import TypeAdapter, ValidationError
 
-from dynamo_rl.contracts.engine import WeightControlError, WeightProtocol
+from dynamo_rl.contracts.weight_control import WeightControlError, WeightProtocol
 from services.rollout.engines.base import (
     EngineProtocolError,
     EngineRequestError,
@@ -16,6 +20,26 @@ from services.rollout.engines.base import (
 
 # Statuses that mean "this replica cannot serve now" rather than "your request is wrong".
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+T = TypeVar("T")
+
+
+def build_request(url: str, build: Callable[[], T]) -> T:
+    """``build()``, a contract request model; one it refuses is a request error, as the
+    engine's own 422 would be (no replica accepts it)."""
+    try:
+        return build()
+    except ValidationError as e:
+        raise EngineRequestError(url, 422, e.errors(include_url=False)) from None
+
+
+def parse_answer(adapter: TypeAdapter[T], body: Any, where: str) -> T:
+    """``body`` read through a contract answer model; one that does not fit is the engine's
+    fault (:class:`EngineProtocolError`)."""
+    try:
+        return adapter.validate_python(body)
+    except ValidationError as e:
+        raise EngineProtocolError(f"{where}: the answer does not fit the contract: {e}") from None
 
 
 class HTTPReplica:

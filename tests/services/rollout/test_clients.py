@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from dynamo_rl.contracts.engine import send
+from dynamo_rl.contracts.weight_control import send
 from learner.tiny_model import build_tiny_model
 from services.rollout.engines import (
     Engine,

@@ -1,4 +1,5 @@
-"""Both ends of the engine-control contract (dynamo_rl.contracts.engine) against each other.
+"""Both ends of the weight-control contract (dynamo_rl.contracts.weight_control) against each
+other, and the engine registry (dynamo_rl.contracts.engine).
 
 The engine end is a real ``dynamo-rl engine`` process; the other ends are the learner's real
 push (``learner.push.DistributedPush``, in a one-rank gloo world) and the rollout side's real
@@ -21,15 +22,12 @@ import pytest
 import redis
 import torch
 
-from dynamo_rl.contracts.engine import (
+from dynamo_rl.contracts.engine import alist_engines, list_engines, parse_registry, registry_value
+from dynamo_rl.contracts.weight_control import (
     SGLangWeights,
     VLLMWeights,
     WeightControlError,
-    alist_engines,
-    list_engines,
-    parse_registry,
     read_version,
-    registry_value,
     send,
     weight_protocol,
 )
