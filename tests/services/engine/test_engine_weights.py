@@ -138,6 +138,15 @@ def test_control_endpoints_need_the_token(engine: str, tmp_path: Path) -> None:
     assert r.status_code == 400 and "model_path" in r.json()["message"]
 
 
+def test_vllm_nccl_packed_layout_is_refused_naming_the_field(engine: str) -> None:
+    """The contract carries ``packed`` (real vLLM's nccl backend takes it); this engine does not."""
+    info = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,
+            "packed": True}  # fmt: skip
+    r = httpx.post(f"{engine}/init_weight_transfer_engine", json={"init_info": info}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "init_info", "packed"]
+
+
 def test_distributed_update_changes_outputs_and_version(
     engine: str, model_dir: Path, redis_server: str
 ) -> None:
