@@ -4,7 +4,8 @@
 it on shutdown), answers the informational routes (``/health``, ``/v1/models``,
 ``/get_model_info``, ``/metrics``) and gives every error one shape.
 
-Errors: a bad request is a 422 whose ``detail`` has FastAPI's shape (``loc`` names the field) —
+Errors: a control call the engine could not carry out (:class:`~.routes.Refused`) answers
+SGLang's ``{"success": false, "message"}`` with its status; a bad request is a 422 whose ``detail`` has FastAPI's shape (``loc`` names the field) —
 whether pydantic or a model-dependent check (a token id outside the vocabulary, a prompt longer
 than the context) found it — plus an OpenAI-style ``error`` object with the same message.
 """
@@ -23,8 +24,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dynamo_rl.contracts.weight_control import UpdateAnswer
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
-from services.engine.routes import EngineDep, control, generation
+from services.engine.routes import EngineDep, Refused, control, generation
 from services.engine.scheduler import Engine, InvalidRequest
 
 # pydantic puts union members and validator kinds into ``loc``; they are not field names.
@@ -63,6 +65,10 @@ async def _http_error(req: Request, exc: StarletteHTTPException) -> Response:
 
 async def _invalid(_req: Request, exc: InvalidRequest) -> JSONResponse:
     return JSONResponse(error_body(["body", *exc.field.split(".")], exc.message), 422)
+
+
+async def _refused(_req: Request, exc: Refused) -> JSONResponse:
+    return JSONResponse(UpdateAnswer(success=False, message=exc.message).body(), exc.status)
 
 
 # ---- informational routes -------------------------------------------------------------------
@@ -126,6 +132,7 @@ def create_app(engine: Engine) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(InvalidRequest, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(Refused, _refused)  # type: ignore[arg-type]
     app.include_router(generation)
     app.include_router(control)
     app.include_router(info)

@@ -20,7 +20,8 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
@@ -229,8 +230,25 @@ async def _generate(engine: Engine, req: GenerateRequest) -> Any:
 # ---- SGLang-shaped weight control -----------------------------------------------------------
 
 
-def _fail(status: int, message: str) -> JSONResponse:
-    return JSONResponse(UpdateAnswer(success=False, message=message).body(), status_code=status)
+class Refused(Exception):
+    """A control call the engine could not carry out: SGLang's ``{"success": false, "message"}``
+    with ``status`` (see :mod:`.app`)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@contextmanager
+def _refusals(route: str, *errors: type[Exception], named: bool = False) -> Iterator[None]:
+    """A ValueError or RuntimeError (or one of ``errors``) inside becomes a logged 400;
+    ``named``: its message starts with the route."""
+    try:
+        yield
+    except (ValueError, RuntimeError, *errors) as e:
+        log.warning("%s failed: %s", route, e)
+        raise Refused(400, f"{route} failed: {e}" if named else str(e)) from None
 
 
 @control.get("/get_weight_version")
@@ -240,11 +258,8 @@ async def get_weight_version(engine: EngineDep) -> dict[str, Any]:
 
 @control.post("/init_weights_update_group", dependencies=guarded)
 def init_weights_update_group(req: InitWeightsUpdateGroupRequest, engine: EngineDep) -> Any:
-    try:
+    with _refusals("init_weights_update_group", named=True):
         engine.init_group(req)
-    except (ValueError, RuntimeError) as e:
-        log.warning("init_weights_update_group failed: %s", e)
-        return _fail(400, f"init_weights_update_group failed: {e}")
     log.info(
         "joined weight-update group %r as rank %d of %d (%s)",
         req.group_name, req.rank_offset, req.world_size, req.backend,
@@ -258,29 +273,24 @@ def update_weights_from_distributed(
 ) -> Any:
     engine.check_tensors(req.names, req.dtypes, req.shapes, "", "dtypes")
     if req.group_name not in engine.groups:
-        return _fail(
+        raise Refused(
             400,
             f"group_name {req.group_name!r} is not initialised here; call "
             "/init_weights_update_group first",
         )
-    try:
+    with _refusals("update_weights_from_distributed"):
         version = engine.update_from_distributed(req)
-    except (ValueError, RuntimeError) as e:
-        log.warning("update_weights_from_distributed failed: %s", e)
-        return _fail(400, str(e))
     message = f"{len(req.names)} tensors loaded"
     return UpdateAnswer(success=True, message=message, weight_version=version).body()
 
 
 @control.post("/update_weights_from_disk", dependencies=guarded)
 def update_weights_from_disk(req: UpdateWeightsFromDiskRequest, engine: EngineDep) -> Any:
-    try:
-        version = engine.update_from_disk(req)
-    except FileNotFoundError as e:
-        return _fail(400, f"model_path: {e}")
-    except (ValueError, RuntimeError, OSError) as e:
-        log.warning("update_weights_from_disk failed: %s", e)
-        return _fail(400, str(e))
+    with _refusals("update_weights_from_disk", OSError):
+        try:
+            version = engine.update_from_disk(req)
+        except FileNotFoundError as e:
+            raise Refused(400, f"model_path: {e}") from None
     return UpdateAnswer(success=True, message="loaded", weight_version=version).body()
 
 
@@ -304,7 +314,7 @@ def pause(engine: EngineDep, mode: Annotated[str, Query()] = "abort") -> Any:
     try:
         engine.pause(mode)
     except RuntimeError as e:
-        return _fail(503, str(e))
+        raise Refused(503, str(e)) from None
     return {"status": "paused", "mode": mode}
 
 
@@ -321,11 +331,8 @@ async def is_paused(engine: EngineDep) -> dict[str, bool]:
 
 @control.post("/init_weight_transfer_engine", dependencies=guarded)
 def init_weight_transfer_engine(req: VLLMInitRequest, engine: EngineDep) -> Any:
-    try:
+    with _refusals("init_weight_transfer_engine", named=True):
         engine.vllm_init(req)
-    except (ValueError, RuntimeError) as e:
-        log.warning("init_weight_transfer_engine failed: %s", e)
-        return _fail(400, f"init_weight_transfer_engine failed: {e}")
     return {"status": "ok"}
 
 
@@ -346,11 +353,8 @@ def update_weights(req: VLLMUpdateRequest, engine: EngineDep) -> Any:
     engine.check_tensors(info.names, info.dtype_names, info.shapes, "update_info.", "dtype_names")
     if not engine.updating:
         return _conflict("call /start_weight_update first")
-    try:
+    with _refusals("update_weights"):
         engine.vllm_update(req)
-    except (ValueError, RuntimeError) as e:
-        log.warning("update_weights failed: %s", e)
-        return _fail(400, str(e))
     return {"status": "ok"}
 
 

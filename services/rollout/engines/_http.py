@@ -121,3 +121,29 @@ async def read_weight_version(http: HTTPReplica, protocol: WeightProtocol) -> in
         return protocol.parse_version(body, http.url)
     except WeightControlError as e:
         raise EngineProtocolError(str(e)) from None
+
+
+class ReplicaClient:
+    """What every engine client shares: its replica's HTTP, the weight-control protocol it reads
+    versions with, and the health check."""
+
+    def __init__(
+        self,
+        url: str,
+        weights: WeightProtocol,
+        *,
+        timeout_s: float = 600.0,
+        control_token: str | None = None,
+    ) -> None:
+        self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
+        self.url = self.http.url
+        self.weights = weights
+
+    async def weight_version(self) -> int:
+        return await read_weight_version(self.http, self.weights)
+
+    async def health(self) -> bool:
+        return await self.http.ok("/health")
+
+    async def aclose(self) -> None:
+        await self.http.aclose()

@@ -18,13 +18,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from dynamo_rl.contracts.engine import ABORTED, CompletionRequest, CompletionResponse
-from dynamo_rl.contracts.weight_control import WeightProtocol, weight_protocol
-from services.rollout.engines._http import (
-    HTTPReplica,
-    build_request,
-    parse_answer,
-    read_weight_version,
-)
+from dynamo_rl.contracts.weight_control import weight_protocol
+from services.rollout.engines._http import ReplicaClient, build_request, parse_answer
 from services.rollout.engines.base import (
     EngineProtocolError,
     EngineUnavailable,
@@ -86,7 +81,7 @@ def parse_choices(body: Any, url: str, n: int) -> list[Sample]:
     return samples
 
 
-class OpenAICompletionsEngine:
+class OpenAICompletionsEngine(ReplicaClient):
     """One replica behind ``/v1/completions``; versions read through ``weight_api``'s protocol."""
 
     def __init__(
@@ -98,10 +93,10 @@ class OpenAICompletionsEngine:
         timeout_s: float = 600.0,
         control_token: str | None = None,
     ) -> None:
-        self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
-        self.url = self.http.url
+        super().__init__(
+            url, weight_protocol(weight_api), timeout_s=timeout_s, control_token=control_token
+        )
         self.model = model
-        self.weights: WeightProtocol = weight_protocol(weight_api)
 
     async def _model_name(self) -> str:
         if self.model is None:
@@ -130,12 +125,3 @@ class OpenAICompletionsEngine:
             for sample in samples:
                 sample.weight_version = before
         return samples
-
-    async def weight_version(self) -> int:
-        return await read_weight_version(self.http, self.weights)
-
-    async def health(self) -> bool:
-        return await self.http.ok("/health")
-
-    async def aclose(self) -> None:
-        await self.http.aclose()

@@ -19,12 +19,7 @@ from pydantic import TypeAdapter
 
 from dynamo_rl.contracts.engine import GenerateItem, GenerateRequest, SGLangSamplingParams
 from dynamo_rl.contracts.weight_control import SGLangWeights
-from services.rollout.engines._http import (
-    HTTPReplica,
-    build_request,
-    parse_answer,
-    read_weight_version,
-)
+from services.rollout.engines._http import ReplicaClient, build_request, parse_answer
 from services.rollout.engines.base import EngineProtocolError, Sample, Sampling
 
 __all__ = ["SGLangEngine", "generate_request", "parse_generate"]
@@ -78,15 +73,13 @@ def parse_generate(body: Any, url: str, n: int) -> list[Sample]:
     return samples
 
 
-class SGLangEngine:
+class SGLangEngine(ReplicaClient):
     """One replica behind SGLang's native ``/generate`` and weight-update endpoints."""
 
     def __init__(
         self, url: str, *, timeout_s: float = 600.0, control_token: str | None = None
     ) -> None:
-        self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
-        self.url = self.http.url
-        self.weights = SGLangWeights()
+        super().__init__(url, SGLangWeights(), timeout_s=timeout_s, control_token=control_token)
 
     async def generate(
         self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
@@ -94,12 +87,3 @@ class SGLangEngine:
         request = generate_request(prompt_token_ids, n, sampling, self.url)
         body = await self.http.request("POST", "/generate", request.body())
         return parse_generate(body, self.url, n)
-
-    async def weight_version(self) -> int:
-        return await read_weight_version(self.http, self.weights)
-
-    async def health(self) -> bool:
-        return await self.http.ok("/health")
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
