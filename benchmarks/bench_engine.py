@@ -25,6 +25,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -70,17 +71,18 @@ def main() -> int:
         gen = torch.Generator().manual_seed(0)
         prompts = torch.randint(3, 259, (args.prompts, args.prompt_len), generator=gen)
         prompt_lists = prompts.tolist()
-        common = {
-            "max_tokens": args.new_tokens,
-            "temperature": 1.0,
-            "ignore_eos": True,
-            "logprobs": 0,
-            "return_token_ids": True,
-        }
+        from dynamo_rl.contracts.engine import CompletionRequest
+
+        def body(prompt: list[int] | list[list[int]]) -> dict[str, Any]:
+            return CompletionRequest(
+                prompt=prompt, max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True,
+                logprobs=0, return_token_ids=True,
+            ).body()  # fmt: skip
+
         client = httpx.Client(timeout=600)
 
         def engine_one_request() -> int:
-            r = client.post(f"{url}/v1/completions", json={"prompt": prompt_lists, **common})
+            r = client.post(f"{url}/v1/completions", json=body(prompt_lists))
             r.raise_for_status()
             return int(r.json()["usage"]["completion_tokens"])
 
@@ -88,7 +90,7 @@ def main() -> int:
 
         def engine_many_requests() -> int:
             def one(p: list[int]) -> int:
-                r = client.post(f"{url}/v1/completions", json={"prompt": p, **common})
+                r = client.post(f"{url}/v1/completions", json=body(p))
                 r.raise_for_status()
                 return int(r.json()["usage"]["completion_tokens"])
 

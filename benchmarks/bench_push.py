@@ -54,7 +54,7 @@ def _env() -> dict[str, str]:
 def worker(args: argparse.Namespace) -> int:
     import torch
 
-    from dynamo_rl.contracts.engine import weight_protocol
+    from dynamo_rl.contracts.weight_control import weight_protocol
     from learner.dist import init_distributed
     from learner.model import load_policy, shard
     from learner.push import DistributedPush

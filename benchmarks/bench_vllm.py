@@ -77,14 +77,15 @@ def main() -> int:
         client = httpx.Client(timeout=900)
         pool = ThreadPoolExecutor(args.prompts)
 
+        from dynamo_rl.contracts.engine import CompletionRequest
+
         def batch(url: str, model: str) -> int:
             def one(i: int) -> int:
-                body = {
-                    "model": model, "prompt": prompts[i], "n": args.n,
-                    "max_tokens": args.new_tokens, "temperature": 1.0, "seed": i,
-                    "ignore_eos": True, "logprobs": 0, "return_token_ids": True,
-                }  # fmt: skip
-                r = client.post(f"{url}/v1/completions", json=body)
+                body = CompletionRequest(
+                    model=model, prompt=prompts[i], n=args.n, max_tokens=args.new_tokens,
+                    temperature=1.0, seed=i, ignore_eos=True, logprobs=0, return_token_ids=True,
+                )  # fmt: skip
+                r = client.post(f"{url}/v1/completions", json=body.body())
                 r.raise_for_status()
                 return sum(len(c["token_ids"]) for c in r.json()["choices"])
 

@@ -159,7 +159,7 @@ class _Engines:
     async def generate(self, port: int, body: bytes, send: Any) -> None:
         from pydantic import ValidationError
 
-        from services.engine.protocol import GenerateRequest
+        from dynamo_rl.contracts.engine import GenerateRequest
 
         try:
             req = GenerateRequest.model_validate_json(body)

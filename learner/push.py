@@ -1,5 +1,5 @@
 """Weight push from the learner to the inference engines: the torch side of the engine-control
-contract (:mod:`dynamo_rl.contracts.engine`, whose protocol object — SGLang- or vLLM-shaped,
+contract (:mod:`dynamo_rl.contracts.weight_control`, whose protocol object — SGLang- or vLLM-shaped,
 ``rollout.weight_api`` — builds every HTTP call sent here).
 
 Two transports behind one small interface (:class:`WeightTransport`):
@@ -53,12 +53,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dynamo_rl.contracts.engine import (
+from dynamo_rl.contracts.engine import list_engines
+from dynamo_rl.contracts.weight_control import (
     Call,
     SGLangWeights,
     WeightControlError,
     WeightProtocol,
-    list_engines,
     read_version,
     send,
 )

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from dynamo_rl import keys
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.contracts.engine import WeightControlError, read_version, weight_protocol
+from dynamo_rl.contracts.weight_control import WeightControlError, read_version, weight_protocol
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
 from learner.metrics import LearnerMetrics

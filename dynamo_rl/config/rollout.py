@@ -189,7 +189,7 @@ class RolloutConfig(Section):
     """Generation protocol: OpenAI /v1/completions (embedded engine, vLLM, SGLang) or SGLang's
     native /generate."""
     weight_api: Literal["sglang", "vllm"] = "sglang"
-    """Engine-control protocol (dynamo_rl.contracts.engine) of every engine in the run: SGLang's
+    """Engine-control protocol (dynamo_rl.contracts.weight_control) of every engine in the run: SGLang's
     weight-update routes (embedded engine, SGLang) or vLLM's weight-transfer API (also served by
     the embedded engine). The rollout worker reads versions with it and the learner pushes with
     it; vLLM needs VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config, and has no

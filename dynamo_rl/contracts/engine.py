@@ -1,41 +1,29 @@
-"""Engine control: the engine registry in Redis and the two weight-update protocols.
+"""The engine's generation API and its registry: request and response models both ends import.
 
-Both ends import this module: the embedded engine registers itself and serves both protocols'
-routes; the rollout worker and the learner list engines and read versions; the learner's push
-(``learner/push.py``, which keeps the torch side: gathering tensors and the broadcast) sends the
-calls built here. It imports no torch.
+The embedded engine (``services/engine/``) validates requests and builds its answers with these
+models; the rollout clients (``services/rollout/engines/``) build requests and parse answers with
+them, so a field renamed on one side fails the other side's tests instead of a run. The weight
+updates are the other half of the engine's contract, :mod:`dynamo_rl.contracts.weight_control`.
+No torch.
 
-Registry — ``engines_key(ns)`` is a Redis hash: field = the engine's base URL, value = JSON
-``{"url", "weight_version", "registered_unix"}``. :class:`EngineRegistry` writes an entry,
-:func:`parse_registry` reads the hash (one parser for every reader).
+- ``POST /v1/completions`` (OpenAI, the subset an RL rollout uses plus vLLM's extensions):
+  :class:`CompletionRequest` -> :class:`CompletionResponse` (:class:`CompletionChoice`,
+  :class:`CompletionLogprobs`, :class:`CompletionUsage`).
+- ``POST /generate`` (SGLang's native API): :class:`GenerateRequest` (its
+  :class:`SGLangSamplingParams`) -> one :class:`GenerateItem`, or a list of them.
+- Registry — ``engines_key(ns)`` is a Redis hash: field = the engine's base URL, value = JSON
+  ``{"url", "weight_version", "registered_unix"}``. :class:`EngineRegistry` writes an entry,
+  :func:`parse_registry` reads the hash (one parser for every reader).
 
-Weight control — one protocol object per engine kind (:func:`weight_protocol`,
-``rollout.weight_api``). It builds :class:`Call` s (method, path, body) and checks their answers;
-:func:`send` carries them over HTTP (the rollout clients send the version
-read through their own async client). A push is::
-
-    init_group (one two-rank group per engine, kept while the engine keeps its version)
-    before_update()  ->  update(...) while the trainer broadcasts  ->  after_update(version)
-    (on failure: recover(), so no engine stays paused)
-
-Tensors travel one broadcast each (SGLang's contract), or — the vLLM-shaped protocol over gloo,
-whose receivers are ours: the embedded engine and the vLLM plugin's gloo backend — in flat buckets
-(:mod:`dynamo_rl.contracts.weight_layout`, ``init_info.bucket_bytes``); :meth:`WeightProtocol.packs`
-says which.
-
-- :class:`SGLangWeights` — ``/init_weights_update_group``, ``/update_weights_from_distributed``,
-  ``/update_weights_from_disk``, ``GET /get_weight_version``; an engine swaps weights between
-  batches itself, so before/after are empty.
-- :class:`VLLMWeights` — vLLM's weight-transfer API (``VLLM_SERVER_DEV_MODE=1`` and
-  ``--weight-transfer-config '{"backend": "gloo"}'`` — the project's plugin, CPU — or ``"nccl"``):
-  ``/init_weight_transfer_engine`` ``{"init_info": {...}}`` (gloo: ``bucket_bytes``,
-  ``timeout_s``; nccl: ``packed``), then per push ``/pause?mode=...``,
-  ``/start_weight_update``, ``/update_weights {"update_info": {"names", "dtype_names",
-  "shapes"}}``, ``/finish_weight_update {"weight_version"}``, ``/reset_prefix_cache``,
-  ``/resume``; ``GET /weight_info`` reads the version, the string ``"default"`` before the first
-  update (version 0). Without a pause an update during generation kills vLLM; ``mode=abort`` cuts
-  requests, which still answer 200 with ``finish_reason`` ``"abort"``. vLLM's weight-transfer API
-  has no load-from-disk route.
+Requests are strict: an unknown field is an error (422 naming it), so a typo such as
+``max_token`` is not silently ignored; a few OpenAI fields that clients commonly send are accepted
+when they ask for nothing this engine does not do (``stream: false``, ``echo: false``, ``user``).
+A request goes on the wire as :meth:`EngineRequest.body`: only the fields the sender set and not
+null, so vLLM and SGLang apply their own defaults to the rest. Answers ignore fields they do not
+name (vLLM and SGLang send more than the embedded engine) and read a weight version that is not an
+integer (SGLang's ``"default"``) as unknown. Checks that need the model (token ids inside the
+vocabulary, the context length, the ``max_tokens`` cap) happen in the engine and answer 422 in the
+same shape as the models' own.
 """
 
 from __future__ import annotations
@@ -43,29 +31,274 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-import httpx
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from dynamo_rl.contracts.weight_layout import GLOO_STORE_PREFIX
 from dynamo_rl.keys import engines_key
 from dynamo_rl.redis_client import redact_url, sync_client
 
 log = logging.getLogger(__name__)
 
-WeightAPI = Literal["sglang", "vllm"]
-PauseMode = Literal["keep", "wait", "abort"]
-WEIGHT_APIS: tuple[str, ...] = ("sglang", "vllm")
-PAUSE_MODES: tuple[str, ...] = ("keep", "wait", "abort")
-# vLLM's init_info names no group: both ends of a vLLM-shaped group (the learner, the embedded
-# engine, the vLLM plugin's gloo backend) prefix its store with this.
-VLLM_GROUP_NAME = GLOO_STORE_PREFIX
-# What vLLM's /weight_info reports before the first update.
-VLLM_INITIAL_VERSION = "default"
-# finish_reason of a request that a pause with mode=abort cut short (HTTP 200, truncated output).
+__all__ = [
+    "ABORTED",
+    "CompletionChoice",
+    "CompletionLogprobs",
+    "CompletionRequest",
+    "CompletionResponse",
+    "CompletionUsage",
+    "EngineEntry",
+    "EngineRegistry",
+    "EngineRequest",
+    "GenerateFinishReason",
+    "GenerateItem",
+    "GenerateMetaInfo",
+    "GenerateRequest",
+    "LogprobEntry",
+    "PromptInput",
+    "SGLangSamplingParams",
+    "SamplingKnobs",
+    "alist_engines",
+    "list_engines",
+    "parse_registry",
+    "registry_value",
+]
+
 ABORTED = "abort"
+"""finish_reason of a request that a pause with mode=abort cut short (HTTP 200, truncated output)."""
+
+TokenId = Annotated[int, Field(ge=0)]
+PromptInput = str | list[str] | list[TokenId] | list[list[TokenId]]
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+AnsweredVersion = Annotated[int | None, BeforeValidator(_int_or_none)]
+"""The weight version an answer reports; one that is not an integer reads as unknown (None)."""
+
+
+def check_prompt(v: Any, text_allowed: bool = True, ids_allowed: bool = True) -> Any:
+    """A prompt: text, a list of texts, token ids, or a list of token-id lists.
+
+    Written out by hand (not a pydantic union) so an error says what is wrong in plain words
+    instead of listing every union member.
+    """
+
+    def is_id(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    def check_ids(ids: list[Any], where: str) -> None:
+        if not ids:
+            raise ValueError(f"{where} has no tokens")
+        for t in ids:
+            if not is_id(t):
+                raise ValueError(f"{where}: token ids must be integers, got {t!r}")
+            if t < 0:
+                raise ValueError(f"{where}: token id {t} is negative")
+
+    if isinstance(v, str):
+        if not text_allowed:
+            raise ValueError("expected token ids, got text")
+        return v
+    if not isinstance(v, list) or not v:
+        raise ValueError("expected a non-empty string or list")
+    if all(isinstance(p, str) for p in v):
+        if not text_allowed:
+            raise ValueError("expected token ids, got text")
+        return v
+    if not ids_allowed:
+        raise ValueError("expected text")
+    if all(isinstance(p, list) for p in v):
+        for i, ids in enumerate(v):
+            check_ids(ids, f"prompt {i}")
+        return v
+    check_ids(v, "prompt")
+    return v
+
+
+class EngineRequest(BaseModel):
+    """A request body of an engine route: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: the fields that were set and are not null, nothing else."""
+        return self.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+
+
+class EngineAnswer(BaseModel):
+    """An engine's answer: fields it does not name are ignored (real engines send more)."""
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: the fields that were set (an explicit null is sent as null)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+# ---- sampling -------------------------------------------------------------------------------
+
+
+class SamplingKnobs(EngineRequest):
+    """The sampling fields both generation APIs share, under the same names."""
+
+    n: Annotated[int, Field(ge=1, le=4096)] = 1
+    temperature: Annotated[float, Field(ge=0, le=100)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    """None, -1 or 0: no top-k."""
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        # An empty stop string would match before the first token.
+        if v == "" or (isinstance(v, list) and any(s == "" for s in v)):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+
+# ---- POST /v1/completions -------------------------------------------------------------------
+
+
+class CompletionRequest(SamplingKnobs):
+    """OpenAI ``POST /v1/completions`` (the subset an RL rollout uses, plus vLLM extensions)."""
+
+    model: str | None = None
+    prompt: PromptInput
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    seed: int | None = None
+    logprobs: Annotated[int, Field(ge=0)] | None = None
+    """Top log-probs per token; 0 returns only the sampled token's (``token_logprobs``)."""
+    return_token_ids: bool | None = None
+    """vLLM's extension: each choice carries ``token_ids`` and ``prompt_token_ids``."""
+    stream: Literal[False] = False
+    echo: Literal[False] = False
+    user: str | None = None
+
+    @field_validator("prompt", mode="plain")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        return check_prompt(v)
+
+
+class CompletionLogprobs(EngineAnswer):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] | None = None
+    """The sampled tokens' log-probabilities, one per token."""
+    top_logprobs: list[dict[str, float] | None] | None = None
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(EngineAnswer):
+    index: int = 0
+    text: str | None = None
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    """"stop" | "length" | :data:`ABORTED`."""
+    stop_reason: int | str | None = None
+    """The stop string or token id that ended it."""
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    weight_version: AnsweredVersion = None
+    """A choice's own version, where an engine sends one (else the response's)."""
+
+
+class CompletionUsage(EngineAnswer):
+    prompt_tokens: int = 0
+    completion_tokens: int | None = 0
+    total_tokens: int = 0
+
+
+class CompletionResponse(EngineAnswer):
+    id: str = ""
+    object: str = "text_completion"
+    created: int = 0
+    model: str = ""
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None
+    weight_version: AnsweredVersion = None
+    """The embedded engine's extension: the oldest version that sampled any choice."""
+
+
+# ---- POST /generate -------------------------------------------------------------------------
+
+
+class SGLangSamplingParams(SamplingKnobs):
+    """SGLang's ``sampling_params`` (the subset an RL rollout uses)."""
+
+    max_new_tokens: Annotated[int, Field(ge=0)] | None = None
+    sampling_seed: int | None = None
+
+
+class GenerateRequest(EngineRequest):
+    """SGLang native ``POST /generate``: ``text`` or ``input_ids``, single or batch."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SGLangSamplingParams = SGLangSamplingParams()
+    return_logprob: bool = False
+    top_logprobs_num: Annotated[int, Field(ge=0)] = 0
+    logprob_start_len: int | None = None
+    stream: Literal[False] = False
+    rid: str | list[str] | None = None
+
+    @field_validator("text", mode="plain")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        return None if v is None else check_prompt(v, ids_allowed=False)
+
+    @field_validator("input_ids", mode="plain")
+    @classmethod
+    def _input_ids(cls, v: Any) -> Any:
+        return None if v is None else check_prompt(v, text_allowed=False)
+
+
+LogprobEntry = tuple[float, int, str | None]
+"""SGLang's ``[logprob, token_id, token_text]`` (the text is null unless asked for)."""
+
+
+class GenerateFinishReason(EngineAnswer):
+    type: str | None = None
+    """"stop" | "length" | :data:`ABORTED`."""
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+
+class GenerateMetaInfo(EngineAnswer):
+    id: str = ""
+    finish_reason: GenerateFinishReason | str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    weight_version: AnsweredVersion = None
+    e2e_latency: float = 0.0
+    output_token_logprobs: list[LogprobEntry] | None = None
+    output_top_logprobs: list[list[LogprobEntry] | None] | None = None
+
+    def finish(self) -> str:
+        """The finish reason's type ("stop" when the engine gives none)."""
+        reason = self.finish_reason
+        if isinstance(reason, GenerateFinishReason):
+            return reason.type or "stop"
+        return reason or "stop"
+
+
+class GenerateItem(EngineAnswer):
+    """One sample of a ``/generate`` answer (a list of them when ``n`` > 1 or a batch)."""
+
+    text: str | None = None
+    output_ids: list[int] | None = None
+    meta_info: GenerateMetaInfo
 
 
 # ---- registry -------------------------------------------------------------------------------
@@ -149,303 +382,3 @@ class EngineRegistry:
                 client.close()
         except Exception as e:
             log.warning("could not unregister from Redis: %s", e)
-
-
-# ---- weight control -------------------------------------------------------------------------
-
-
-class WeightControlError(RuntimeError):
-    """An engine refused or failed a weight-control call, or answered outside the protocol."""
-
-
-@dataclass(frozen=True)
-class Call:
-    """One HTTP request of a weight-control protocol."""
-
-    method: str
-    path: str
-    body: dict[str, Any] | None = None
-    params: dict[str, str] = field(default_factory=dict)
-
-
-def _check_tensors(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Any]) -> None:
-    if not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(
-            "names, dtypes and shapes must have one entry per tensor, got "
-            f"{len(names)}, {len(dtypes)}, {len(shapes)}"
-        )
-
-
-class WeightProtocol(Protocol):
-    """What the learner's push and the rollout side's version reads need of an engine kind."""
-
-    kind: str
-    group_name: str | None  # a fixed store prefix for the push group, or None: the pusher's own
-    version_call: Call
-
-    def parse_version(self, body: Any, url: str = "") -> int: ...
-
-    def packs(self, backend: str) -> bool:
-        """Whether pushes over ``backend`` travel in flat buckets
-        (:mod:`dynamo_rl.contracts.weight_layout`) rather than one broadcast per tensor."""
-        ...
-
-    def init_group(
-        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-        group_name: str, backend: str, bucket_bytes: int = 0, timeout_s: float = 300.0,
-    ) -> Call: ...  # fmt: skip
-
-    def before_update(self) -> list[Call]: ...
-
-    def update(
-        self, *, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-        group_name: str, weight_version: int,
-    ) -> Call: ...  # fmt: skip
-
-    def after_update(self, weight_version: int) -> list[Call]: ...
-
-    def recover(self) -> list[Call]: ...
-
-    def update_from_disk(self, model_path: str, weight_version: int) -> Call: ...
-
-    def check(self, call: Call, status: int, body: Any, url: str) -> None: ...
-
-
-def _status_error(call: Call, status: int, body: Any, url: str) -> None:
-    if status != 200:
-        raise WeightControlError(f"{url}{call.path}: HTTP {status} {str(body)[:300]}")
-
-
-class SGLangWeights:
-    """SGLang's weight-update routes (SGLang servers and the embedded engine)."""
-
-    kind = "sglang"
-    group_name: str | None = None  # the learner names each group
-    version_call = Call("GET", "/get_weight_version")
-
-    def parse_version(self, body: Any, url: str = "") -> int:
-        """``{"weight_version": 3}`` (SGLang may send the number as a string; null is 0)."""
-        if not isinstance(body, dict) or "weight_version" not in body:
-            raise WeightControlError(f"{url}: no 'weight_version' in {str(body)[:200]}")
-        value = body["weight_version"]
-        if value is None:
-            return 0
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise WeightControlError(
-                f"{url}: weight_version {value!r} is not an integer (this trainer numbers versions)"
-            ) from None
-
-    def packs(self, backend: str) -> bool:
-        return False  # SGLang's contract: one broadcast per tensor, in names order
-
-    def init_group(
-        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-        group_name: str, backend: str, bucket_bytes: int = 0, timeout_s: float = 300.0,
-    ) -> Call:  # fmt: skip
-        if bucket_bytes:
-            raise ValueError(
-                "bucket_bytes: SGLang's weight-update group takes one tensor per broadcast"
-            )
-        del timeout_s  # SGLang's group uses its own
-        return Call(
-            "POST",
-            "/init_weights_update_group",
-            {
-                "master_address": master_address,
-                "master_port": master_port,
-                "rank_offset": rank_offset,
-                "world_size": world_size,
-                "group_name": group_name,
-                "backend": backend,
-            },
-        )
-
-    def before_update(self) -> list[Call]:
-        return []  # the engine applies an update between batches
-
-    def update(
-        self, *, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-        group_name: str, weight_version: int,
-    ) -> Call:  # fmt: skip
-        _check_tensors(names, dtypes, shapes)
-        return Call(
-            "POST",
-            "/update_weights_from_distributed",
-            {
-                "names": list(names),
-                "dtypes": list(dtypes),
-                "shapes": [list(s) for s in shapes],
-                "group_name": group_name,
-                "weight_version": weight_version,
-            },
-        )
-
-    def after_update(self, weight_version: int) -> list[Call]:
-        return []
-
-    def recover(self) -> list[Call]:
-        return []
-
-    def update_from_disk(self, model_path: str, weight_version: int) -> Call:
-        return Call(
-            "POST",
-            "/update_weights_from_disk",
-            {"model_path": model_path, "weight_version": weight_version},
-        )
-
-    def check(self, call: Call, status: int, body: Any, url: str) -> None:
-        _status_error(call, status, body, url)
-        # SGLang answers 200 with {"success": false, "message": ...} when an update fails.
-        if isinstance(body, dict) and body.get("success") is False:
-            raise WeightControlError(f"{url}{call.path} failed: {body.get('message', body)}")
-
-
-class VLLMWeights:
-    """vLLM's weight-transfer API (see the module docstring for the server flags it needs)."""
-
-    kind = "vllm"
-    group_name: str | None = VLLM_GROUP_NAME
-    version_call = Call("GET", "/weight_info")
-
-    def __init__(self, *, pause_mode: PauseMode = "wait", packed: bool = False) -> None:
-        if pause_mode not in PAUSE_MODES:
-            raise ValueError(f"pause_mode must be one of {PAUSE_MODES}, got {pause_mode!r}")
-        self.pause_mode = pause_mode
-        self.packed = packed
-
-    def parse_version(self, body: Any, url: str = "") -> int:
-        """``{"weight_version": "3"}``; ``"default"`` (never updated) and null are 0."""
-        if not isinstance(body, dict) or "weight_version" not in body:
-            raise WeightControlError(f"{url}: no 'weight_version' in {str(body)[:200]}")
-        value = body["weight_version"]
-        if value is None or value == VLLM_INITIAL_VERSION:
-            return 0
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise WeightControlError(
-                f"{url}: weight_version {value!r} is neither {VLLM_INITIAL_VERSION!r} nor an "
-                "integer (this trainer numbers versions)"
-            ) from None
-
-    def packs(self, backend: str) -> bool:
-        # Over gloo the receiver is ours (the vLLM plugin's gloo backend or the embedded engine),
-        # which unpacks flat buckets; vLLM's own nccl backend has a layout of its own (packed).
-        return backend == "gloo"
-
-    def init_group(
-        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-        group_name: str, backend: str, bucket_bytes: int = 0, timeout_s: float = 300.0,
-    ) -> Call:  # fmt: skip
-        # vLLM takes the transport from --weight-transfer-config; group_name is not sent.
-        del group_name
-        info: dict[str, Any] = {
-            "master_address": master_address,
-            "master_port": master_port,
-            "rank_offset": rank_offset,
-            "world_size": world_size,
-        }
-        if backend == "gloo":  # the plugin's GlooInitInfo (and the embedded engine's)
-            info.update(bucket_bytes=int(bucket_bytes), timeout_s=float(timeout_s))
-        else:  # vLLM's nccl backend
-            if bucket_bytes:
-                raise ValueError("vLLM's nccl backend takes no bucket_bytes (its layout: packed)")
-            info["packed"] = self.packed
-        return Call("POST", "/init_weight_transfer_engine", {"init_info": info})
-
-    def before_update(self) -> list[Call]:
-        return [
-            Call("POST", "/pause", params={"mode": self.pause_mode}),
-            Call("POST", "/start_weight_update", {}),
-        ]
-
-    def update(
-        self, *, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-        group_name: str, weight_version: int,
-    ) -> Call:  # fmt: skip
-        del group_name, weight_version  # the version is sent by finish_weight_update
-        _check_tensors(names, dtypes, shapes)
-        return Call(
-            "POST",
-            "/update_weights",
-            {
-                "update_info": {
-                    "names": list(names),
-                    "dtype_names": list(dtypes),
-                    "shapes": [list(s) for s in shapes],
-                }
-            },
-        )
-
-    def after_update(self, weight_version: int) -> list[Call]:
-        return [
-            Call("POST", "/finish_weight_update", {"weight_version": str(weight_version)}),
-            Call("POST", "/reset_prefix_cache"),
-            Call("POST", "/resume"),
-        ]
-
-    def recover(self) -> list[Call]:
-        return [Call("POST", "/resume")]
-
-    def update_from_disk(self, model_path: str, weight_version: int) -> Call:
-        raise WeightControlError(
-            "vLLM's weight-transfer API has no load-from-disk route: push with "
-            "learner.push.transport=distributed"
-        )
-
-    def check(self, call: Call, status: int, body: Any, url: str) -> None:
-        _status_error(call, status, body, url)
-
-
-def weight_protocol(
-    kind: str, *, pause_mode: PauseMode = "wait", packed: bool = False
-) -> WeightProtocol:
-    """The protocol object of an engine kind (``rollout.weight_api``)."""
-    if kind == "sglang":
-        return SGLangWeights()
-    if kind == "vllm":
-        return VLLMWeights(pause_mode=pause_mode, packed=packed)
-    raise ValueError(f"weight_api must be one of {WEIGHT_APIS}, got {kind!r}")
-
-
-def _body(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return response.text
-
-
-def send(
-    protocol: WeightProtocol,
-    url: str,
-    call: Call,
-    *,
-    headers: Mapping[str, str] | None = None,
-    timeout_s: float = 600.0,
-) -> Any:
-    """Send ``call`` to the engine at ``url`` (blocking); the answer's body, checked."""
-    target = url.rstrip("/") + call.path
-    try:
-        response = httpx.request(
-            call.method, target, json=call.body, params=call.params or None,
-            headers=dict(headers or {}), timeout=timeout_s,
-        )  # fmt: skip
-    except httpx.HTTPError as e:
-        raise WeightControlError(f"{target}: {type(e).__name__}: {e}") from e
-    body = _body(response)
-    protocol.check(call, response.status_code, body, url.rstrip("/"))
-    return body
-
-
-def read_version(
-    protocol: WeightProtocol,
-    url: str,
-    *,
-    headers: Mapping[str, str] | None = None,
-    timeout_s: float = 10.0,
-) -> int:
-    """The engine's weight version (blocking)."""
-    body = send(protocol, url, protocol.version_call, headers=headers, timeout_s=timeout_s)
-    return protocol.parse_version(body, url)

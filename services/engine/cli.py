@@ -117,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from dynamo_rl.contracts.engine import EngineRegistry
-    from services.engine.server import Engine, create_app, load_model
+    from services.engine.app import create_app
+    from services.engine.scheduler import Engine, load_model
 
     if ecfg.threads:
         torch.set_num_threads(ecfg.threads)

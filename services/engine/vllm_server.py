@@ -101,7 +101,7 @@ def record_history(cfg: ExperimentConfig, local: str) -> History | None:
     (``<run dir>/metrics/engine-<port>.jsonl``, ``run.history``): vLLM's ``/metrics`` scraped
     every interval (its own names, ``vllm:*``, exactly what Prometheus scrapes) plus
     ``dynamo_engine_weight_version`` read from ``/weight_info``."""
-    from dynamo_rl.contracts.engine import VLLMWeights, read_version
+    from dynamo_rl.contracts.weight_control import VLLMWeights, read_version
 
     token = cfg.endpoints.control_token
     headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else None

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dynamo_rl.contracts.engine import read_version, weight_protocol
+from dynamo_rl.contracts.weight_control import read_version, weight_protocol
 from dynamo_rl.procs import ServiceProcess, free_port
 from launcher.service_table import SERVICES
 from learner.model import load_policy

@@ -217,7 +217,7 @@ def learner_push(
     ``VLLMWeights``) of ``policy`` to the server as ``version``: pause → start → update ∥ flat
     buckets over the plugin's gloo backend → finish(version) → reset prefix cache → resume.
     Needs :func:`one_rank`. Returns the :class:`~learner.push.PushResult` (raises if it failed)."""
-    from dynamo_rl.contracts.engine import VLLMWeights
+    from dynamo_rl.contracts.weight_control import VLLMWeights
     from learner.push import DistributedPush
 
     push = DistributedPush(

@@ -14,7 +14,7 @@ import pytest
 from dashboard.server import Dashboard
 from dashboard.sources import JsonlLog, RunFolder, SampleReader, Scraper
 from dynamo_rl.config import load_config
-from dynamo_rl.contracts.engine import VLLMWeights, read_version
+from dynamo_rl.contracts.weight_control import VLLMWeights, read_version
 from dynamo_rl.metrics import VLLM_SERIES, read_history
 from services.engine.vllm_server import record_history
 from tests.vllm.conftest import VLLMServers, completions

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from dynamo_rl.contracts.engine import VLLMWeights
+from dynamo_rl.contracts.weight_control import VLLMWeights
 from tests.vllm.conftest import PLUGIN_DIR, REPO, VLLM_PYTHON, require_vllm_env
 
 pytestmark = pytest.mark.vllm

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from dynamo_rl.contracts.engine import VLLMWeights, read_version
+from dynamo_rl.contracts.weight_control import VLLMWeights, read_version
 from services.rollout.engines.base import Sampling
 from services.rollout.engines.openai import OpenAICompletionsEngine
 from tests.vllm.conftest import VLLMServers, completions, learner_push, reload_from_disk

@@ -2,8 +2,8 @@
 SGLang-native clients, and the replica pool.
 
 :func:`make_engine` builds one replica's client from the rollout config's ``engine_api`` and
-``weight_api`` (the engine-control protocol of :mod:`dynamo_rl.contracts.engine`, which reads
-versions).
+``weight_api`` (the weight-control protocol of :mod:`dynamo_rl.contracts.weight_control`, which
+reads versions).
 """
 
 from __future__ import annotations

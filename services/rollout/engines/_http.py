@@ -1,13 +1,17 @@
-"""HTTP plumbing shared by the engine clients: one ``httpx.AsyncClient`` per replica and one mapping
-from transport failures and status codes to the engine errors of :mod:`.base`."""
+"""HTTP plumbing shared by the engine clients: one ``httpx.AsyncClient`` per replica, one mapping
+from transport failures and status codes to the engine errors of :mod:`.base`, and the two ways a
+contract model can refuse: a request it refuses is the caller's (:class:`EngineRequestError`, as
+the engine's own 422), an answer it refuses is the engine's (:class:`EngineProtocolError`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import TypeAdapter, ValidationError
 
-from dynamo_rl.contracts.engine import WeightControlError, WeightProtocol
+from dynamo_rl.contracts.weight_control import WeightControlError, WeightProtocol
 from services.rollout.engines.base import (
     EngineProtocolError,
     EngineRequestError,
@@ -16,6 +20,26 @@ from services.rollout.engines.base import (
 
 # Statuses that mean "this replica cannot serve now" rather than "your request is wrong".
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+T = TypeVar("T")
+
+
+def build_request(url: str, build: Callable[[], T]) -> T:
+    """``build()``, a contract request model; one it refuses is a request error, as the
+    engine's own 422 would be (no replica accepts it)."""
+    try:
+        return build()
+    except ValidationError as e:
+        raise EngineRequestError(url, 422, e.errors(include_url=False)) from None
+
+
+def parse_answer(adapter: TypeAdapter[T], body: Any, where: str) -> T:
+    """``body`` read through a contract answer model; one that does not fit is the engine's
+    fault (:class:`EngineProtocolError`)."""
+    try:
+        return adapter.validate_python(body)
+    except ValidationError as e:
+        raise EngineProtocolError(f"{where}: the answer does not fit the contract: {e}") from None
 
 
 class HTTPReplica:
@@ -97,3 +121,29 @@ async def read_weight_version(http: HTTPReplica, protocol: WeightProtocol) -> in
         return protocol.parse_version(body, http.url)
     except WeightControlError as e:
         raise EngineProtocolError(str(e)) from None
+
+
+class ReplicaClient:
+    """What every engine client shares: its replica's HTTP, the weight-control protocol it reads
+    versions with, and the health check."""
+
+    def __init__(
+        self,
+        url: str,
+        weights: WeightProtocol,
+        *,
+        timeout_s: float = 600.0,
+        control_token: str | None = None,
+    ) -> None:
+        self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
+        self.url = self.http.url
+        self.weights = weights
+
+    async def weight_version(self) -> int:
+        return await read_weight_version(self.http, self.weights)
+
+    async def health(self) -> bool:
+        return await self.http.ok("/health")
+
+    async def aclose(self) -> None:
+        await self.http.aclose()

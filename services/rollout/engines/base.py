@@ -3,7 +3,8 @@
 - :class:`Engine` generates ``n`` samples for one tokenised prompt, each with its token ids and the
   log-probability the engine sampled it with, and tells its weight version.
 
-Weight control (versions, pushes) is the engine-control contract, :mod:`dynamo_rl.contracts.engine`.
+Requests and answers are the models of :mod:`dynamo_rl.contracts.engine`; weight control
+(versions, pushes) is :mod:`dynamo_rl.contracts.weight_control`.
 
 Errors say what the caller should do: :class:`EngineUnavailable` means "try another replica or wait"
 (connection refused, timeout, 5xx, 429); :class:`EngineRequestError` means the request itself is
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "Engine",
@@ -61,6 +62,17 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+
+    def knobs(self) -> dict[str, Any]:
+        """The fields of :class:`dynamo_rl.contracts.engine.SamplingKnobs` (both generation APIs'
+        shared names) this asks for; None where the engine's own default applies (not sent)."""
+        return dict(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k if self.top_k > 0 else None,
+            stop=list(self.stop) or None,
+            stop_token_ids=list(self.stop_token_ids) or None,
+        )
 
 
 @dataclass

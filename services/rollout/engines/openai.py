@@ -4,8 +4,10 @@ engine (``docs/contracts.md``).
 The prompt goes as token ids and ``return_token_ids: true`` asks for each choice's ``token_ids``
 (vLLM's name), so the trainer sees exactly the tokens that were sampled, never a re-tokenisation of
 the text; ``logprobs: 0`` returns the sampled token's log-probability in
-``logprobs.token_logprobs``. A response whose lengths disagree is refused
-(:class:`EngineProtocolError`) rather than silently misaligned.
+``logprobs.token_logprobs``. The request is a
+:class:`~dynamo_rl.contracts.engine.CompletionRequest` and the answer is read through
+:class:`~dynamo_rl.contracts.engine.CompletionResponse`; a response that does not fit, or whose
+lengths disagree, is refused (:class:`EngineProtocolError`) rather than silently misaligned.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dynamo_rl.contracts.engine import ABORTED, WeightProtocol, weight_protocol
-from services.rollout.engines._http import HTTPReplica, read_weight_version
+from pydantic import TypeAdapter
+
+from dynamo_rl.contracts.engine import ABORTED, CompletionRequest, CompletionResponse
+from dynamo_rl.contracts.weight_control import weight_protocol
+from services.rollout.engines._http import ReplicaClient, build_request, parse_answer
 from services.rollout.engines.base import (
     EngineProtocolError,
     EngineUnavailable,
@@ -22,80 +27,61 @@ from services.rollout.engines.base import (
     Sampling,
 )
 
-__all__ = ["OpenAICompletionsEngine", "completion_payload"]
+__all__ = ["OpenAICompletionsEngine", "completion_request", "parse_choices"]
+
+_RESPONSE = TypeAdapter(CompletionResponse)
 
 
-def completion_payload(
-    model: str, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
-) -> dict[str, Any]:
-    """The request body; optional knobs are sent only when set (OpenAI servers differ in extras)."""
-    payload: dict[str, Any] = {
-        "model": model,
-        "prompt": list(prompt_token_ids),
-        "n": n,
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "logprobs": 0,
-        "return_token_ids": True,
-    }
-    if sampling.top_k > 0:
-        payload["top_k"] = sampling.top_k
-    if sampling.stop:
-        payload["stop"] = list(sampling.stop)
-    if sampling.stop_token_ids:
-        payload["stop_token_ids"] = list(sampling.stop_token_ids)
-    if sampling.seed is not None:
-        payload["seed"] = sampling.seed
-    return payload
-
-
-def _version(value: Any) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None
+def completion_request(
+    model: str, prompt_token_ids: Sequence[int], n: int, sampling: Sampling, url: str = ""
+) -> CompletionRequest:
+    """The request; optional knobs are sent only when set (OpenAI servers differ in extras)."""
+    return build_request(
+        f"{url}/v1/completions",
+        lambda: CompletionRequest(
+            model=model, prompt=list(prompt_token_ids), n=n, max_tokens=sampling.max_tokens,
+            seed=sampling.seed, logprobs=0, return_token_ids=True, **sampling.knobs(),
+        ),
+    )  # fmt: skip
 
 
 def parse_choices(body: Any, url: str, n: int) -> list[Sample]:
     """Samples from a completions response, in choice-index order."""
-    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
-        raise EngineProtocolError(f"{url}: completions response has no 'choices' list")
-    choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
+    response = parse_answer(_RESPONSE, body, f"{url}/v1/completions")
+    choices = sorted(response.choices, key=lambda c: c.index)
     if len(choices) != n:
         raise EngineProtocolError(f"{url}: asked for {n} choices, got {len(choices)}")
-    body_version = _version(body.get("weight_version"))
     samples = []
     for c in choices:
-        if c.get("finish_reason") == ABORTED:
+        if c.finish_reason == ABORTED:
             # A pause with mode=abort for a weight update cut it: HTTP 200, truncated output.
             raise EngineUnavailable(f"{url}: a request was aborted (weight update); retry it")
-        token_ids = c.get("token_ids")
-        logprobs = (c.get("logprobs") or {}).get("token_logprobs")
-        if token_ids is None:
+        logprobs = None if c.logprobs is None else c.logprobs.token_logprobs
+        if c.token_ids is None:
             raise EngineProtocolError(
                 f"{url}: choice has no 'token_ids' (the engine must support return_token_ids)"
             )
         if logprobs is None:
             raise EngineProtocolError(f"{url}: choice has no logprobs.token_logprobs")
-        if len(token_ids) != len(logprobs):
+        if len(c.token_ids) != len(logprobs):
             raise EngineProtocolError(
-                f"{url}: {len(token_ids)} token ids but {len(logprobs)} log-probs in one choice"
+                f"{url}: {len(c.token_ids)} token ids but {len(logprobs)} log-probs in one choice"
             )
+        own = "weight_version" in c.model_fields_set
         samples.append(
             Sample(
-                token_ids=[int(t) for t in token_ids],
-                logprobs=[float(x) for x in logprobs],
-                text=c.get("text") or "",
-                finish_reason=c.get("finish_reason") or "stop",
-                weight_version=_version(c.get("weight_version", body_version)),
+                token_ids=c.token_ids,
+                logprobs=logprobs,
+                text=c.text or "",
+                finish_reason=c.finish_reason or "stop",
+                weight_version=c.weight_version if own else response.weight_version,
                 engine_url=url,
             )
         )
     return samples
 
 
-class OpenAICompletionsEngine:
+class OpenAICompletionsEngine(ReplicaClient):
     """One replica behind ``/v1/completions``; versions read through ``weight_api``'s protocol."""
 
     def __init__(
@@ -107,10 +93,10 @@ class OpenAICompletionsEngine:
         timeout_s: float = 600.0,
         control_token: str | None = None,
     ) -> None:
-        self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
-        self.url = self.http.url
+        super().__init__(
+            url, weight_protocol(weight_api), timeout_s=timeout_s, control_token=control_token
+        )
         self.model = model
-        self.weights: WeightProtocol = weight_protocol(weight_api)
 
     async def _model_name(self) -> str:
         if self.model is None:
@@ -124,25 +110,18 @@ class OpenAICompletionsEngine:
     async def generate(
         self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
     ) -> list[Sample]:
-        payload = completion_payload(await self._model_name(), prompt_token_ids, n, sampling)
+        request = completion_request(
+            await self._model_name(), prompt_token_ids, n, sampling, self.url
+        )
         # vLLM's responses carry no weight version, so with its protocol the version is derived
         # (whatever the body says). Its pushes happen between pause and resume (mode wait:
         # running requests finish first), so a response ran wholly under the version read
         # before it or a later one; the one read before is kept, which never understates a
         # sample's staleness (exact whenever no update came in between).
         before = await self.weight_version() if self.weights.kind == "vllm" else None
-        body = await self.http.request("POST", "/v1/completions", payload)
+        body = await self.http.request("POST", "/v1/completions", request.body())
         samples = parse_choices(body, self.url, n)
         if before is not None:
             for sample in samples:
                 sample.weight_version = before
         return samples
-
-    async def weight_version(self) -> int:
-        return await read_weight_version(self.http, self.weights)
-
-    async def health(self) -> bool:
-        return await self.http.ok("/health")
-
-    async def aclose(self) -> None:
-        await self.http.aclose()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -26,6 +26,17 @@ def start_engine(
         log_dir / "engine.log", "--model", str(model_dir), *overrides, env=full_env, cwd=REPO,
         timeout=120,
     )  # fmt: skip
+
+
+def serving(
+    model_dir: Path, log_dir: Path, *overrides: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """For a fixture (``yield from serving(...)``): the engine's URL while it runs, then stop."""
+    proc, url = start_engine(model_dir, log_dir, *overrides, env=env)
+    try:
+        yield url
+    finally:
+        proc.stop()
 
 
 def load_reference(model_dir: Path) -> torch.nn.Module:

@@ -16,7 +16,7 @@ from tests.services.engine.engine_util import (
     load_reference,
     reference_greedy,
     reference_logprobs,
-    start_engine,
+    serving,
 )
 
 
@@ -25,7 +25,7 @@ def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     # A long batch window makes "requests that arrive together" reliable on a loaded machine.
     # Raw log-probs: the reference forward passes below are untempered (the default, processed
     # mode is checked against the learner in test_engine_logprobs_mode.py).
-    proc, url = start_engine(
+    yield from serving(
         model_dir,
         tmp_path_factory.mktemp("engine-api"),
         "engine.logprobs_mode=raw",
@@ -33,10 +33,6 @@ def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "engine.max_new_tokens=200",
         "engine.register_in_redis=false",
     )
-    try:
-        yield url
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

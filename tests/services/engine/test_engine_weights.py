@@ -24,7 +24,7 @@ from tests.services.engine.engine_util import (
     load_reference,
     reference_greedy,
     reference_logprobs,
-    start_engine,
+    serving,
 )
 
 TOKEN = "test-token"
@@ -42,17 +42,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory, redis_server: str
 ) -> Iterator[str]:
-    proc, url = start_engine(
+    yield from serving(
         model_dir,
         tmp_path_factory.mktemp("engine-weights"),
         f"endpoints.redis_url={redis_server}",
         f"run.name={NS}",
         env={"DYNAMO_CONTROL_TOKEN": TOKEN},
     )
-    try:
-        yield url
-    finally:
-        proc.stop()
 
 
 class Rank0:
@@ -136,6 +132,15 @@ def test_control_endpoints_need_the_token(engine: str, tmp_path: Path) -> None:
     # With the token, a bad path is the caller's mistake, named.
     r = httpx.post(url, json=body, headers=AUTH)
     assert r.status_code == 400 and "model_path" in r.json()["message"]
+
+
+def test_vllm_nccl_packed_layout_is_refused_naming_the_field(engine: str) -> None:
+    """The contract carries ``packed`` (real vLLM's nccl backend takes it); this engine does not."""
+    info = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,
+            "packed": True}  # fmt: skip
+    r = httpx.post(f"{engine}/init_weight_transfer_engine", json={"init_info": info}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "init_info", "packed"]
 
 
 def test_distributed_update_changes_outputs_and_version(

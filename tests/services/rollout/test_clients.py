@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from dynamo_rl.contracts.engine import send
+from dynamo_rl.contracts.weight_control import send
 from learner.tiny_model import build_tiny_model
 from services.rollout.engines import (
     Engine,
@@ -52,6 +52,20 @@ def reference(models: tuple[Path, Path]) -> torch.nn.Module:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def generate_once(
+    pool: EnginePool, prompt: Sequence[int] = PROMPT, n: int = 1, sampling: Sampling | None = None
+) -> list[Sample]:
+    """One ``pool.generate``, then the pool closed."""
+
+    async def go() -> list[Sample]:
+        try:
+            return await pool.generate(prompt, n, sampling or Sampling(max_tokens=2))
+        finally:
+            await pool.aclose()
+
+    return run(go())
 
 
 def dead_url() -> str:
@@ -140,15 +154,8 @@ def test_bad_requests_raise_request_errors_naming_the_field(
     pool = EnginePool(
         [make_engine(url, engine_api=api)], on_failure=lambda u, _e: failures.append(u)
     )
-
-    async def through_pool() -> None:
-        try:
-            await pool.generate(prompt, n, sampling)
-        finally:
-            await pool.aclose()
-
     with pytest.raises(EngineRequestError):
-        run(through_pool())
+        generate_once(pool, prompt, n, sampling)
     assert failures == []
 
 
@@ -250,16 +257,9 @@ def test_pool_with_no_replica_left_waits_then_gives_up_after_max_wait() -> None:
         max_wait_s=1.0,
         on_wait=waits.append,
     )
-
-    async def go() -> None:
-        try:
-            await pool.generate(PROMPT, 1, Sampling(max_tokens=2))
-        finally:
-            await pool.aclose()
-
     start = time.monotonic()
     with pytest.raises(EngineUnavailable, match="engine_max_wait_s"):
-        run(go())
+        generate_once(pool)
     assert time.monotonic() - start >= 1.0
     assert len(waits) >= 2
 
@@ -274,15 +274,8 @@ def test_pool_bench_delays_are_capped() -> None:
         max_wait_s=0.6,
         on_wait=waits.append,
     )
-
-    async def go() -> None:
-        try:
-            await pool.generate(PROMPT, 1, Sampling(max_tokens=2))
-        finally:
-            await pool.aclose()
-
     with pytest.raises(EngineUnavailable):
-        run(go())
+        generate_once(pool)
     assert pool.replicas[0].failures >= 5  # 0.01 · 2^4 would exceed the cap uncapped
     assert waits and max(waits) <= 0.04
 

@@ -25,8 +25,8 @@ from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
 from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup, decode_entry
 from dynamo_rl.config import ExperimentConfig, load_config
-from dynamo_rl.contracts.engine import send
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
+from dynamo_rl.contracts.weight_control import send
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from launcher.service_table import SERVICES

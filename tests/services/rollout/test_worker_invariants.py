@@ -25,7 +25,7 @@ from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
 from dynamo_rl.codec import TrajectoryGroup, decode_entry
 from dynamo_rl.config import load_config
-from dynamo_rl.contracts.engine import send
+from dynamo_rl.contracts.weight_control import send
 from dynamo_rl.keys import trajectory_stream
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from services.rollout.engines import SGLangEngine

@@ -1,0 +1,440 @@
+"""The engine's scheduler side: the loaded model, its batch generator and weight swaps.
+
+:class:`Engine` loads nothing itself (:func:`load_model` does) and speaks no HTTP (the routes,
+:mod:`.routes`, call it): it turns a validated request into sequences for the
+:class:`~.generation.BatchGenerator` — the one place a request's sampling fields
+(:class:`~dynamo_rl.contracts.engine.SamplingKnobs`, either API) become the generator's
+:class:`~.generation.SamplingParams` — checks what needs the model (token ids inside the
+vocabulary, the context length, the engine's caps; :class:`InvalidRequest` names the field), and
+applies weight updates between batches: both weight-control protocols of
+:mod:`dynamo_rl.contracts.weight_control`, SGLang's (an update is applied between batches) and
+vLLM's (:meth:`Engine.pause` holds the scheduler at a batch boundary — ``abort`` first cuts the
+running batch, whose sequences finish with ``finish_reason`` ``"abort"``; ``keep`` and ``wait``
+let it finish, as this engine cannot freeze a batch mid-decode — until :meth:`Engine.resume`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dynamo_rl.config.engine import EngineConfig
+from dynamo_rl.contracts.engine import EngineRegistry, PromptInput, SamplingKnobs
+from dynamo_rl.contracts.weight_control import (
+    VLLM_GROUP_NAME,
+    InitWeightsUpdateGroupRequest,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
+    VLLMInitRequest,
+    VLLMUpdateRequest,
+)
+from services.engine.generation import BatchGenerator, BatchStats, SamplingParams, sample_seed
+from services.engine.metrics import EngineMetrics
+from services.engine.weights import (
+    WeightUpdateGroup,
+    check_fits,
+    copy_into,
+    load_checkpoint,
+    parse_dtype,
+)
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class InvalidRequest(Exception):
+    """A request that is well-formed JSON but asks for something this model cannot do."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
+    """Load a Hugging Face causal LM and its tokenizer from a local directory (no hub access)."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"engine.model: {str(path)!r} is not a Hugging Face model directory"
+        )
+    torch_dtype: Any = "auto" if dtype == "auto" else TORCH_DTYPES[dtype]
+    major_minor = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+    key = "dtype" if major_minor >= (4, 56) else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **{key: torch_dtype})
+    model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
+
+
+class Engine:
+    """A loaded model, its batch generator, weight-update groups and Redis registration."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        cfg: EngineConfig,
+        served_model_name: str,
+        control_token: str | None = None,
+        registry: EngineRegistry | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.served_model_name = served_model_name
+        self.control_token = control_token
+        self.registry = registry
+        self.metrics = EngineMetrics()
+        mc = model.config
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.max_context = int(getattr(mc, "max_position_embeddings", 0) or 1 << 30)
+        eos: set[int] = set()
+        for source in (getattr(model, "generation_config", None), mc):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                eos.add(value)
+            elif isinstance(value, list):
+                eos.update(int(v) for v in value)
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = getattr(mc, "pad_token_id", None)
+        if pad is None:
+            pad = min(eos) if eos else 0
+        self.params = dict(model.state_dict())
+        self.generator = BatchGenerator(
+            model,
+            eos_token_ids=sorted(eos),
+            pad_token_id=int(pad),
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            max_batch_size=cfg.max_batch_size,
+            batch_wait_s=cfg.batch_wait_ms / 1000.0,
+            seed=seed,
+            on_batch=self._on_batch,
+            logprobs_mode=cfg.logprobs_mode,
+        )
+        self.groups: dict[str, WeightUpdateGroup] = {}
+        self._update_lock = threading.Lock()  # one weight update at a time
+        self.metrics.weight_version.set(0)
+        self.updated = False  # vLLM's /weight_info says "default" until the first update
+        # vLLM-shaped control: the scheduler is held (paused) inside an exclusive task.
+        self._pause_lock = threading.Lock()
+        self._held = threading.Event()
+        self._release: threading.Event | None = None
+        self._hold_future: Any = None
+        self.updating = False  # between /start_weight_update and /finish_weight_update
+
+    @property
+    def weight_version(self) -> int:
+        return self.generator.weight_version
+
+    def close(self) -> None:
+        self.resume()
+        self.generator.close()
+        for group in self.groups.values():
+            group.close()
+        self.groups.clear()
+
+    def _on_batch(self, stats: BatchStats) -> None:
+        m = self.metrics
+        m.batch_size.observe(stats.sequences)
+        m.batch_seconds.observe(stats.seconds)
+        m.sequences.inc(stats.sequences)
+        m.prompt_tokens.inc(stats.prompt_tokens)
+        m.generated_tokens.inc(stats.generated_tokens)
+        if stats.seconds > 0:
+            m.tokens_per_second.set(stats.generated_tokens / stats.seconds)
+
+    # ---- requests -> sequences ----
+
+    def encode_prompts(self, prompt: PromptInput, field: str) -> list[list[int]]:
+        """Token ids of each prompt; raises InvalidRequest naming ``field`` for bad ones."""
+        if isinstance(prompt, str):
+            texts: list[str] | None = [prompt]
+        elif prompt and all(isinstance(p, str) for p in prompt):
+            texts = list(prompt)  # type: ignore[arg-type]
+        else:
+            texts = None
+        if texts is not None:
+            prompts = [self.tokenizer.encode(t) for t in texts]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            prompts = [list(prompt)]  # type: ignore[arg-type]
+        else:
+            prompts = [list(p) for p in prompt]  # type: ignore[union-attr]
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise InvalidRequest(field, f"prompt {i} has no tokens")
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequest(
+                    field, f"token id {bad[0]} out of range [0, {self.vocab_size}) (prompt {i})"
+                )
+            if len(ids) >= self.max_context:
+                raise InvalidRequest(
+                    field,
+                    f"prompt {i} has {len(ids)} tokens; the model's context is {self.max_context}",
+                )
+        return prompts
+
+    def resolve_max_tokens(
+        self, requested: int | None, prompts: list[list[int]], field: str
+    ) -> int:
+        longest = max(len(p) for p in prompts)
+        room = self.max_context - longest
+        if requested is None:
+            return min(self.cfg.default_max_tokens, self.cfg.max_new_tokens, room)
+        if requested > self.cfg.max_new_tokens:
+            raise InvalidRequest(
+                field,
+                f"{requested} exceeds this engine's limit {self.cfg.max_new_tokens} "
+                "(engine.max_new_tokens)",
+            )
+        if requested > room:
+            raise InvalidRequest(
+                field,
+                f"{requested} new tokens after a {longest}-token prompt exceed the model's "
+                f"context of {self.max_context}",
+            )
+        return requested
+
+    def check_token_ids(self, ids: Sequence[int] | None, field: str) -> tuple[int, ...]:
+        ids = tuple(ids or ())
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(field, f"token id {bad[0]} out of range [0, {self.vocab_size})")
+        return ids
+
+    def check_top_logprobs(self, k: int | None, field: str) -> int:
+        if k is not None and k > self.cfg.max_logprobs:
+            raise InvalidRequest(
+                field,
+                f"{k} exceeds this engine's limit {self.cfg.max_logprobs} (engine.max_logprobs)",
+            )
+        return k or 0
+
+    def sequences(
+        self,
+        prompts: list[list[int]],
+        knobs: SamplingKnobs,
+        *,
+        max_tokens: int,
+        seed: int | None,
+        top_logprobs: int,
+        seed_per_prompt: bool = False,
+        prefix: str = "",
+    ) -> tuple[list[list[int]], list[SamplingParams]]:
+        """``knobs.n`` sequences per prompt and how to sample each: the one mapping from a
+        request's sampling fields to the generator's. Sample ``k`` of a seeded request gets
+        ``sample_seed(seed, k)``, ``k`` counting across prompts (OpenAI) or within each prompt
+        (``seed_per_prompt``, SGLang)."""
+        stop_ids = self.check_token_ids(knobs.stop_token_ids, prefix + "stop_token_ids")
+        stop = (knobs.stop,) if isinstance(knobs.stop, str) else tuple(knobs.stop or ())
+        seqs, params = [], []
+        for i, ids in enumerate(prompts):
+            for j in range(knobs.n):
+                k = j if seed_per_prompt else i * knobs.n + j
+                seqs.append(ids)
+                params.append(
+                    SamplingParams(
+                        max_tokens=max_tokens,
+                        temperature=knobs.temperature,
+                        top_p=knobs.top_p,
+                        top_k=max(knobs.top_k or 0, 0),
+                        stop=stop,
+                        stop_token_ids=stop_ids,
+                        ignore_eos=knobs.ignore_eos,
+                        seed=None if seed is None else sample_seed(seed, k),
+                        top_logprobs=top_logprobs,
+                    )
+                )
+        return seqs, params
+
+    def decode_text(self, ids: list[int], matched: int | str | None, skip_special: bool) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=skip_special)
+        if isinstance(matched, str):
+            cut = text.find(matched)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    # ---- weight updates ----
+
+    def _apply(self, tensors: dict[str, torch.Tensor], version: int | None) -> int:
+        """Runs in the scheduler thread, between batches (or while it is held by a pause)."""
+        copy_into(self.params, tensors)
+        new = self.generator.weight_version + 1 if version is None else int(version)
+        self.generator.weight_version = new
+        self.updated = True
+        return new
+
+    def _exclusive(self, fn: Any) -> Any:
+        # While paused the scheduler thread is blocked in the hold task, so the model is not in
+        # use and fn runs here; queueing it behind the hold would deadlock.
+        if self.paused:
+            return fn()
+        return self.generator.run_exclusive(fn).result()
+
+    # ---- pause / resume (vLLM-shaped control) ----
+
+    @property
+    def paused(self) -> bool:
+        return self._held.is_set()
+
+    def pause(self, mode: str) -> None:
+        """Hold the scheduler at the next batch boundary; ``abort`` cuts the running batch."""
+        with self._pause_lock:
+            if self._release is not None:
+                return
+            release = threading.Event()
+            self._release = release
+            if mode == "abort":
+                self.generator.abort.set()
+
+            def hold() -> None:
+                self.generator.abort.clear()
+                self._held.set()
+                release.wait()
+                self._held.clear()
+
+            self._hold_future = self.generator.run_exclusive(hold)
+        if not self._held.wait(self.cfg.weight_update_timeout_s):
+            self.resume()
+            raise RuntimeError("the running batch did not finish within the update timeout")
+
+    def resume(self) -> None:
+        with self._pause_lock:
+            release, self._release = self._release, None
+            future, self._hold_future = self._hold_future, None
+        if release is not None:
+            held = self._held.is_set()
+            release.set()
+            # Held: wait for the hold to end, so /is_paused is false once /resume answers. Not
+            # yet held (a pause that timed out): the hold ends at once whenever it runs.
+            if held and future is not None:
+                future.result(timeout=30)
+
+    def _after_update(self, source: str, t0: float, version: int) -> None:
+        self.metrics.weight_updates.labels(source, "ok").inc()
+        self.metrics.weight_update_seconds.labels(source).observe(time.perf_counter() - t0)
+        self.metrics.weight_version.set(version)
+        if self.registry is not None:
+            self.registry.register(version)
+
+    def init_group(
+        self,
+        req: InitWeightsUpdateGroupRequest,
+        bucket_bytes: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        old = self.groups.pop(req.group_name, None)
+        if old is not None:
+            old.close()
+        self.groups[req.group_name] = WeightUpdateGroup(
+            req.master_address,
+            req.master_port,
+            req.rank_offset,
+            req.world_size,
+            req.group_name,
+            req.backend,
+            timeout_s or self.cfg.weight_update_timeout_s,
+            bucket_bytes,
+        )
+
+    @staticmethod
+    def check_tensors(
+        names: list[str], dtypes: list[str], shapes: list[Any], prefix: str, dtypes_field: str
+    ) -> None:
+        """One dtype and one shape per name, each dtype one this engine loads."""
+        n = len(names)
+        if len(dtypes) != n or len(shapes) != n:
+            raise InvalidRequest(
+                f"{prefix}names", f"names, {dtypes_field} and shapes differ in length ({n}, "
+                f"{len(dtypes)}, {len(shapes)})"
+            )  # fmt: skip
+        for i, d in enumerate(dtypes):
+            try:
+                parse_dtype(d)
+            except ValueError as e:
+                raise InvalidRequest(f"{prefix}{dtypes_field}.{i}", str(e)) from None
+
+    def update_from_distributed(self, req: UpdateWeightsFromDistributedRequest) -> int:
+        group = self.groups[req.group_name]
+        dtypes = [parse_dtype(d) for d in req.dtypes]
+        t0 = time.perf_counter()
+        with self._update_lock:
+            received = group.receive(dtypes, req.shapes)
+            mismatch = check_fits(self.params, req.names, req.shapes)
+            if mismatch:
+                self.metrics.weight_updates.labels("distributed", "error").inc()
+                raise ValueError(f"weights not applied: {mismatch.message()}")
+            tensors = dict(zip(req.names, received, strict=True))
+            version = self._exclusive(lambda: self._apply(tensors, req.weight_version))
+        self._after_update("distributed", t0, version)
+        return version
+
+    def update_from_disk(self, req: UpdateWeightsFromDiskRequest) -> int:
+        t0 = time.perf_counter()
+        with self._update_lock:
+            tensors = load_checkpoint(req.model_path)
+            names = list(tensors)
+            mismatch = check_fits(self.params, names, [tuple(t.shape) for t in tensors.values()])
+            if mismatch:
+                self.metrics.weight_updates.labels("disk", "error").inc()
+                raise ValueError(f"weights not applied: {mismatch.message()}")
+            version = self._exclusive(lambda: self._apply(tensors, req.weight_version))
+        self._after_update("disk", t0, version)
+        return version
+
+    # ---- vLLM-shaped weight transfer ----
+
+    def vllm_init(self, req: VLLMInitRequest) -> None:
+        info = req.init_info
+        if info.packed:
+            raise InvalidRequest(
+                "init_info.packed",
+                "this engine does not take vLLM nccl's packed layout (packed=false; flat "
+                "buckets are bucket_bytes)",
+            )
+        self.init_group(
+            InitWeightsUpdateGroupRequest(
+                master_address=info.master_address,
+                master_port=info.master_port,
+                rank_offset=info.rank_offset,
+                world_size=info.world_size,
+                group_name=VLLM_GROUP_NAME,
+                backend="nccl" if self.cfg.device == "cuda" else "gloo",
+            ),
+            bucket_bytes=info.bucket_bytes or 0,
+            timeout_s=info.timeout_s,
+        )
+
+    def vllm_update(self, req: VLLMUpdateRequest) -> int:
+        info = req.update_info
+        # Versions come with /finish_weight_update; keep the current one until then.
+        return self.update_from_distributed(
+            UpdateWeightsFromDistributedRequest(
+                names=info.names,
+                dtypes=info.dtype_names,
+                shapes=info.shapes,
+                group_name=VLLM_GROUP_NAME,
+                weight_version=self.weight_version,
+            )
+        )
+
+    def vllm_finish(self, version: int) -> None:
+        self.generator.weight_version = version
+        self.updated = True
+        self.updating = False
+        self.metrics.weight_version.set(version)
+        if self.registry is not None:
+            self.registry.register(version)
