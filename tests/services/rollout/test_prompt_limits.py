@@ -22,13 +22,13 @@ from dynamo_rl.config.reward import RewardConfig, unrouted
 from dynamo_rl.contracts.stream import TrajectoryReader
 from dynamo_rl.keys import dead_letter_stream, trajectory_stream
 from dynamo_rl.services import SERVICES
+from services.rollout.build import load_tokenizer, model_context, prompt_limit
 from services.rollout.datasets import (
     DatasetError,
     PromptRenderer,
     check_prompt_lengths,
     load_records,
 )
-from services.rollout.loop import load_tokenizer, model_context, prompt_limit
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
 
