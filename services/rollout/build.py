@@ -15,6 +15,7 @@ The generation itself is :mod:`services.rollout.pipeline`.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -128,17 +129,10 @@ def make_engine_factory(cfg: ExperimentConfig) -> Callable[[str], Engine]:
     rc = cfg.rollout
     token = cfg.endpoints.control_token.get_secret_value() if cfg.endpoints.control_token else None
 
-    def factory(url: str) -> Engine:
-        return make_engine(
-            url,
-            engine_api=rc.engine_api,
-            weight_api=rc.weight_api,
-            model=rc.model_name,
-            timeout_s=rc.request_timeout_s,
-            control_token=token,
-        )
-
-    return factory
+    return functools.partial(
+        make_engine, engine_api=rc.engine_api, weight_api=rc.weight_api, model=rc.model_name,
+        timeout_s=rc.request_timeout_s, control_token=token,
+    )  # fmt: skip
 
 
 def make_sandbox(cfg: ExperimentConfig) -> SandboxClient | None:

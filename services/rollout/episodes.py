@@ -400,38 +400,24 @@ def episode_responses(
     malformed = sum(c.malformed for c in episode.tool_calls)
     reward = res.score + sum(placed.values()) - env_cfg.malformed_penalty * malformed
     components = {str(a): float(b) for a, b in (res.components or {}).items()}
+
+    def response(seg: Segment, score: float, text: str, **episode_fields: Any) -> Response:
+        return Response(token_ids=seg.token_ids, logprobs=seg.logprobs, reward=score,
+                        correct=res.correct, format_ok=res.format_ok, reason=res.reason,
+                        finish_reason=episode.finish_reason, reward_components=components,
+                        text=text, **episode_fields)  # fmt: skip
+
     if not episode.multi_turn:
-        [seg] = episode.segments
-        if not episode.turns:
-            return []
-        return [
-            Response(
-                token_ids=seg.token_ids,
-                logprobs=seg.logprobs,
-                reward=res.score,
-                correct=res.correct,
-                format_ok=res.format_ok,
-                reason=res.reason,
-                finish_reason=episode.finish_reason,
-                reward_components=components,
-                text=episode.final_text,
-            )
-        ]
+        return [response(episode.segments[0], res.score, episode.final_text)] if turns else []
     out = []
     for k, seg in enumerate(episode.segments):
         if not seg.token_ids:
             continue
         out.append(
-            Response(
-                token_ids=seg.token_ids,
-                logprobs=seg.logprobs,
-                reward=reward,
-                correct=res.correct,
-                format_ok=res.format_ok,
-                reason=res.reason,
-                finish_reason=episode.finish_reason,
-                reward_components=components,
-                text=conversation.decode(seg.token_ids),
+            response(
+                seg,
+                reward,
+                conversation.decode(seg.token_ids),
                 loss_mask=seg.loss_mask,
                 turns=[
                     Turn(

@@ -23,8 +23,8 @@ import torch
 
 from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
-from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup, decode_entry
-from dynamo_rl.config import ExperimentConfig, load_config
+from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
+from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.engine import send
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.envs import EnvContext, make_env
@@ -48,6 +48,7 @@ from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.services.engine.engine_util import load_reference, reference_logprobs
 from tests.services.rollout.conftest import write_sums
+from tests.services.rollout.helpers import run_and_close, stream_entries, worker_config
 
 NS = "wtest"
 N_PROMPTS = 6
@@ -108,29 +109,11 @@ def reward_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LazyRewa
 def config(
     redis_url: str, engine: str, reward: str, allocator: str, dataset: Path, *extra: str
 ) -> ExperimentConfig:
-    return load_config(
-        None,
-        [
-            f"endpoints.redis_url={redis_url}",
-            f"endpoints.engine_urls=[{engine}]",
-            f"endpoints.reward_url={reward}",
-            f"endpoints.allocator_addr={allocator}",
-            f"rollout.dataset={dataset}",
-            f"rollout.namespace={NS}",
-            "rollout.worker_id=w0",
-            "rollout.batch_size=3",
-            "rollout.n=4",
-            "rollout.n_min=1",
-            "rollout.n_max=8",
-            "rollout.max_n_per_request=3",
-            "rollout.sampling.max_tokens=8",
-            "rollout.poll_interval_s=0.1",
-            "rollout.backoff_s=0.1",
-            "rollout.backoff_max_s=0.5",
-            *extra,
-        ],
-        env={},
-    )
+    return worker_config(
+        NS, redis_url, engine, reward, allocator, dataset,
+        "rollout.batch_size=3", "rollout.n=4", "rollout.n_min=1", "rollout.n_max=8",
+        "rollout.max_n_per_request=3", "rollout.sampling.max_tokens=8", *extra,
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -155,24 +138,12 @@ def make_worker(redis_url, engine, allocator, dataset, model, reward_server):
 
 
 def stream_groups(redis_url: str) -> list[tuple[str, TrajectoryGroup]]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        entries = client.xrange(trajectory_stream(NS))
-    finally:
-        client.close()
-    return [(eid.decode(), decode_entry(fields)) for eid, fields in entries]
+    return stream_entries(redis_url, NS)
 
 
 def metric(worker: RolloutWorker, name: str, labels: dict[str, str] | None = None) -> float:
     value = worker.metrics.metrics.registry.get_sample_value(name, labels or {})
     return float(value or 0.0)
-
-
-async def run_and_close(worker: RolloutWorker, batches: int) -> int:
-    try:
-        return await worker.run(batches)
-    finally:
-        await worker.aclose()
 
 
 def test_split_count() -> None:
