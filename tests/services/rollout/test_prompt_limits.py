@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,7 +19,6 @@ from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.config.reward import RewardConfig, unrouted
 from dynamo_rl.contracts.stream import TrajectoryReader
 from dynamo_rl.keys import dead_letter_stream, trajectory_stream
-from dynamo_rl.services import SERVICES
 from services.rollout.build import load_tokenizer, model_context, prompt_limit
 from services.rollout.datasets import (
     DatasetError,
@@ -62,16 +60,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "train.parquet"
     pq.write_table(pa.Table.from_pylist(_rows()), path)
     return path
-
-
-@pytest.fixture(scope="module")
-def allocator(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("allocator") / "allocator.log"
-    proc, addr = SERVICES["allocator"].start(log, "--redis-url", redis_server, cwd=REPO)
-    try:
-        yield addr
-    finally:
-        proc.stop()
 
 
 def config(redis_url: str, engine: str, reward: str, allocator: str, dataset: Path,

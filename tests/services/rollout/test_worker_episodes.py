@@ -6,7 +6,6 @@ episodes, and the default ``single_turn`` keeps today's trajectories (none of th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,9 @@ import pytest
 from allocator.client import AllocatorClient
 from dynamo_rl.codec import Response, TrajectoryGroup
 from dynamo_rl.envs import ENVIRONMENTS, EnvContext, Environment, Step, ToolCallRecord, register_env
-from dynamo_rl.services import SERVICES
 from learner.batch import batch_mask, samples_from_groups
 from services.rollout.metrics import TOOL_ERROR_KINDS
 from services.rollout.worker import RolloutWorker, build_worker
-from tests.conftest import REPO
 from tests.services.rollout.conftest import write_sums
 from tests.services.rollout.helpers import run_worker, stream_groups, worker_config
 
@@ -28,16 +25,6 @@ NS = "eptest"
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_sums(tmp_path_factory.mktemp("data") / "train.parquet", 3)
-
-
-@pytest.fixture(scope="module")
-def allocator(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("allocator") / "allocator.log"
-    proc, addr = SERVICES["allocator"].start(log, "--redis-url", redis_server, cwd=REPO)
-    try:
-        yield addr
-    finally:
-        proc.stop()
 
 
 def make(redis_url, engine, reward, allocator, dataset, model, *extra: str) -> RolloutWorker:
