@@ -37,10 +37,10 @@ import pytest
 import redis
 
 from dynamo_rl.codec import TrajectoryGroup, decode_entry
+from dynamo_rl.config import load_config
 from dynamo_rl.keys import trajectory_stream
 from services.rollout.worker import build_worker
 from tests.services.engine.engine_util import start_engine
-from tests.services.rollout.helpers import worker_config
 
 NS = "identity"
 FIXTURE = Path(__file__).parent / "data" / "single_turn_batches.json"
@@ -111,13 +111,30 @@ def normalised(group: TrajectoryGroup) -> TrajectoryGroup:
 
 
 def run_batches(redis_url: str, engine: str, reward: str, dataset: Path, model: Path) -> dict:
-    cfg = worker_config(
-        NS, redis_url, engine, reward, "127.0.0.1:1", dataset, f"rollout.tokenizer={model}",
-        "rollout.shuffle=false", "rollout.batch_size=4", "rollout.n=2", "rollout.n_min=0",
-        "rollout.n_max=8", "rollout.max_n_per_request=2", "rollout.max_prompt_len=40",
-        "rollout.prompt_len_policy=truncate_left", "rollout.sampling.max_tokens=6",
-        "rollout.sampling.seed=1234",
-    )  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"endpoints.redis_url={redis_url}",
+            f"endpoints.engine_urls=[{engine}]",
+            f"endpoints.reward_url={reward}",
+            f"rollout.dataset={dataset}",
+            f"rollout.tokenizer={model}",
+            f"rollout.namespace={NS}",
+            "rollout.worker_id=w0",
+            "rollout.shuffle=false",
+            "rollout.batch_size=4",
+            "rollout.n=2",
+            "rollout.n_min=0",
+            "rollout.n_max=8",
+            "rollout.max_n_per_request=2",
+            "rollout.max_prompt_len=40",
+            "rollout.prompt_len_policy=truncate_left",
+            "rollout.sampling.max_tokens=6",
+            "rollout.sampling.seed=1234",
+            "rollout.poll_interval_s=0.1",
+        ],
+        env={},
+    )
     worker = build_worker(cfg)
     real = worker.allocator
     stub = FixedAllocator()
