@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynamo_rl.config.rollout import EnvConfig
 from tasks import task_row, write_splits
 
 DATA_SOURCE = "products"
@@ -96,7 +97,7 @@ def raw_text(messages: Sequence[Mapping[str, str]]) -> str:
     return text
 
 
-async def _demo(env_config: Any, row: Mapping[str, Any], eos: str) -> list[dict]:
+async def _demo(env_config: EnvConfig, row: Mapping[str, Any], eos: str) -> list[dict]:
     from dynamo_rl.envs import EnvContext, make_env
 
     env = make_env(EnvContext(env_config, None, seed=0))
@@ -127,12 +128,16 @@ async def _demo(env_config: Any, row: Mapping[str, Any], eos: str) -> list[dict]
 
 
 def tool_demos(
-    rows: Sequence[Mapping[str, Any]], env_config: Any, eos: str = EOS_TEXT
+    rows: Sequence[Mapping[str, Any]], env_config: EnvConfig, eos: str = EOS_TEXT
 ) -> list[dict]:
     """Two supervised rows per task row (verl layout, ``prompt`` as text used verbatim): the
     calculator call from the environment's first prompt, then the final answer after the call,
     its end token and the tool's output (which the environment ``env_config`` — a ``tools``
     environment with the ``calculator`` tool and the raw template — really produced)."""
+
+    from dynamo_rl.envs import check_env_config
+
+    check_env_config(env_config)
 
     async def all_demos() -> list[dict]:
         out: list[dict] = []

@@ -35,7 +35,9 @@ class SamplingConfig(Section):
 
 class EnvConfig(Section):
     """The environment of each episode (``docs/agents.md``). ``single_turn``, the default, is
-    one prompt -> one response, exactly as before; any other name runs multi-turn episodes."""
+    one prompt -> one response; the others run multi-turn episodes. The name, tool parser and
+    tools are checked against the registries where environments are built
+    (``dynamo_rl.envs.check_env_config``)."""
 
     name: str = "single_turn"
     """Registered environment: single_turn, guess_number, code_interpreter, tools, or one that
@@ -47,9 +49,11 @@ class EnvConfig(Section):
     max_tool_calls: Annotated[int, Field(ge=0)] = 8
     """Most tool calls per episode; the episode ends at the turn that reaches it (its
     observation is not appended)."""
-    max_episode_tokens: Annotated[int, Field(ge=2)] = 2048
+    max_episode_tokens: Annotated[int, Field(ge=2)] | None = None
     """Per-episode budget of prompt + response tokens (observations included); each turn may
-    generate at most what is left, and an observation that does not fit ends the episode."""
+    generate at most what is left, and an observation that does not fit ends the episode (None:
+    the model's context, ``rollout.max_prompt_len`` + ``sampling.max_tokens`` as resolved when the
+    data loads, so a single-turn response is never cut by it; no budget when neither is known)."""
     tool_timeout_s: Seconds = 10.0
     """Deadline of one environment step (its tool calls); past it the model sees a timeout
     error and the episode goes on. Also the sandbox's run timeout."""
@@ -84,35 +88,15 @@ class EnvConfig(Section):
     """guess_number: largest secret."""
 
     @model_validator(mode="after")
-    def _known(self) -> EnvConfig:
-        from dynamo_rl.envs import TOOL_FUNCTIONS, TOOL_PARSERS, env_names
-
-        if self.import_module:
-            import importlib
-
-            try:
-                importlib.import_module(self.import_module)
-            except ImportError as e:
-                raise ValueError(f"rollout.env.import_module {self.import_module!r}: {e}") from None
-        names = env_names()
-        if self.name not in names:
-            raise ValueError(f"rollout.env.name must be one of {names}, got {self.name!r}")
-        if self.tool_parser not in TOOL_PARSERS:
-            raise ValueError(
-                f"rollout.env.tool_parser must be one of {sorted(TOOL_PARSERS)}, "
-                f"got {self.tool_parser!r}"
-            )
+    def _shape(self) -> EnvConfig:
+        """What needs no registry; the name, tool parser and tool implementations are checked
+        where environments are built (``dynamo_rl.envs.check_env_config``)."""
         for i, t in enumerate(self.tools):
             fn = t.get("function") if isinstance(t, dict) else None
             name = fn.get("name") if isinstance(fn, dict) else None
             if t.get("type") != "function" or not isinstance(name, str):
                 raise ValueError(
                     f"rollout.env.tools[{i}] must be {{type: function, function: {{name: ...}}}}"
-                )
-            if name not in TOOL_FUNCTIONS:
-                raise ValueError(
-                    f"rollout.env.tools[{i}]: no implementation of tool {name!r}; "
-                    f"allowed: {sorted(TOOL_FUNCTIONS)}"
                 )
         if self.name == "tools" and not self.tools:
             raise ValueError("rollout.env.name 'tools' needs rollout.env.tools (function schemas)")

@@ -10,8 +10,18 @@ An episode is one conversation between the policy and an :class:`Environment`:
 3. until ``done`` or a limit of ``rollout.env`` ends the episode (``docs/agents.md``).
 
 Environments are registered by name with :func:`register_env` and built per episode by
-:func:`make_env` from ``rollout.env``; they import no torch and no tokenizer: the rollout loop
-turns messages into tokens.
+:func:`make_env` from ``rollout.env``; they import no torch and no tokenizer: the rollout
+pipeline turns messages into tokens.
+
+**Single-turn shape.** An environment whose class sets ``multi_turn = False`` (the built-in
+``single_turn``) plays episodes of one model turn that keep today's single-turn trajectories: the
+first prompt is the row's prompt as the dataset renders it (text used verbatim, chat messages
+through the template, cut by ``rollout.prompt_len_policy``), and the response is the engine's
+sample as it came (its text, no loss mask, no turns), scored on the engine's text. The pipeline
+reads this attribute; it never looks at an environment's name.
+
+This module is the interface and the registry only; :mod:`dynamo_rl.envs.builtin` registers the
+built-ins when :mod:`dynamo_rl.envs` is imported.
 """
 
 from __future__ import annotations
@@ -19,7 +29,9 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
+
+from dynamo_rl.config.rollout import EnvConfig
 
 __all__ = [
     "ENVIRONMENTS",
@@ -70,6 +82,9 @@ class Step(NamedTuple):
 class Environment(abc.ABC):
     """One episode's environment (built per episode: state lives in the instance)."""
 
+    multi_turn: ClassVar[bool] = True
+    """False: one model turn in the single-turn shape (see the module docstring)."""
+
     @abc.abstractmethod
     async def reset(self, row: Mapping[str, Any]) -> list[Message]:
         """The first messages of the episode for a dataset row (``prompt`` is the row's prompt,
@@ -87,8 +102,8 @@ class Environment(abc.ABC):
 class EnvContext:
     """What the rollout worker hands every environment it builds."""
 
-    config: Any
-    """``rollout.env`` (:class:`dynamo_rl.config.rollout.EnvConfig`)."""
+    config: EnvConfig
+    """``rollout.env``."""
     sandbox: Any | None = None
     """A :class:`dynamo_rl.envs.sandbox.SandboxClient` (shared by the worker's episodes), or
     None when no sandbox URL is known."""
@@ -116,16 +131,15 @@ def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
 
 
 def env_names() -> list[str]:
-    """Registered names, the built-in ones included."""
-    import dynamo_rl.envs.builtin  # noqa: F401  (registers the built-ins)
-
+    """Registered names (the built-ins once :mod:`dynamo_rl.envs` is imported)."""
     return sorted(ENVIRONMENTS)
 
 
 def make_env(ctx: EnvContext) -> Environment:
     """A fresh environment for one episode, by ``ctx.config.name``."""
-    names = env_names()
     name = ctx.config.name
     if name not in ENVIRONMENTS:
-        raise ValueError(f"rollout.env.name: unknown environment {name!r}; registered: {names}")
+        raise ValueError(
+            f"rollout.env.name: unknown environment {name!r}; registered: {env_names()}"
+        )
     return ENVIRONMENTS[name](ctx)

@@ -48,7 +48,10 @@ def _with_system(messages: list[Message], system: str | None) -> list[Message]:
 
 @register_env("single_turn")
 class SingleTurn(Environment):
-    """One prompt, one response: today's rollouts (the worker keeps its single-turn path for it)."""
+    """One prompt, one response: the rollouts of a plain RL run (``multi_turn = False``: the row's
+    prompt as rendered, the engine's sample as the response)."""
+
+    multi_turn = False
 
     def __init__(self, ctx: EnvContext) -> None:
         self.ctx = ctx

@@ -41,6 +41,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.config.reward import unrouted
 from dynamo_rl.contracts.reward import KINDS, VerifyItem
 from dynamo_rl.prompts import render_prompt, uses_chat_template
 
@@ -52,6 +54,7 @@ __all__ = [
     "PromptRenderer",
     "PromptSampler",
     "check_prompt_lengths",
+    "check_routes",
     "load_records",
     "record_from_row",
     "reward_item",
@@ -430,3 +433,27 @@ class PromptSampler:
             taken.add(r.prompt_id)
             batch.append(r)
         return batch
+
+
+def check_routes(records: Sequence[PromptRecord], cfg: ExperimentConfig) -> None:
+    """Refuse a dataset with a math or code ``data_source`` the reward service has no route (of
+    its kind) or composite spec for (``reward.routes``, ``reward.composite``: the same table the
+    service scores by) — it would be scored by the default extraction, quite possibly 0 for every
+    sample. A ``*`` route or composite spec accepts every source. Raises ValueError naming them."""
+    sources: dict[str, str] = {}
+    for r in records:
+        sources.setdefault(r.data_source, r.kind)
+    missing = unrouted(cfg.reward, sources)
+    if not missing:
+        return
+    named = ", ".join(f"{s!r} ({k})" for s, k in sorted(missing.items()))
+    if "data" in missing:
+        named += " ('data' is what rows without a data_source get)"
+    routes = ", ".join(f"{k} ({r.kind})" for k, r in cfg.reward.routes.items() if r is not None)
+    composite = ", ".join(cfg.reward.composite) or "none"
+    raise ValueError(
+        f"{cfg.rollout.dataset}: no reward route for data_source {named}: its answers would be "
+        f"scored by the default extraction, perhaps 0 for every sample. Routes: {routes}; "
+        f"composite specs: {composite}. Add reward.routes.<data_source> (e.g. "
+        "{kind: math, extraction: last_boxed}), a reward.composite spec, or a '*' route"
+    )

@@ -1,11 +1,14 @@
-"""Multi-turn episodes, token in and token out (``rollout.env``; ``docs/agents.md``).
+"""Episodes, token in and token out (``rollout.env``; ``docs/agents.md``): every rollout is one.
 
-One episode (:func:`run_episode`):
+One episode (:func:`open_episode`, then :func:`play_episode`; :func:`run_episode` does both):
 
-1. ``env.reset(row)`` gives the first messages; they are rendered like a single-turn prompt
-   (:class:`Conversation`), so a first turn sees exactly what a single-turn rollout would;
+1. ``env.reset(row)`` gives the first messages; they are rendered like a dataset prompt
+   (:class:`Conversation`). An environment of the single-turn shape (``multi_turn = False``, see
+   :mod:`dynamo_rl.envs.base`) starts from the row's prompt as the dataset rendered it instead
+   (``rendered``: a text prompt verbatim, cut by the length policy);
 2. the engine samples a turn from the token ids kept so far; its token ids and log-probs are
-   appended as they came (loss mask 1) — model output is never re-tokenised;
+   appended as they came (loss mask 1) — model output is never re-tokenised. The first turn may
+   come in sampled already (the pipeline samples a group's first turns together);
 3. ``env.step(text)`` (under ``tool_timeout_s``; ``text`` is the turn's ids decoded by the
    worker's tokenizer, not the engine's text) gives observation messages. The whole
    conversation is rendered again; when that text extends the text of the tokens kept so far,
@@ -14,8 +17,11 @@ One episode (:func:`run_episode`):
    blocks, say — the sample so far is closed and a new one starts from the new rendering (a
    **fork**, counted), never re-tokenising what the model sampled;
 4. until the environment says done or a limit ends it: ``max_turns``, ``max_tool_calls``,
-   ``max_episode_tokens`` (the context: a segment's prompt + response tokens), or a turn cut at
-   ``max_tokens`` by the budget.
+   ``max_episode_tokens`` (the context: a segment's prompt + response tokens; None: no budget),
+   or a turn cut at ``max_tokens`` by the budget.
+
+:func:`episode_responses` turns a scored episode into the stream's responses: one per segment,
+with loss mask and turns; one plain response (the engine's sample) in the single-turn shape.
 
 A hung step becomes a ``tool`` error message (the episode goes on); a sandbox that stays down
 (:class:`~dynamo_rl.envs.EnvUnavailable`) drops the episode. An episode keeps one engine while it
@@ -31,20 +37,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamo_rl.codec import Response, ToolCall, Turn
-from dynamo_rl.envs import Environment, EnvUnavailable, Step, ToolCallRecord
+from dynamo_rl.config.rollout import EnvConfig
+from dynamo_rl.contracts.reward import ItemResult
+from dynamo_rl.envs import Environment, EnvUnavailable, Message, Step, ToolCallRecord
 from dynamo_rl.prompts import render_plain, uses_chat_template
 from services.rollout.datasets import PromptRecord
-from services.rollout.engines import EnginePool, Sampling
+from services.rollout.engines import EnginePool, Sample, Sampling
 
 __all__ = [
     "Conversation",
     "Episode",
+    "Opening",
     "Segment",
     "TurnRecord",
     "episode_responses",
+    "open_episode",
+    "play_episode",
     "record_row",
     "render_conversation",
     "run_episode",
+    "turn_sampling",
 ]
 
 END_REASONS = ("done", "max_turns", "max_tool_calls", "token_budget")
@@ -133,7 +145,10 @@ class TurnRecord:
     start: int
     end: int
     observation_end: int
-    weight_version: int = 0
+    weight_version: int | None = None
+    """The weight version the engine reported for the turn (None: it reported none)."""
+    text: str = ""
+    """The turn's text as the engine returned it."""
     reward: float | None = None
     """The environment's reward for the turn (before discount)."""
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
@@ -169,11 +184,22 @@ class Episode:
     """Why the episode was dropped (the sandbox stayed down); None when it was not."""
     finish_reason: str = "stop"
     """The last turn's finish reason."""
+    multi_turn: bool = True
+    """The environment's ``multi_turn``: False, the single-turn shape."""
 
     @property
     def final_text(self) -> str:
-        """The last model turn's text: what the outcome reward scores."""
+        """What the outcome reward scores: the last model turn's text as the worker's tokenizer
+        reads it; in the single-turn shape, the engine's text (as single-turn rollouts always
+        were scored)."""
+        if not self.multi_turn:
+            return self.turns[-1].text if self.turns else ""
         return self.model_texts[-1] if self.model_texts else ""
+
+    @property
+    def transcript(self) -> str:
+        """The model's turns in one line (``" | "`` between turns), as eval's sample log keeps it."""
+        return " | ".join(self.model_texts) if self.multi_turn else self.final_text
 
     @property
     def turns(self) -> list[TurnRecord]:
@@ -201,37 +227,100 @@ def _timeout_step(seconds: float) -> Step:
     )
 
 
+def turn_sampling(
+    sampling: Sampling, limits: EnvConfig, context: int, seed: int | None
+) -> Sampling | None:
+    """A turn's request parameters: ``max_tokens`` cut to the room the budget leaves a sample of
+    ``context`` tokens so far; None when it leaves none."""
+    if limits.max_episode_tokens is None:
+        return dataclasses.replace(sampling, seed=seed)
+    room = limits.max_episode_tokens - context
+    if room < 1:
+        return None
+    return dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room), seed=seed)
+
+
+def _over_budget(limits: EnvConfig, tokens: int) -> bool:
+    return limits.max_episode_tokens is not None and tokens >= limits.max_episode_tokens
+
+
+@dataclass
+class Opening:
+    """An episode before its first turn: the messages so far and the first prompt."""
+
+    messages: list[Message]
+    text: str
+    prompt_ids: list[int]
+    multi_turn: bool
+
+
+async def open_episode(
+    env: Environment,
+    row: Mapping[str, Any],
+    conversation: Conversation,
+    rendered: tuple[str, list[int]] | None = None,
+) -> Opening:
+    """``env.reset(row)`` and the first prompt (step 1 of the module docstring); ``rendered`` is
+    the row's prompt as the dataset rendered it (used in the single-turn shape)."""
+    messages = list(await env.reset(row))
+    if not env.multi_turn and rendered is not None:
+        text, ids = rendered
+        return Opening(messages, text, list(ids), False)
+    text = conversation.text(messages)
+    return Opening(messages, text, conversation.prompt_ids(text), env.multi_turn)
+
+
 async def run_episode(
     pool: EnginePool,
     env: Environment,
     row: Mapping[str, Any],
     conversation: Conversation,
     sampling: Sampling,
-    limits: Any,
+    limits: EnvConfig,
     *,
     seed_of: Callable[[int], int | None] = lambda _turn: None,
+    rendered: tuple[str, list[int]] | None = None,
 ) -> Episode:
-    """Play one episode (see the module docstring); ``limits`` is ``rollout.env``.
+    """Play one episode (see the module docstring); ``limits`` is ``rollout.env``, turn ``k``
+    sampled with seed ``seed_of(k)``.
 
     Raises :class:`~services.rollout.engines.EngineRequestError` when an engine refuses the
     first prompt (the caller dead-letters it)."""
-    messages = list(await env.reset(row))
-    kept = conversation.text(messages)
-    seg = Segment(conversation.prompt_ids(kept))
-    episode = Episode([seg])
+    opening = await open_episode(env, row, conversation, rendered)
+    return await play_episode(pool, env, opening, conversation, sampling, limits, seed_of=seed_of)
+
+
+async def play_episode(
+    pool: EnginePool,
+    env: Environment,
+    opening: Opening,
+    conversation: Conversation,
+    sampling: Sampling,
+    limits: EnvConfig,
+    *,
+    seed_of: Callable[[int], int | None] = lambda _turn: None,
+    first: Sample | None = None,
+) -> Episode:
+    """Play an opened episode from its first turn on; ``first``: that turn, sampled already
+    (with the parameters :func:`turn_sampling` gives it)."""
+    messages = list(opening.messages)
+    kept = opening.text
+    seg = Segment(list(opening.prompt_ids))
+    episode = Episode([seg], multi_turn=opening.multi_turn)
     engine_url: str | None = None
     calls = 0
     for turn_index in range(limits.max_turns):
-        room = limits.max_episode_tokens - seg.context
-        if room < 1:
+        s = turn_sampling(sampling, limits, seg.context, seed_of(turn_index))
+        if s is None:
             episode.end_reason = "token_budget"
             break
-        s = dataclasses.replace(
-            sampling, max_tokens=min(sampling.max_tokens, room), seed=seed_of(turn_index)
-        )
-        [sample] = await pool.generate(seg.prompt_ids + seg.token_ids, 1, s, prefer=engine_url)
+        if turn_index == 0 and first is not None:
+            sample = first
+        else:
+            prompt = seg.prompt_ids + seg.token_ids
+            [sample] = await pool.generate(prompt, 1, s, prefer=engine_url)
         engine_url = sample.engine_url or engine_url
-        turn = TurnRecord(len(seg.token_ids), 0, 0, sample.weight_version or 0)
+        turn = TurnRecord(len(seg.token_ids), 0, 0, sample.weight_version, sample.text)
         seg.append(sample.token_ids, sample.logprobs, 1)
         turn.end = turn.observation_end = len(seg.token_ids)
         seg.turns.append(turn)
@@ -267,14 +356,14 @@ async def run_episode(
         text = conversation.text(messages)
         if text.startswith(kept):
             ids = conversation.piece_ids(text[len(kept) :])
-            if seg.context + len(ids) >= limits.max_episode_tokens:
+            if _over_budget(limits, seg.context + len(ids)):
                 episode.end_reason = "token_budget"
                 break
             seg.append(ids, [0.0] * len(ids), 0)
             turn.observation_end = len(seg.token_ids)
         else:  # the template rewrote what came before: a new sample continues the episode
             ids = conversation.prompt_ids(text)
-            if len(ids) >= limits.max_episode_tokens:
+            if _over_budget(limits, len(ids)):
                 episode.end_reason = "token_budget"
                 break
             seg = Segment(ids)
@@ -287,12 +376,14 @@ async def run_episode(
 def episode_responses(
     episode: Episode,
     index: int,
-    res: Any,
+    res: ItemResult,
     group_prompt: list[int],
-    env_cfg: Any,
+    env_cfg: EnvConfig,
     conversation: Conversation,
 ) -> list[Response]:
-    """The training samples of one episode scored ``res`` (an ``ItemResult``): one per segment.
+    """The training samples of one episode scored ``res``: one per segment; in the single-turn
+    shape one plain response, the engine's sample as it came (no loss mask, turns or episode
+    fields: a single-turn trajectory as the stream always carried it).
 
     Every segment gets the episode's reward — the outcome, plus the per-turn rewards after
     discount (``rollout.env.turn_rewards``: turn ``k`` of ``K`` counts
@@ -308,21 +399,25 @@ def episode_responses(
                 placed[id(t)] = t.reward * env_cfg.turn_reward_discount ** (k_last - k)
     malformed = sum(c.malformed for c in episode.tool_calls)
     reward = res.score + sum(placed.values()) - env_cfg.malformed_penalty * malformed
+    components = {str(a): float(b) for a, b in (res.components or {}).items()}
+
+    def response(seg: Segment, score: float, text: str, **episode_fields: Any) -> Response:
+        return Response(token_ids=seg.token_ids, logprobs=seg.logprobs, reward=score,
+                        correct=res.correct, format_ok=res.format_ok, reason=res.reason,
+                        finish_reason=episode.finish_reason, reward_components=components,
+                        text=text, **episode_fields)  # fmt: skip
+
+    if not episode.multi_turn:
+        return [response(episode.segments[0], res.score, episode.final_text)] if turns else []
     out = []
     for k, seg in enumerate(episode.segments):
         if not seg.token_ids:
             continue
         out.append(
-            Response(
-                token_ids=seg.token_ids,
-                logprobs=seg.logprobs,
-                reward=reward,
-                correct=res.correct,
-                format_ok=res.format_ok,
-                reason=res.reason,
-                finish_reason=episode.finish_reason,
-                reward_components={str(a): float(b) for a, b in (res.components or {}).items()},
-                text=conversation.decode(seg.token_ids),
+            response(
+                seg,
+                reward,
+                conversation.decode(seg.token_ids),
                 loss_mask=seg.loss_mask,
                 turns=[
                     Turn(
@@ -331,7 +426,7 @@ def episode_responses(
                         observation_end=t.observation_end,
                         reward=placed.get(id(t), 0.0),
                         has_reward=id(t) in placed,
-                        weight_version=t.weight_version,
+                        weight_version=t.weight_version or 0,
                         text=conversation.decode(seg.token_ids[t.start : t.end]),
                         observation=conversation.decode(seg.token_ids[t.end : t.observation_end]),
                         tool_calls=[

@@ -82,29 +82,27 @@ async def evaluate(
     ``extra_info.tier``), and the first prompt as rendered."""
     import asyncio
 
-    from services.rollout.datasets import PromptRenderer, check_prompt_lengths, load_records
-    from services.rollout.engines import EnginePool, EngineRequestError
-    from services.rollout.eval_metrics import PromptOutcome, summarize
-    from services.rollout.loop import (
-        load_tokenizer,
+    from dynamo_rl.envs import EnvContext, check_env_config, make_env
+    from services.rollout.build import (
         make_engine_factory,
-        prompt_limit,
-        request_seed,
-        sample_prompt,
+        make_sandbox,
+        prepare_prompts,
         sampling_of,
-        verify_groups,
     )
+    from services.rollout.datasets import load_records
+    from services.rollout.engines import EnginePool, EngineRequestError
+    from services.rollout.episodes import Conversation
+    from services.rollout.eval_metrics import PromptOutcome, summarize
+    from services.rollout.pipeline import Seeds, generate_group, verify_groups
     from services.rollout.reward_client import RewardClient
 
     rc = cfg.rollout
+    check_env_config(rc.env)
     records = load_records(data, rc.dataset_format, rc.default_kind)
     if limit:
         records = records[:limit]
-    renderer = PromptRenderer(load_tokenizer(tokenizer_dir), rc.prompt_template)
     # The worker's length policy, before any sampling (DatasetError, a ValueError, under error).
-    lengths = check_prompt_lengths(
-        records, renderer, prompt_limit(cfg, tokenizer_dir), rc.prompt_len_policy
-    )
+    renderer, lengths, limits = prepare_prompts(cfg, records, tokenizer_dir)
     print(f"dynamo-rl eval: {data}: {lengths.line()}", file=sys.stderr)
     records = lengths.records
     factory = make_engine_factory(cfg)
@@ -112,53 +110,29 @@ async def evaluate(
     reward = RewardClient(cfg.endpoints.reward_url, timeout_s=rc.reward_timeout_s, max_wait_s=60.0)
     sampling = sampling_of(rc.sampling, temperature=temperature, seed=cfg.run.seed)
     gate = asyncio.Semaphore(concurrency)
-    episodic = rc.env.name != "single_turn"
-    sandbox = None
-    if episodic:
-        from dynamo_rl.envs.sandbox import SandboxClient
-
-        sandbox = SandboxClient(
-            rc.env.sandbox_url or cfg.endpoints.reward_url,
-            timeout_s=rc.env.tool_timeout_s + 30.0,
-            backoff_s=rc.backoff_s,
-            backoff_max_s=rc.backoff_max_s,
-            max_wait_s=rc.env.sandbox_max_wait_s,
-        )
+    sandbox = make_sandbox(cfg)
+    conversation = Conversation(renderer.tokenizer, renderer.template)
     episode_stats: list[dict[str, Any]] = []
 
-    async def one_episodic(record) -> tuple[list[ItemResult], list[str]] | str:
-        """n episodes of the prompt in ``rollout.env``, as the worker plays them; the final
-        turn is scored (an episode dropped for a sandbox outage counts as wrong)."""
-        from dynamo_rl.envs import EnvContext, make_env
-        from services.rollout.datasets import reward_item
-        from services.rollout.episodes import Conversation, record_row, run_episode
-
-        conversation = Conversation(renderer.tokenizer, renderer.template)
-
-        async def play(j: int):
-            env = make_env(
-                EnvContext(
-                    rc.env, sandbox, seed=request_seed(cfg.run.seed, "eval", record.prompt_id, j)
-                )
-            )
-            try:
-                return await run_episode(
-                    pool, env, record_row(record), conversation, sampling, rc.env,
-                    seed_of=lambda turn: request_seed(cfg.run.seed, "eval", record.prompt_id, j, turn),
-                )  # fmt: skip
-            finally:
-                await env.aclose()
-
+    async def one(record) -> tuple[list[ItemResult], list[str]] | str:
+        """n episodes of the prompt in ``rollout.env``, through the worker's pipeline; each
+        episode's final turn is scored (one dropped for a sandbox outage counts as wrong). A seed
+        of its own per prompt: with one seed for all, every prompt would share the same n noise
+        streams, and one unlucky draw would fail the same sample everywhere."""
         async with gate:
             try:
-                episodes = await asyncio.gather(*(play(j) for j in range(n)))
-            except EngineRequestError as e:
+                episodes = await generate_group(
+                    pool, record, lengths.rendered[record.prompt_id], n,
+                    new_env=lambda seed: make_env(EnvContext(limits, sandbox, seed=seed)),
+                    conversation=conversation, sampling=sampling, limits=limits,
+                    max_per_request=rc.max_n_per_request,
+                    seeds=Seeds(cfg.run.seed, ("eval", record.prompt_id), bare_first_chunk=True),
+                )  # fmt: skip
+            except EngineRequestError as e:  # bad input, as in the worker: left out, counted
                 return str(e)
-            items = [
-                reward_item(record, f"{record.prompt_id}/{j}", e.final_text, e.model_tokens)
-                for j, e in enumerate(episodes)
-            ]
-            results = await reward.verify(items)
+            [results] = await verify_groups(
+                reward, [record], [episodes], lambda _p, j: f"{record.prompt_id}/{j}"
+            )
             results = [
                 r.model_copy(update={"score": 0.0, "correct": False, "detail": "episode dropped"})
                 if e.dropped is not None
@@ -166,38 +140,15 @@ async def evaluate(
                 for e, r in zip(episodes, results, strict=True)
             ]
             for e in episodes:
-                calls = e.tool_calls
-                episode_stats.append({
-                    "turns": len(e.turns),
-                    "tool_calls": len(calls),
-                    "tool_errors": sum(1 for c in calls if c.error),
-                    "dropped": e.dropped is not None,
-                })  # fmt: skip
-            return results, [" | ".join(e.model_texts) for e in episodes]
-
-    async def one(record) -> tuple[list[ItemResult], list[str]] | str:
-        if episodic:
-            return await one_episodic(record)
-        async with gate:
-            _text, ids = lengths.rendered[record.prompt_id]
-
-            # A seed of its own per prompt: with one seed for all, every prompt would share the
-            # same n noise streams, and one unlucky draw would fail the same sample everywhere.
-            # (The first request's seed leaves the chunk out: the same draws as one request.)
-            def seed_of(chunk: int) -> int | None:
-                extra = (chunk,) if chunk else ()
-                return request_seed(cfg.run.seed, "eval", record.prompt_id, *extra)
-
-            try:
-                samples = await sample_prompt(
-                    pool, ids, n, sampling, max_per_request=rc.max_n_per_request, seed_of=seed_of
-                )
-            except EngineRequestError as e:  # bad input, as in the worker: left out, counted
-                return str(e)
-            [results] = await verify_groups(
-                reward, [record], [samples], lambda _p, j: f"{record.prompt_id}/{j}"
-            )
-            return results, [x.text for x in samples]
+                if e.multi_turn:
+                    calls = e.tool_calls
+                    episode_stats.append({
+                        "turns": len(e.turns),
+                        "tool_calls": len(calls),
+                        "tool_errors": sum(1 for c in calls if c.error),
+                        "dropped": e.dropped is not None,
+                    })  # fmt: skip
+            return results, [e.transcript for e in episodes]
 
     try:
         answers = await asyncio.gather(*(one(r) for r in records))
@@ -245,7 +196,7 @@ async def evaluate(
     outcomes = [PromptOutcome([r.correct for r in res], [r.answer for r in res])
                 for res, _ in answers]  # fmt: skip
     extra: dict[str, Any] = {}
-    if episodic:
+    if episode_stats:  # multi-turn episodes were played
         extra["episodes"] = episode_summary(episode_stats, rc.env.name)
     return {
         **extra,
@@ -314,7 +265,7 @@ async def evaluate_all(
     """Every benchmark in turn, and what they were measured under. The top-level ``accuracy``,
     ``pass@n`` and ``prompts`` are over all benchmarks' prompts together (``up`` reads them)."""
     from dynamo_rl.prompts import uses_chat_template
-    from services.rollout.loop import load_tokenizer, sampling_of
+    from services.rollout.build import load_tokenizer, sampling_of
 
     results: dict[str, dict[str, Any]] = {}
     if samples_path:
@@ -377,6 +328,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         benchmarks = benchmark_files(args.data)
     except ValueError as e:
         parser.error(str(e))
+    from dynamo_rl.envs import check_env_config
+
+    try:
+        check_env_config(cfg.rollout.env)
+    except ValueError as e:  # a config error, refused before any process starts
+        print(f"dynamo-rl eval: {e}", file=sys.stderr)
+        return 2
     import asyncio
 
     from dynamo_rl.procs import ServiceProcess

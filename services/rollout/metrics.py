@@ -5,7 +5,14 @@ This module imports no torch: dashboards and tests instantiate these classes to 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dynamo_rl.codec import TrajectoryGroup
 from dynamo_rl.metrics import ServiceMetrics
+
+if TYPE_CHECKING:
+    from services.rollout.episodes import Episode
 
 TOOL_ERROR_KINDS = ("malformed", "timeout", "failed", "unknown", "bad", "other")
 """Labels of ``dynamo_rollout_tool_errors_total``: a malformed call, a step past
@@ -122,3 +129,64 @@ class WorkerMetrics:
             "tool_calls_per_second",
             "Tool calls made per second of generation in the last batch (episodes' wall time)",
         )
+
+    def waited(self, reason: str, seconds: float) -> None:
+        """A wait (or a retry's delay) of ``seconds`` for ``reason``."""
+        self.waits.labels(reason).inc()
+        self.wait_seconds.labels(reason).inc(seconds)
+
+    def record_episodes(self, episodes: Sequence[Episode], generate_s: float) -> None:
+        """The episode series, recorded for multi-turn episodes only (a single-turn run keeps the
+        series it always had)."""
+        if not episodes:
+            return
+        m = self
+        model = obs = calls = 0
+        for e in episodes:
+            m.episodes.labels(e.end_reason).inc()
+            m.episode_turns.observe(len(e.turns))
+            m.episode_forks.inc(e.forks)
+            model += e.model_tokens
+            obs += e.observation_tokens
+            for c in e.tool_calls:
+                calls += 1
+                m.tool_calls.inc()
+                m.tool_latency.observe(c.latency_s)
+                if c.error:
+                    kind = "malformed" if c.malformed else c.error.split(":")[0].split(" ")[0]
+                    m.tool_errors.labels(kind if kind in TOOL_ERROR_KINDS else "other").inc()
+        if model + obs:
+            m.masked_token_share.set(obs / (model + obs))
+        if generate_s > 0:
+            m.episodes_per_second.set(len(episodes) / generate_s)
+            m.tool_calls_per_second.set(calls / generate_s)
+
+    def record_batch(self, groups: Sequence[TrajectoryGroup], responses: int,
+                       rewards: list[float], corrects: int, n_tokens: int,
+                       phases: dict[str, float]) -> None:  # fmt: skip
+        """The per-batch series (``responses`` pushed; ``rewards`` and ``corrects`` per episode;
+        ``phases`` the batch's seconds by phase)."""
+        m = self
+        m.batches.inc()
+        m.groups.inc(len(groups))
+        m.responses.inc(responses)
+        m.zero_advantage_responses.inc(zero_advantage_responses(groups))
+        m.tokens.inc(n_tokens)
+        if phases["generate"] > 0:
+            m.tokens_per_second.set(n_tokens / phases["generate"])
+        if rewards:
+            m.reward_mean.set(sum(rewards) / len(rewards))
+            m.correct_fraction.set(corrects / len(rewards))
+        for phase, seconds in phases.items():
+            m.batch_seconds.labels(phase).observe(seconds)
+
+
+def zero_advantage_responses(groups: Sequence[TrajectoryGroup]) -> int:
+    """Responses in groups whose rewards are all equal: group-normalised advantages are 0 there,
+    so they carry no learning signal (``dynamo_rollout_zero_advantage_responses_total``)."""
+    total = 0
+    for g in groups:
+        rewards = [r.reward for r in g.responses]
+        if rewards and max(rewards) == min(rewards):
+            total += len(rewards)
+    return total

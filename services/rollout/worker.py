@@ -8,16 +8,15 @@ One batch, in order:
 2. **Allocate.** Ask the allocator for each prompt's count (``n`` on average, within
    ``n_min..n_max``). If it cannot answer, every prompt gets ``n`` — logged and counted in
    ``dynamo_rollout_allocator_fallbacks_total`` — and the next batch asks again.
-3. **Generate.** Each prompt's count is split into requests of at most ``max_n_per_request`` samples;
-   all requests of the batch run concurrently over the replica pool (failures move to another
-   replica; with none left the pool waits).
-4. **Verify.** Every response goes to ``/v1/verify`` with an id naming its prompt and position, and
-   results are matched back by id. The service being down means wait and retry: nothing is pushed
-   unscored.
-5. **Push** one ``TrajectoryGroup`` per prompt with one Lua script, so a batch lands whole or not
+3. **Generate and verify** each prompt's count of episodes of ``rollout.env`` through the one
+   pipeline eval uses too (:mod:`services.rollout.pipeline`: first turns in requests of at most
+   ``max_n_per_request`` samples over the replica pool, failures moved to another replica; every
+   episode scored in one ``/v1/verify`` call, matched back by id). The reward service being down
+   means wait and retry: nothing is pushed unscored.
+4. **Push** one ``TrajectoryGroup`` per prompt with one Lua script, so a batch lands whole or not
    at all, and at most once (see :meth:`RolloutWorker.push`), then **report**
-   ``(prompt_id, attempts, successes)`` to the allocator (kept and re-sent with the next batch if
-   the allocator is down): statistics count only responses that reached the stream.
+   ``(prompt_id, episodes, correct)`` to the allocator (kept and re-sent with the next batch if
+   the allocator is down): statistics count only episodes that reached the stream.
 
 **Leases.** While a batch runs, the worker holds a lease on the batch's prompt ids, renewed every
 third of ``lease_ttl_s``; the push releases it in the same transaction as the groups. A worker
@@ -26,15 +25,17 @@ and its own worker id's at once, since that can only be a dead earlier run — a
 prompts first. The stream protocol (push script, leases, lag) is
 :class:`dynamo_rl.contracts.stream.TrajectoryWriter`; this module keeps the batch logic.
 
-Each prompt's responses are gathered by that prompt's own task, so a group can only ever hold its
-own prompt's responses: counts and metadata cannot misalign (the reference code's repeat/metadata
-bug). A prompt allocated 0 responses gets no group.
+Each prompt's episodes are played by that prompt's own task, so a group can only ever hold its
+own prompt's responses (the reference code's repeat/metadata bug cannot happen). A prompt
+allocated 0 gets no group; a multi-turn episode dropped because the sandbox stayed down is
+counted and left out.
 
 **Bad input is not a crash.** Prompts longer than ``rollout.max_prompt_len`` are dropped, truncated
 or refuse the dataset when it loads (``rollout.prompt_len_policy``), and a dataset whose
-``data_source`` has no reward route refuses to start (:func:`build_worker`). A prompt an engine
-still refuses (HTTP 4xx) is dead-lettered with the engine's reason, counted, and not served again;
-the batch goes on without it (connection errors and 5xx are retried as before).
+``data_source`` has no reward route, or an unknown ``rollout.env``, refuses to start
+(:func:`build_worker`). A prompt an engine still refuses (HTTP 4xx) is dead-lettered with the
+engine's reason, counted, and not served again; the batch goes on without it (connection errors
+and 5xx are retried as before).
 """
 
 from __future__ import annotations
@@ -53,42 +54,35 @@ from typing import Any, TypeVar
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup
+from dynamo_rl.codec import Response, Timing, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
-from dynamo_rl.config.reward import unrouted
+from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.engine import alist_engines
 from dynamo_rl.contracts.stream import TrajectoryWriter
-from dynamo_rl.envs import EnvContext, make_env
+from dynamo_rl.envs import EnvContext, check_env_config, make_env
 from dynamo_rl.envs.sandbox import SandboxClient
 from dynamo_rl.keys import weight_version_key
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
+from services.rollout.build import make_engine_factory, make_sandbox, prepare_prompts, sampling_of
 from services.rollout.datasets import (
     PromptRecord,
     PromptRenderer,
     PromptSampler,
-    check_prompt_lengths,
-    reward_item,
+    check_routes,
+    load_records,
 )
-from services.rollout.engines import Engine, EnginePool, EngineRequestError, Sample
-from services.rollout.episodes import (
-    Conversation,
-    Episode,
-    episode_responses,
-    record_row,
-    run_episode,
-)
-from services.rollout.loop import (
-    load_tokenizer,
-    make_engine_factory,
-    prompt_limit,
-    request_seed,
-    sample_prompt,
-    sampling_of,
+from services.rollout.engines import Engine, EnginePool, EngineRequestError
+from services.rollout.episodes import Conversation, Episode, episode_responses
+from services.rollout.metrics import WorkerMetrics
+from services.rollout.pipeline import (
+    Seeds,
+    generate_group,
+    outcome,
     split_count,
+    trajectory_group,
     verify_groups,
 )
-from services.rollout.metrics import TOOL_ERROR_KINDS, WorkerMetrics
 from services.rollout.reward_client import RewardClient
 
 __all__ = ["BatchResult", "RolloutWorker", "build_worker", "check_routes", "split_count"]
@@ -126,6 +120,7 @@ class RolloutWorker:
         allocator_factory: Callable[[], Any] | None = None,
         rendered: dict[str, tuple[str, list[int]]] | None = None,
         sandbox: SandboxClient | None = None,
+        limits: EnvConfig | None = None,
     ) -> None:
         self.cfg = cfg
         self.namespace = namespace
@@ -153,24 +148,22 @@ class RolloutWorker:
         self.reissued = 0  # prompts taken over from lapsed leases
         self.sample_log: Any = None  # a dynamo_rl.sample_log.SampleLog, set by the CLI
         self.sandbox = sandbox  # the /run_code client of multi-turn environments (rollout.env)
+        # rollout.env with its token budget resolved (services.rollout.build.episode_limits).
+        self.limits = limits or cfg.env
 
     @functools.cached_property
     def conversation(self) -> Conversation:
-        """Multi-turn episodes' conversations, rendered like the prompts (built on first use)."""
+        """Episodes' conversations, rendered like the prompts (built on first use)."""
         return Conversation(self.renderer.tokenizer, self.renderer.template)
 
     # -- waiting --------------------------------------------------------------------------------
-
-    def _waited(self, reason: str, seconds: float) -> None:
-        self.metrics.waits.labels(reason).inc()
-        self.metrics.wait_seconds.labels(reason).inc(seconds)
 
     async def _redis(self, call: Callable[[], Awaitable[T]]) -> T:
         """A Redis call retried with back-off while Redis is unreachable (never dropped)."""
         retrying = Retrying(
             "redis",
             Backoff(base_s=self.cfg.backoff_s, cap_s=self.cfg.backoff_max_s),
-            on_retry=lambda _reason, delay: self._waited("redis", delay),
+            on_retry=lambda _reason, delay: self.metrics.waited("redis", delay),
         )
         return await aretry_call(
             call, retry_on=(RedisConnectionError, RedisTimeoutError), retrying=retrying
@@ -348,23 +341,6 @@ class RolloutWorker:
             self._rendered[record.prompt_id] = cached
         return cached
 
-    async def generate_prompt(
-        self, tokens: list[int], count: int, batch_index: int, record: PromptRecord
-    ) -> list[Sample]:
-        """``count`` samples of one prompt; none when an engine refuses the prompt (HTTP 4xx):
-        it is dead-lettered with the engine's reason and served no more."""
-        try:
-            return await sample_prompt(
-                self.pool, tokens, count, self.sampling,
-                max_per_request=self.cfg.max_n_per_request,
-                seed_of=lambda chunk: request_seed(
-                    self.sampling.seed, self.worker_id, batch_index, record.prompt_id, chunk
-                ),
-            )  # fmt: skip
-        except EngineRequestError as e:
-            await self.refuse(record, len(tokens), str(e))
-            return []
-
     async def refuse(self, record: PromptRecord, prompt_tokens: int, reason: str) -> None:
         """Dead-letter a prompt an engine refused, count it, and serve it no more."""
         log.warning("prompt %s refused by the engine, dead-lettered: %s", record.prompt_id, reason)
@@ -393,6 +369,31 @@ class RolloutWorker:
         finally:
             renewer.cancel()
 
+    async def _generate(
+        self, record: PromptRecord, rendered: tuple[str, list[int]], count: int, batch_index: int
+    ) -> list[Episode]:
+        """``count`` episodes of one prompt (:func:`generate_group`); dropped ones (sandbox down)
+        are counted and left out; none when an engine refuses the prompt (dead-lettered)."""
+        try:
+            episodes = await generate_group(
+                self.pool, record, rendered, count,
+                new_env=lambda seed: make_env(EnvContext(self.limits, self.sandbox, seed=seed)),
+                conversation=self.conversation, sampling=self.sampling, limits=self.limits,
+                max_per_request=self.cfg.max_n_per_request,
+                seeds=Seeds(self.sampling.seed, (self.worker_id, batch_index, record.prompt_id)),
+            )  # fmt: skip
+        except EngineRequestError as e:
+            await self.refuse(record, len(rendered[1]), str(e))
+            return []
+        kept = []
+        for e in episodes:
+            if e.dropped is not None:
+                log.warning("episode of prompt %s dropped: %s", record.prompt_id, e.dropped)
+                self.metrics.episodes_dropped.inc()
+            else:
+                kept.append(e)
+        return kept
+
     async def _run_leased_batch(
         self,
         batch_index: int,
@@ -408,213 +409,50 @@ class RolloutWorker:
         for c in counts:
             self.metrics.allocation.observe(c)
 
-        if self.cfg.env.name != "single_turn":
-            return await self._run_episode_batch(
-                batch_index, batch_id, records, rendered, counts, priorities, fallback,
-                engine_version, (t0, t_alloc),
-            )  # fmt: skip
-
         t_gen = time.monotonic()
-        samples = await asyncio.gather(
+        episodes = await asyncio.gather(
             *(
-                self.generate_prompt(tokens, count, batch_index, r)
-                for r, (_text, tokens), count in zip(records, rendered, counts, strict=True)
+                self._generate(r, prompt, count, batch_index)
+                for r, prompt, count in zip(records, rendered, counts, strict=True)
             )
         )
         generate_s = time.monotonic() - t_gen
-        n_tokens = sum(len(s.token_ids) for group in samples for s in group)
-
         t_ver = time.monotonic()
         verdicts = await verify_groups(
-            self.reward, records, samples, lambda p, j: f"{batch_index}:{p}:{j}"
+            self.reward, records, episodes, lambda p, j: f"{batch_index}:{p}:{j}"
         )
         verify_s = time.monotonic() - t_ver
 
-        created = time.time()
+        timing = Timing(created_unix=time.time(), generate_s=generate_s, verify_s=verify_s)
         groups: list[TrajectoryGroup] = []
         outcomes: list[tuple[str, int, int]] = []
         rewards: list[float] = []
-        corrects = 0
-        for p, (r, (text, tokens), group, count, priority) in enumerate(
-            zip(records, rendered, samples, counts, priorities, strict=True)
+        for r, prompt, group, results, count, priority in zip(
+            records, rendered, episodes, verdicts, counts, priorities, strict=True
         ):
-            if not group:
+            prompt_ids = group[0].segments[0].prompt_ids if group else []
+            responses: list[Response] = []
+            for j, (e, res) in enumerate(zip(group, results, strict=True)):
+                made = episode_responses(e, j, res, prompt_ids, self.limits, self.conversation)
+                responses += made
+                rewards += [made[0].reward] if made else []
+            if not responses:
                 continue
-            responses = []
-            for j, s in enumerate(group):
-                res = verdicts[p][j]
-                reward = res.score
-                correct = res.correct
-                rewards.append(reward)
-                corrects += correct
-                # Composite rewards report each component; kept with the trajectory.
-                components = res.components or {}
-                responses.append(
-                    Response(
-                        token_ids=s.token_ids,
-                        logprobs=s.logprobs,
-                        reward=reward,
-                        correct=correct,
-                        format_ok=res.format_ok,
-                        reason=res.reason,
-                        finish_reason=s.finish_reason,
-                        reward_components={str(k): float(v) for k, v in components.items()},
-                        text=s.text,
-                    )
-                )
-            reported = [s.weight_version for s in group if s.weight_version is not None]
-            groups.append(self._group(r, tokens, text, responses, reported, engine_version,
-                                      count, priority, batch_id, Timing(created_unix=created,
-                                      generate_s=generate_s, verify_s=verify_s)))  # fmt: skip
-            outcomes.append((r.prompt_id, len(group), sum(resp.correct for resp in responses)))
+            groups.append(trajectory_group(
+                r, prompt, group, responses, sampling=self.sampling, engine_version=engine_version,
+                timing=timing, namespace=self.namespace, worker_id=self.worker_id,
+                allocated_n=count, priority=priority, batch_id=batch_id,
+            ))  # fmt: skip
+            outcomes.append(outcome(r, results))
 
         t_push = time.monotonic()
         entry_ids = await self.push(groups, batch_id)
         t_end = time.monotonic()
         await self.report(outcomes)  # after the push: statistics count what reached the stream
-
-        self._batch_metrics(groups, len(rewards), rewards, corrects, n_tokens, {
-            "allocate": t_gen - t_alloc, "generate": generate_s, "verify": verify_s,
-            "push": t_end - t_push, "total": t_end - t0,
-        })  # fmt: skip
-        log.info(
-            "batch %d: %d groups, %d responses, %d tokens (%.0f tok/s), reward %.3f%s",
-            batch_index, len(groups), len(rewards), n_tokens,
-            n_tokens / generate_s if generate_s > 0 else 0.0,
-            sum(rewards) / len(rewards) if rewards else 0.0,
-            " [uniform fallback]" if fallback else "",
-        )  # fmt: skip
-        return BatchResult(batch_index, groups, entry_ids, fallback)
-
-    # -- multi-turn episodes (rollout.env) ------------------------------------------------------
-
-    async def generate_episodes(
-        self, record: PromptRecord, prompt_tokens: int, count: int, batch_index: int
-    ) -> list[Episode]:
-        """``count`` episodes of one prompt, concurrently (their tool calls too); dropped ones
-        (sandbox down) are counted and left out; none when an engine refuses the prompt."""
-        env_cfg = self.cfg.env
-        base = self.sampling.seed
-
-        async def one(j: int) -> Episode:
-            seed = request_seed(base, self.worker_id, batch_index, record.prompt_id, j)
-            env = make_env(EnvContext(env_cfg, self.sandbox, seed=seed))
-            try:
-                return await run_episode(
-                    self.pool, env, record_row(record), self.conversation, self.sampling, env_cfg,
-                    seed_of=lambda turn: request_seed(
-                        base, self.worker_id, batch_index, record.prompt_id, j, turn
-                    ),
-                )  # fmt: skip
-            finally:
-                await env.aclose()
-
-        try:
-            episodes = await asyncio.gather(*(one(j) for j in range(count)))
-        except EngineRequestError as e:
-            await self.refuse(record, prompt_tokens, str(e))
-            return []
-        kept = []
-        for e in episodes:
-            if e.dropped is not None:
-                log.warning("episode of prompt %s dropped: %s", record.prompt_id, e.dropped)
-                self.metrics.episodes_dropped.inc()
-            else:
-                kept.append(e)
-        return kept
-
-    def _episode_metrics(self, episodes: Sequence[Episode], generate_s: float) -> None:
-        m = self.metrics
-        model = obs = calls = 0
-        for e in episodes:
-            m.episodes.labels(e.end_reason).inc()
-            m.episode_turns.observe(len(e.turns))
-            m.episode_forks.inc(e.forks)
-            model += e.model_tokens
-            obs += e.observation_tokens
-            for c in e.tool_calls:
-                calls += 1
-                m.tool_calls.inc()
-                m.tool_latency.observe(c.latency_s)
-                if c.error:
-                    kind = "malformed" if c.malformed else c.error.split(":")[0].split(" ")[0]
-                    m.tool_errors.labels(kind if kind in TOOL_ERROR_KINDS else "other").inc()
-        if model + obs:
-            m.masked_token_share.set(obs / (model + obs))
-        if generate_s > 0:
-            m.episodes_per_second.set(len(episodes) / generate_s)
-            m.tool_calls_per_second.set(calls / generate_s)
-
-    async def _run_episode_batch(
-        self,
-        batch_index: int,
-        batch_id: str,
-        records: list[PromptRecord],
-        rendered: list[tuple[str, list[int]]],
-        counts: list[int],
-        priorities: list[float],
-        fallback: bool,
-        engine_version: int,
-        started: tuple[float, float],
-    ) -> BatchResult:
-        t0, t_alloc = started
-        t_gen = time.monotonic()
-        episodes = await asyncio.gather(
-            *(
-                self.generate_episodes(r, len(tokens), count, batch_index)
-                for r, (_text, tokens), count in zip(records, rendered, counts, strict=True)
-            )
-        )
-        generate_s = time.monotonic() - t_gen
-        t_ver = time.monotonic()
-        # The outcome reward scores the final turn's text; its length term counts model tokens.
-        items = [
-            reward_item(r, f"{batch_index}:{p}:{j}", e.final_text, e.model_tokens)
-            for p, (r, group) in enumerate(zip(records, episodes, strict=True))
-            for j, e in enumerate(group)
-        ]
-        results = await self.reward.verify(items) if items else []
-        by_id = {str(it.id): res for it, res in zip(items, results, strict=True)}
-        verdicts = [
-            [by_id[f"{batch_index}:{p}:{j}"] for j in range(len(group))]
-            for p, group in enumerate(episodes)
-        ]
-        verify_s = time.monotonic() - t_ver
-        created = time.time()
-        groups: list[TrajectoryGroup] = []
-        outcomes: list[tuple[str, int, int]] = []
-        rewards: list[float] = []
-        n_tokens = 0
-        for p, (r, (text, _tokens), group, count, priority) in enumerate(
-            zip(records, rendered, episodes, counts, priorities, strict=True)
-        ):
-            responses: list[Response] = []
-            for j, e in enumerate(group):
-                res = verdicts[p][j]
-                made = episode_responses(
-                    e, j, res, group[0].segments[0].prompt_ids, self.cfg.env, self.conversation
-                )
-                responses += made
-                rewards += [made[0].reward] if made else []
-                n_tokens += e.model_tokens
-            if not responses:
-                continue
-            reported = [t.weight_version for e in group for t in e.turns if t.weight_version]
-            groups.append(self._group(r, group[0].segments[0].prompt_ids, text, responses,
-                                      reported, engine_version, count, priority, batch_id,
-                                      Timing(created_unix=created, generate_s=generate_s,
-                                             verify_s=verify_s)))  # fmt: skip
-            # DynaMO counts episodes: n episodes, successes = correct outcomes (forks add
-            # training samples, not attempts).
-            successes = sum(res.correct for res in verdicts[p])
-            outcomes.append((r.prompt_id, len(group), successes))
-
-        t_push = time.monotonic()
-        entry_ids = await self.push(groups, batch_id)
-        t_end = time.monotonic()
-        await self.report(outcomes)
-        self._episode_metrics([e for group in episodes for e in group], generate_s)
-        self._batch_metrics(
+        played = [e for group in episodes for e in group]
+        n_tokens = sum(e.model_tokens for e in played)
+        self.metrics.record_episodes([e for e in played if e.multi_turn], generate_s)
+        self.metrics.record_batch(
             groups, sum(len(g.responses) for g in groups), rewards,
             sum(o[2] for o in outcomes), n_tokens, {
                 "allocate": t_gen - t_alloc, "generate": generate_s, "verify": verify_s,
@@ -622,57 +460,13 @@ class RolloutWorker:
             },
         )  # fmt: skip
         log.info(
-            "batch %d: %d groups, %d episodes, %d model tokens, reward %.3f",
+            "batch %d: %d groups, %d episodes, %d model tokens (%.0f tok/s), reward %.3f%s",
             batch_index, len(groups), len(rewards), n_tokens,
+            n_tokens / generate_s if generate_s > 0 else 0.0,
             sum(rewards) / len(rewards) if rewards else 0.0,
+            " [uniform fallback]" if fallback else "",
         )  # fmt: skip
         return BatchResult(batch_index, groups, entry_ids, fallback)
-
-    def _group(self, r: PromptRecord, prompt_token_ids: Sequence[int], text: str,
-               responses: list[Response], reported: list[int], engine_version: int, count: int,
-               priority: float, batch_id: str, timing: Timing) -> TrajectoryGroup:  # fmt: skip
-        """One prompt's group for the stream, stamped with the oldest weight version its samples
-        report (``reported``; the engine's when none does), so staleness is never understated."""
-        return TrajectoryGroup(
-            prompt_id=r.prompt_id,
-            prompt_token_ids=prompt_token_ids,
-            responses=responses,
-            weight_version=min(reported) if reported else engine_version,
-            sampling=SamplingParams(
-                temperature=self.sampling.temperature,
-                top_p=self.sampling.top_p,
-                top_k=self.sampling.top_k,
-                max_tokens=self.sampling.max_tokens,
-                seed=self.sampling.seed,  # None: absent, so 0 stays a seed
-            ),
-            data_source=r.data_source,
-            namespace=self.namespace,
-            prompt_text=text,
-            timing=timing,
-            worker_id=self.worker_id,
-            allocated_n=count,
-            priority=priority,
-            batch_id=batch_id,
-        )
-
-    def _batch_metrics(self, groups: Sequence[TrajectoryGroup], responses: int,
-                       rewards: list[float], corrects: int, n_tokens: int,
-                       phases: dict[str, float]) -> None:  # fmt: skip
-        """The per-batch series both paths record (one response per sample; ``rewards`` and
-        ``corrects`` per completion or per episode; ``phases`` the batch's seconds by phase)."""
-        m = self.metrics
-        m.batches.inc()
-        m.groups.inc(len(groups))
-        m.responses.inc(responses)
-        m.zero_advantage_responses.inc(zero_advantage_responses(groups))
-        m.tokens.inc(n_tokens)
-        if phases["generate"] > 0:
-            m.tokens_per_second.set(n_tokens / phases["generate"])
-        if rewards:
-            m.reward_mean.set(sum(rewards) / len(rewards))
-            m.correct_fraction.set(corrects / len(rewards))
-        for phase, seconds in phases.items():
-            m.batch_seconds.labels(phase).observe(seconds)
 
     async def push(self, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
         """Add a batch's groups atomically and at most once, releasing the lease; their ids
@@ -711,9 +505,8 @@ def _short(e: BaseException) -> str:
 
 def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) -> RolloutWorker:
     """A worker wired to the endpoints of ``cfg`` (raises ValueError naming a missing setting)."""
-    from services.rollout.datasets import load_records
-
     rc = cfg.rollout
+    check_env_config(rc.env)
     if not rc.dataset:
         raise ValueError("rollout.dataset is not set: give a JSONL or verl parquet file")
     tokenizer_path = rc.tokenizer or cfg.engine.model
@@ -729,10 +522,7 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
     metrics = metrics or WorkerMetrics()
     records = load_records(rc.dataset, rc.dataset_format, rc.default_kind)
     check_routes(records, cfg)
-    renderer = PromptRenderer(load_tokenizer(tokenizer_path), rc.prompt_template)
-    lengths = check_prompt_lengths(
-        records, renderer, prompt_limit(cfg, tokenizer_path), rc.prompt_len_policy
-    )
+    renderer, lengths, limits = prepare_prompts(cfg, records, tokenizer_path)
     (log.warning if lengths.over else log.info)("%s: %s", rc.dataset, lengths.line())
     if lengths.over:
         action = "truncated" if rc.prompt_len_policy.startswith("truncate") else "dropped"
@@ -749,23 +539,18 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
     engine_factory = make_engine_factory(cfg)
     engines = [engine_factory(url) for url in cfg.endpoints.engine_urls]
 
-    def engine_waited(seconds: float) -> None:
-        metrics.waits.labels("engine").inc()
-        metrics.wait_seconds.labels("engine").inc(seconds)
-
     pool = EnginePool(
         engines,
         backoff_s=rc.backoff_s,
         backoff_max_s=rc.backoff_max_s,
         max_wait_s=rc.engine_max_wait_s,
         on_failure=lambda url, _e: metrics.engine_failures.labels(url).inc(),
-        on_wait=engine_waited,
+        on_wait=lambda seconds: metrics.waited("engine", seconds),
     )
 
     def reward_retried(_reason: str, seconds: float) -> None:
         metrics.reward_retries.inc()
-        metrics.waits.labels("reward").inc()
-        metrics.wait_seconds.labels("reward").inc(seconds)
+        metrics.waited("reward", seconds)
 
     reward = RewardClient(
         cfg.endpoints.reward_url,
@@ -802,48 +587,6 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         engine_factory=engine_factory,
         engines_namespace=cfg.run.name,
         rendered=lengths.rendered,
-        sandbox=SandboxClient(
-            rc.env.sandbox_url or cfg.endpoints.reward_url,
-            timeout_s=rc.env.tool_timeout_s + 30.0,
-            backoff_s=rc.backoff_s,
-            backoff_max_s=rc.backoff_max_s,
-            max_wait_s=rc.env.sandbox_max_wait_s,
-        )
-        if rc.env.name != "single_turn"
-        else None,
+        sandbox=make_sandbox(cfg),
+        limits=limits,
     )
-
-
-def check_routes(records: Sequence[PromptRecord], cfg: ExperimentConfig) -> None:
-    """Refuse a dataset with a math or code ``data_source`` the reward service has no route (of
-    its kind) or composite spec for (``reward.routes``, ``reward.composite``: the same table the
-    service scores by) — it would be scored by the default extraction, quite possibly 0 for every
-    sample. A ``*`` route or composite spec accepts every source. Raises ValueError naming them."""
-    sources: dict[str, str] = {}
-    for r in records:
-        sources.setdefault(r.data_source, r.kind)
-    missing = unrouted(cfg.reward, sources)
-    if not missing:
-        return
-    named = ", ".join(f"{s!r} ({k})" for s, k in sorted(missing.items()))
-    if "data" in missing:
-        named += " ('data' is what rows without a data_source get)"
-    routes = ", ".join(f"{k} ({r.kind})" for k, r in cfg.reward.routes.items() if r is not None)
-    composite = ", ".join(cfg.reward.composite) or "none"
-    raise ValueError(
-        f"{cfg.rollout.dataset}: no reward route for data_source {named}: its answers would be "
-        f"scored by the default extraction, perhaps 0 for every sample. Routes: {routes}; "
-        f"composite specs: {composite}. Add reward.routes.<data_source> (e.g. "
-        "{kind: math, extraction: last_boxed}), a reward.composite spec, or a '*' route"
-    )
-
-
-def zero_advantage_responses(groups: Sequence[TrajectoryGroup]) -> int:
-    """Responses in groups whose rewards are all equal: group-normalised advantages are 0 there,
-    so they carry no learning signal (``dynamo_rollout_zero_advantage_responses_total``)."""
-    total = 0
-    for g in groups:
-        rewards = [r.reward for r in g.responses]
-        if rewards and max(rewards) == min(rewards):
-            total += len(rewards)
-    return total

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,13 +15,13 @@ import pytest
 
 from dynamo_rl.config import ConfigError, load_config
 from dynamo_rl.config.rollout import EnvConfig
-from dynamo_rl.envs import EnvContext, EnvUnavailable, make_env
+from dynamo_rl.envs import EnvContext, EnvUnavailable, check_env_config, make_env
 from dynamo_rl.envs.builtin import truncate
 from dynamo_rl.envs.parsers import TOOL_PARSERS, parse_code_blocks
 from dynamo_rl.envs.sandbox import SandboxClient
 from dynamo_rl.procs import free_port
 from launcher.service_table import SERVICES
-from tests.conftest import REPO
+from tests.conftest import REPO, dynamo_rl_argv
 
 CALC = {
     "type": "function",
@@ -108,18 +111,51 @@ def test_tools_env_calls_and_errors_never_raise() -> None:
 
 
 def test_env_config_errors_name_field_and_allowed_values() -> None:
-    with pytest.raises(ConfigError, match=r"rollout\.env\.name.*code_interpreter"):
-        load_config(None, ["rollout.env.name=chess"], env={})
-    with pytest.raises(ConfigError, match=r"rollout\.env\.tool_parser.*hermes"):
-        load_config(None, ["rollout.env.tool_parser=nope"], env={})
-    with pytest.raises(ConfigError, match=r"tools\[0\].*allowed: \['calculator', 'python'\]"):
+    # The registries are checked where environments are built (check_env_config), not by the
+    # config, which imports no environment.
+    with pytest.raises(ValueError, match=r"rollout\.env\.name.*code_interpreter"):
+        check_env_config(load_config(None, ["rollout.env.name=chess"], env={}).rollout.env)
+    with pytest.raises(ValueError, match=r"rollout\.env\.tool_parser.*hermes"):
+        check_env_config(load_config(None, ["rollout.env.tool_parser=nope"], env={}).rollout.env)
+    with pytest.raises(ValueError, match=r"tools\[0\].*allowed: \['calculator', 'python'\]"):
         bad = json.dumps([{"type": "function", "function": {"name": "rm"}}])
-        load_config(None, [f"rollout.env.tools={bad}"], env={})
+        check_env_config(load_config(None, [f"rollout.env.tools={bad}"], env={}).rollout.env)
+    with pytest.raises(ValueError, match=r"rollout\.env\.import_module 'no_such_module'"):
+        check_env_config(EnvConfig(import_module="no_such_module"))
+    # What needs no registry stays the config's own check.
+    with pytest.raises(ConfigError, match=r"rollout\.env\.tools\[0\] must be"):
+        load_config(None, ['rollout.env.tools=[{"type": "tool"}]'], env={})
+    with pytest.raises(ConfigError, match=r"rollout\.env\.guess_low"):
+        load_config(None, ["rollout.env.guess_low=5", "rollout.env.guess_high=4"], env={})
     with pytest.raises(ConfigError, match=r"rollout\.env\.max_turns"):
         load_config(None, ["rollout.env.max_turns=0"], env={})
     with pytest.raises(ConfigError, match=r"rollout\.env\.colour"):
         load_config(None, ["rollout.env.colour=1"], env={})
     assert load_config(None, [], env={}).rollout.env.name == "single_turn"
+    check_env_config(EnvConfig(name="tools", tools=[CALC]))
+
+
+def test_the_config_imports_no_environment() -> None:
+    """No import cycle between the config and the environments, lazy or not: the config loads,
+    validates and checks env settings without importing dynamo_rl.envs."""
+    code = (
+        "import sys\nfrom dynamo_rl.config import load_config\n"
+        "load_config(None, ['rollout.env.name=guess_number', 'rollout.env.tool_parser=x'], env={})\n"
+        "assert 'dynamo_rl.envs' not in sys.modules, 'the config imported dynamo_rl.envs'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+@pytest.mark.parametrize("command", [["rollout"], ["eval", "--data", "x.jsonl"]])
+def test_an_unknown_environment_is_refused_by_the_commands_that_build_environments(
+    command: list[str],
+) -> None:
+    result = subprocess.run(
+        dynamo_rl_argv(*command, "rollout.env.name=chess"),
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert re.search(r"rollout\.env\.name must be one of \[.*'code_interpreter'", result.stderr)
 
 
 @pytest.fixture(scope="module")

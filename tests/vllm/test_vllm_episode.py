@@ -23,10 +23,10 @@ from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
 from dynamo_rl.envs import EnvContext, make_env
 from learner.batch import batch_mask, samples_from_groups
+from services.rollout.build import load_tokenizer
 from services.rollout.engines import EnginePool, Sample, Sampling
 from services.rollout.engines.openai import OpenAICompletionsEngine
 from services.rollout.episodes import Conversation, Episode, episode_responses, run_episode
-from services.rollout.loop import load_tokenizer
 from tests.vllm.conftest import VLLMServers
 from tests.vllm.test_vllm_server import learner_logprobs, load_lm
 

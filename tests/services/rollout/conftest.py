@@ -1,5 +1,5 @@
-"""Fixtures shared by the rollout worker's tests: the tiny model, an embedded engine on it, a reward
-service, and a small dataset of sums."""
+"""Fixtures shared by the rollout worker's tests: the tiny model, an embedded engine on it, an
+allocator, a reward service, and a small dataset of sums."""
 
 from __future__ import annotations
 
@@ -28,6 +28,17 @@ def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     proc, url = start_engine(model, tmp_path_factory.mktemp("engine"))
     try:
         yield url
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def allocator(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An allocator on the session's Redis; its address."""
+    log = tmp_path_factory.mktemp("allocator") / "allocator.log"
+    proc, addr = SERVICES["allocator"].start(log, "--redis-url", redis_server, cwd=REPO)
+    try:
+        yield addr
     finally:
         proc.stop()
 

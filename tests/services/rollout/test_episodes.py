@@ -27,9 +27,9 @@ from dynamo_rl.envs import (
     make_env,
 )
 from learner.batch import batch_mask, placed_turn_rewards, samples_from_groups
+from services.rollout.build import load_tokenizer
 from services.rollout.engines import EnginePool, Sample, Sampling, make_engine
 from services.rollout.episodes import Conversation, episode_responses, run_episode
-from services.rollout.loop import load_tokenizer
 from tests.conftest import REPO
 
 SAMPLING = Sampling(max_tokens=6, temperature=1.0, seed=7)

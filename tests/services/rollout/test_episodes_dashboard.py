@@ -28,9 +28,9 @@ from dynamo_rl.envs import Environment, Step, ToolCallRecord
 from dynamo_rl.keys import trajectory_stream
 from dynamo_rl.procs import http_ok
 from dynamo_rl.sample_log import SampleLog
+from services.rollout.build import load_tokenizer
 from services.rollout.engines import EnginePool, Sampling, make_engine
 from services.rollout.episodes import Conversation, episode_responses, run_episode
-from services.rollout.loop import load_tokenizer
 from tests.conftest import dynamo_rl_argv
 from tests.dashboard.test_dashboard_browser import CHROMIUM, body_attrs, chromium
 

@@ -4,11 +4,9 @@ reward route refused before anything runs. A real engine, reward service, alloca
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,16 +19,16 @@ from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.config.reward import RewardConfig, unrouted
 from dynamo_rl.contracts.stream import TrajectoryReader
 from dynamo_rl.keys import dead_letter_stream, trajectory_stream
-from launcher.service_table import SERVICES
+from services.rollout.build import load_tokenizer, model_context, prompt_limit
 from services.rollout.datasets import (
     DatasetError,
     PromptRenderer,
     check_prompt_lengths,
     load_records,
 )
-from services.rollout.loop import load_tokenizer, model_context, prompt_limit
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
+from tests.services.rollout.helpers import run_worker, worker_config
 
 NS = "lentest"
 MAX_TOKENS = 8
@@ -64,42 +62,13 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def allocator(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("allocator") / "allocator.log"
-    proc, addr = SERVICES["allocator"].start(log, "--redis-url", redis_server, cwd=REPO)
-    try:
-        yield addr
-    finally:
-        proc.stop()
-
-
 def config(redis_url: str, engine: str, reward: str, allocator: str, dataset: Path,
            model: Path, *extra: str) -> ExperimentConfig:  # fmt: skip
-    return load_config(
-        None,
-        [
-            f"endpoints.redis_url={redis_url}",
-            f"endpoints.engine_urls=[{engine}]",
-            f"endpoints.reward_url={reward}",
-            f"endpoints.allocator_addr={allocator}",
-            f"rollout.dataset={dataset}",
-            f"rollout.tokenizer={model}",
-            f"rollout.namespace={NS}",
-            "rollout.worker_id=w0",
-            "rollout.batch_size=6",
-            "rollout.shuffle=false",
-            "rollout.allocation=uniform",
-            "rollout.n=2",
-            "rollout.n_min=1",
-            f"rollout.sampling.max_tokens={MAX_TOKENS}",
-            "rollout.poll_interval_s=0.1",
-            "rollout.backoff_s=0.1",
-            "rollout.backoff_max_s=0.5",
-            *extra,
-        ],
-        env={},
-    )
+    return worker_config(
+        NS, redis_url, engine, reward, allocator, dataset, f"rollout.tokenizer={model}",
+        "rollout.batch_size=6", "rollout.shuffle=false", "rollout.allocation=uniform",
+        "rollout.n=2", "rollout.n_min=1", f"rollout.sampling.max_tokens={MAX_TOKENS}", *extra,
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -111,13 +80,7 @@ def make_worker(redis_url, engine, reward, allocator, dataset, model):
 
 
 def run(worker: RolloutWorker, batches: int) -> int:
-    async def go() -> int:
-        try:
-            return await worker.run(batches)
-        finally:
-            await worker.aclose()
-
-    return asyncio.run(go())
+    return run_worker(worker, batches)
 
 
 def trained(redis_url: str) -> list:

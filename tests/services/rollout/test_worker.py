@@ -23,20 +23,23 @@ import torch
 
 from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
-from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup, decode_entry
-from dynamo_rl.config import ExperimentConfig, load_config
+from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
+from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.contracts.weight_control import send
+from dynamo_rl.envs import EnvContext, make_env
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from launcher.service_table import SERVICES
+from services.rollout.build import load_tokenizer, make_engine_factory, sampling_of
 from services.rollout.datasets import PromptRecord
 from services.rollout.engines import EnginePool, SGLangEngine
-from services.rollout.loop import (
-    make_engine_factory,
+from services.rollout.episodes import Conversation
+from services.rollout.pipeline import (
+    Seeds,
+    generate_group,
     request_seed,
     sample_prompt,
-    sampling_of,
     split_count,
     verify_groups,
 )
@@ -45,6 +48,7 @@ from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.services.engine.engine_util import load_reference, reference_logprobs
 from tests.services.rollout.conftest import write_sums
+from tests.services.rollout.helpers import run_and_close, stream_entries, worker_config
 
 NS = "wtest"
 N_PROMPTS = 6
@@ -105,29 +109,11 @@ def reward_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LazyRewa
 def config(
     redis_url: str, engine: str, reward: str, allocator: str, dataset: Path, *extra: str
 ) -> ExperimentConfig:
-    return load_config(
-        None,
-        [
-            f"endpoints.redis_url={redis_url}",
-            f"endpoints.engine_urls=[{engine}]",
-            f"endpoints.reward_url={reward}",
-            f"endpoints.allocator_addr={allocator}",
-            f"rollout.dataset={dataset}",
-            f"rollout.namespace={NS}",
-            "rollout.worker_id=w0",
-            "rollout.batch_size=3",
-            "rollout.n=4",
-            "rollout.n_min=1",
-            "rollout.n_max=8",
-            "rollout.max_n_per_request=3",
-            "rollout.sampling.max_tokens=8",
-            "rollout.poll_interval_s=0.1",
-            "rollout.backoff_s=0.1",
-            "rollout.backoff_max_s=0.5",
-            *extra,
-        ],
-        env={},
-    )
+    return worker_config(
+        NS, redis_url, engine, reward, allocator, dataset,
+        "rollout.batch_size=3", "rollout.n=4", "rollout.n_min=1", "rollout.n_max=8",
+        "rollout.max_n_per_request=3", "rollout.sampling.max_tokens=8", *extra,
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -152,24 +138,12 @@ def make_worker(redis_url, engine, allocator, dataset, model, reward_server):
 
 
 def stream_groups(redis_url: str) -> list[tuple[str, TrajectoryGroup]]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        entries = client.xrange(trajectory_stream(NS))
-    finally:
-        client.close()
-    return [(eid.decode(), decode_entry(fields)) for eid, fields in entries]
+    return stream_entries(redis_url, NS)
 
 
 def metric(worker: RolloutWorker, name: str, labels: dict[str, str] | None = None) -> float:
     value = worker.metrics.metrics.registry.get_sample_value(name, labels or {})
     return float(value or 0.0)
-
-
-async def run_and_close(worker: RolloutWorker, batches: int) -> int:
-    try:
-        return await worker.run(batches)
-    finally:
-        await worker.aclose()
 
 
 def test_split_count() -> None:
@@ -179,9 +153,9 @@ def test_split_count() -> None:
 
 
 def test_sample_prompt_splits_and_seeds_each_request_and_verdicts_come_back_per_prompt(
-    engine, reward_server, redis_url, allocator, dataset
+    engine, reward_server, redis_url, allocator, dataset, model
 ) -> None:
-    """The loop worker and eval share, on the real engine and reward service."""
+    """The pipeline worker and eval share, on the real engine and reward service."""
     cfg = config(redis_url, engine, reward_server.start(), allocator, dataset)
     sampling = sampling_of(cfg.rollout.sampling, temperature=1.0, seed=3)
     assert sampling.max_tokens == 8 and sampling.seed == 3 and sampling.temperature == 1.0
@@ -195,8 +169,9 @@ def test_sample_prompt_splits_and_seeds_each_request_and_verdicts_come_back_per_
         PromptRecord(f"q{i}", "1+1=", ground_truth="2", data_source="t", kind="math")
         for i in range(2)
     ]
+    conv = Conversation(load_tokenizer(str(model)), "auto")
 
-    async def go() -> tuple[list, list, list, list]:
+    async def go() -> tuple[list, list, list, list, list]:
         pool = EnginePool([make_engine_factory(cfg)(engine)])
         reward = RewardClient(cfg.endpoints.reward_url)
         try:
@@ -206,20 +181,30 @@ def test_sample_prompt_splits_and_seeds_each_request_and_verdicts_come_back_per_
                                         seed_of=seed_of)  # fmt: skip
             one = await sample_prompt(pool, [5, 6, 7], 3, sampling, max_per_request=8,
                                       seed_of=lambda _c: request_seed(3, "p", 0))  # fmt: skip
-            groups = [first[:2], first[2:5]]
+            # The single-turn episodes of a prompt: its first turns are exactly sample_prompt's.
+            groups = [
+                await generate_group(
+                    pool, r, ("1+1=", [5, 6, 7]), count, conversation=conv, sampling=sampling,
+                    new_env=lambda seed: make_env(EnvContext(cfg.rollout.env, None, seed=seed)),
+                    limits=cfg.rollout.env, max_per_request=3, seeds=Seeds(3, ("p",)),
+                )
+                for r, count in zip(records, [2, 5], strict=True)
+            ]  # fmt: skip
             verdicts = await verify_groups(reward, records, groups, lambda p, j: f"{p}/{j}")
-            return first, again, one, verdicts
+            return first, again, one, groups, verdicts
         finally:
             await pool.aclose()
             await reward.aclose()
 
-    first, again, one, verdicts = asyncio.run(go())
+    first, again, one, groups, verdicts = asyncio.run(go())
     assert len(first) == 7 and sorted(set(seeds)) == [0, 1, 2]  # requests of 3, 3 and 1
     assert [x.token_ids for x in first] == [x.token_ids for x in again]  # seeded
     # Each request has a seed of its own: the second chunk does not repeat the first.
     assert [x.token_ids for x in first[:3]] != [x.token_ids for x in first[3:6]]
     assert [x.token_ids for x in one] == [x.token_ids for x in first[:3]]  # chunk 0's seed
-    assert [len(v) for v in verdicts] == [2, 3]
+    assert [e.segments[0].token_ids for e in groups[1]] == [x.token_ids for x in first[:5]]
+    assert [e.final_text for e in groups[1]] == [x.text for x in first[:5]]  # the engine's text
+    assert [len(v) for v in verdicts] == [2, 5]
     assert all(isinstance(v.correct, bool) and v.reason for group in verdicts for v in group)
 
 
@@ -582,7 +567,7 @@ def test_allocator_back_means_dynamic_counts_again(make_worker, redis_server, re
 
 
 def test_zero_advantage_responses_count_the_groups_with_equal_rewards():
-    from services.rollout.worker import zero_advantage_responses
+    from services.rollout.metrics import zero_advantage_responses
 
     def group(*rewards: float) -> TrajectoryGroup:
         return TrajectoryGroup(

@@ -6,24 +6,18 @@ episodes, and the default ``single_turn`` keeps today's trajectories (none of th
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from allocator.client import AllocatorClient
-from dynamo_rl.codec import Response, TrajectoryGroup, decode_entry
-from dynamo_rl.config import load_config
+from dynamo_rl.codec import Response, TrajectoryGroup
 from dynamo_rl.envs import ENVIRONMENTS, EnvContext, Environment, Step, ToolCallRecord, register_env
-from dynamo_rl.keys import trajectory_stream
-from launcher.service_table import SERVICES
 from learner.batch import batch_mask, samples_from_groups
 from services.rollout.metrics import TOOL_ERROR_KINDS
 from services.rollout.worker import RolloutWorker, build_worker
-from tests.conftest import REPO
 from tests.services.rollout.conftest import write_sums
+from tests.services.rollout.helpers import run_worker, stream_groups, worker_config
 
 NS = "eptest"
 
@@ -33,59 +27,22 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_sums(tmp_path_factory.mktemp("data") / "train.parquet", 3)
 
 
-@pytest.fixture(scope="module")
-def allocator(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("allocator") / "allocator.log"
-    proc, addr = SERVICES["allocator"].start(log, "--redis-url", redis_server, cwd=REPO)
-    try:
-        yield addr
-    finally:
-        proc.stop()
-
-
 def make(redis_url, engine, reward, allocator, dataset, model, *extra: str) -> RolloutWorker:
-    cfg = load_config(
-        None,
-        [
-            f"endpoints.redis_url={redis_url}",
-            f"endpoints.engine_urls=[{engine}]",
-            f"endpoints.reward_url={reward}",
-            f"endpoints.allocator_addr={allocator}",
-            f"rollout.dataset={dataset}",
-            f"rollout.tokenizer={model}",
-            f"rollout.namespace={NS}",
-            "rollout.worker_id=w0",
-            "rollout.batch_size=3",
-            "rollout.n=2",
-            "rollout.n_min=1",
-            "rollout.n_max=4",
-            "rollout.allocation=uniform",
-            "rollout.sampling.max_tokens=4",
-            "rollout.sampling.seed=11",
-            "rollout.poll_interval_s=0.1",
-            *extra,
-        ],
-        env={},
-    )
+    cfg = worker_config(
+        NS, redis_url, engine, reward, allocator, dataset, f"rollout.tokenizer={model}",
+        "rollout.batch_size=3", "rollout.n=2", "rollout.n_min=1", "rollout.n_max=4",
+        "rollout.allocation=uniform", "rollout.sampling.max_tokens=4",
+        "rollout.sampling.seed=11", *extra,
+    )  # fmt: skip
     return build_worker(cfg)
 
 
 def stream(redis_url: str) -> list[TrajectoryGroup]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        return [decode_entry(f) for _, f in client.xrange(trajectory_stream(NS))]
-    finally:
-        client.close()
+    return stream_groups(redis_url, NS)
 
 
 def run(worker: RolloutWorker, batches: int) -> None:
-    async def go() -> None:
-        try:
-            await worker.run(batches)
-        finally:
-            await worker.aclose()
-
-    asyncio.run(go())
+    run_worker(worker, batches)
 
 
 @pytest.mark.slow

@@ -23,16 +23,16 @@ import redis
 
 from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
-from dynamo_rl.codec import TrajectoryGroup, decode_entry
-from dynamo_rl.config import load_config
+from dynamo_rl.codec import TrajectoryGroup
 from dynamo_rl.contracts.weight_control import send
-from dynamo_rl.keys import trajectory_stream
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from services.rollout.engines import SGLangEngine
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.services.engine.engine_util import start_engine
+from tests.services.rollout import helpers
 from tests.services.rollout.conftest import write_sums
+from tests.services.rollout.helpers import run_and_close, worker_config
 
 NS = "winv"
 NEWER = 3  # the weight version pushed to the second engine
@@ -77,45 +77,17 @@ def make_worker(
     allocator: str | None = None,
 ) -> RolloutWorker:
     """A worker on one prompt per batch; ``allocator``: its address (default: nothing listens)."""
-    cfg = load_config(
-        None,
-        [
-            f"endpoints.redis_url={redis_url}",
-            f"endpoints.engine_urls=[{', '.join(engine_urls)}]",
-            f"endpoints.reward_url={reward}",
-            f"endpoints.allocator_addr={allocator or f'127.0.0.1:{free_port()}'}",
-            f"rollout.dataset={dataset}",
-            f"rollout.tokenizer={model}",
-            f"rollout.namespace={NS}",
-            "rollout.worker_id=w0",
-            "rollout.allocation=uniform",
-            "rollout.shuffle=false",
-            "rollout.batch_size=1",
-            "rollout.sampling.max_tokens=8",
-            "rollout.poll_interval_s=0.1",
-            "rollout.backoff_s=0.1",
-            "rollout.backoff_max_s=0.5",
-            "rollout.allocator_timeout_s=1",
-            *extra,
-        ],
-        env={},
-    )
+    cfg = worker_config(
+        NS, redis_url, ", ".join(engine_urls), reward, allocator or f"127.0.0.1:{free_port()}",
+        dataset, f"rollout.tokenizer={model}", "rollout.allocation=uniform",
+        "rollout.shuffle=false", "rollout.batch_size=1", "rollout.sampling.max_tokens=8",
+        "rollout.allocator_timeout_s=1", *extra,
+    )  # fmt: skip
     return build_worker(cfg)
 
 
-async def run_and_close(worker: RolloutWorker, batches: int) -> int:
-    try:
-        return await worker.run(batches)
-    finally:
-        await worker.aclose()
-
-
 def stream_groups(redis_url: str) -> list[TrajectoryGroup]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        return [decode_entry(f) for _eid, f in client.xrange(trajectory_stream(NS))]
-    finally:
-        client.close()
+    return helpers.stream_groups(redis_url, NS)
 
 
 def sequences_served(url: str) -> float:

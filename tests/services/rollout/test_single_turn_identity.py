@@ -1,0 +1,193 @@
+"""Single-turn trajectories are byte-identical to the recorded ones for the same seed and config.
+
+Two batches of four prompts run through the real worker (``build_worker``) against a real
+embedded engine, reward service and Redis, with ``rollout.sampling.seed`` and the worker id fixed.
+The allocator is a stub giving fixed counts, so the batches cover a prompt whose count spans three
+requests (5 with ``max_n_per_request=2``: chunked seeding), a prompt allocated 0 (no group), text
+and chat prompts, a system message, and a prompt cut by ``prompt_len_policy=truncate_left``.
+
+Each group read back from the stream is compared, as its deterministic protobuf bytes, with
+``data/single_turn_batches.json``. Normalised first, and only these, since they differ between
+two runs of the same code:
+
+- ``timing`` (wall-clock stamps and phase durations) is cleared;
+- ``batch_id``'s middle part, the worker's random session (``worker:session:index``), becomes
+  ``SESSION``.
+
+The engine runs one sequence at a time (``engine.max_batch_size=1``): batched, a sequence's
+log-probs change in their last bits with the sequences that share its forward pass, which depends
+on timing. The fixture also keeps each group's prompt id, allocated count and response token ids, and the
+outcomes reported to the allocator, to tell what differs when the bytes do. The worker runs twice
+in the test: both runs must agree with each other and with the fixture. To record the fixture
+again (only when a change of the trajectories is intended): ``DYNAMO_RL_RECORD_IDENTITY=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from dynamo_rl.codec import TrajectoryGroup, decode_entry
+from dynamo_rl.config import load_config
+from dynamo_rl.keys import trajectory_stream
+from services.rollout.worker import build_worker
+from tests.services.engine.engine_util import start_engine
+
+NS = "identity"
+FIXTURE = Path(__file__).parent / "data" / "single_turn_batches.json"
+COUNTS = [[5, 0, 2, 3], [1, 4, 0, 2]]  # per batch, per prompt (max_n_per_request=2)
+
+
+@pytest.fixture(scope="module")
+def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An embedded engine that runs one sequence at a time: a sequence's log-probs then do not
+    depend on which others happened to share its forward pass (float sums in another order)."""
+    proc, url = start_engine(model, tmp_path_factory.mktemp("engine"), "engine.max_batch_size=1")
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+def rows() -> list[dict[str, Any]]:
+    """Eight prompts: chat, text, chat with a system message, and a long text prompt to cut."""
+    out: list[dict[str, Any]] = []
+    for i in range(8):
+        q = f"{i}+{i}="
+        prompt: Any = [{"role": "user", "content": q}]
+        if i % 4 == 1:
+            prompt = q
+        elif i % 4 == 2:
+            prompt = [{"role": "system", "content": "Add."}, {"role": "user", "content": q}]
+        elif i % 4 == 3:
+            prompt = "Add the numbers, then answer. " * 6 + q
+        out.append({"id": f"p{i}", "prompt": prompt, "ground_truth": str(2 * i),
+                    "data_source": "arith"})  # fmt: skip
+    return out
+
+
+@dataclass
+class Allocation:
+    counts: list[int]
+    priorities: list[float]
+
+
+class FixedAllocator:
+    """Gives each batch its counts from :data:`COUNTS` and keeps the reported outcomes."""
+
+    def __init__(self) -> None:
+        self.batch = 0
+        self.reported: list[list[list[Any]]] = []
+
+    async def aallocate(self, namespace: str, ids: list[str], **_kw: int) -> Allocation:
+        counts = COUNTS[self.batch]
+        self.batch += 1
+        assert len(ids) == len(counts)
+        return Allocation(counts, [float(c) for c in counts])
+
+    async def areport_outcomes(self, namespace: str, batch: list[tuple[str, int, int]]) -> None:
+        self.reported.append([list(o) for o in batch])
+
+    def close(self) -> None:
+        pass
+
+
+def normalised(group: TrajectoryGroup) -> TrajectoryGroup:
+    g = TrajectoryGroup()
+    g.CopyFrom(group)
+    g.ClearField("timing")
+    worker, _session, index = g.batch_id.split(":")
+    g.batch_id = f"{worker}:SESSION:{index}"
+    return g
+
+
+def run_batches(redis_url: str, engine: str, reward: str, dataset: Path, model: Path) -> dict:
+    cfg = load_config(
+        None,
+        [
+            f"endpoints.redis_url={redis_url}",
+            f"endpoints.engine_urls=[{engine}]",
+            f"endpoints.reward_url={reward}",
+            f"rollout.dataset={dataset}",
+            f"rollout.tokenizer={model}",
+            f"rollout.namespace={NS}",
+            "rollout.worker_id=w0",
+            "rollout.shuffle=false",
+            "rollout.batch_size=4",
+            "rollout.n=2",
+            "rollout.n_min=0",
+            "rollout.n_max=8",
+            "rollout.max_n_per_request=2",
+            "rollout.max_prompt_len=40",
+            "rollout.prompt_len_policy=truncate_left",
+            "rollout.sampling.max_tokens=6",
+            "rollout.sampling.seed=1234",
+            "rollout.poll_interval_s=0.1",
+        ],
+        env={},
+    )
+    worker = build_worker(cfg)
+    real = worker.allocator
+    stub = FixedAllocator()
+    worker.allocator, worker.allocator_factory = stub, None
+
+    async def go() -> None:
+        try:
+            await worker.run(2)
+        finally:
+            await worker.aclose()
+            await asyncio.to_thread(real.close)
+
+    asyncio.run(go())
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries = client.xrange(trajectory_stream(NS))
+        client.flushdb()
+    finally:
+        client.close()
+    groups = []
+    for _eid, fields in entries:
+        g = normalised(decode_entry(fields))
+        data = g.SerializeToString(deterministic=True)
+        groups.append({
+            "prompt_id": g.prompt_id,
+            "allocated_n": g.allocated_n,
+            "prompt_token_ids": list(g.prompt_token_ids),
+            "response_token_ids": [list(r.token_ids) for r in g.responses],
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": data.hex(),
+        })  # fmt: skip
+    return {"groups": groups, "outcomes": stub.reported}
+
+
+@pytest.mark.slow
+def test_single_turn_batches_match_the_recorded_bytes(
+    redis_url, engine, reward, model, tmp_path
+) -> None:
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    first = run_batches(redis_url, engine, reward, dataset, model)
+    second = run_batches(redis_url, engine, reward, dataset, model)
+    # What the batches must cover: chunked seeding, a prompt left out, a truncated prompt.
+    assert [g["prompt_id"] for g in first["groups"]] == ["p0", "p2", "p3", "p4", "p5", "p7"]
+    assert [len(g["response_token_ids"]) for g in first["groups"]] == [5, 2, 3, 1, 4, 2]
+    assert all(len(g["prompt_token_ids"]) <= 40 for g in first["groups"])
+    assert second == first  # deterministic
+    if os.environ.get("DYNAMO_RL_RECORD_IDENTITY") == "1":
+        FIXTURE.parent.mkdir(exist_ok=True)
+        FIXTURE.write_text(json.dumps(first, indent=1) + "\n")
+    recorded = json.loads(FIXTURE.read_text())
+    assert [g["prompt_id"] for g in first["groups"]] == [g["prompt_id"] for g in recorded["groups"]]
+    for got, want in zip(first["groups"], recorded["groups"], strict=True):
+        assert got["response_token_ids"] == want["response_token_ids"], got["prompt_id"]
+        assert got == want, got["prompt_id"]
+    assert first["outcomes"] == recorded["outcomes"]
