@@ -29,6 +29,7 @@ from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.engine import WeightControlError, read_version, weight_protocol
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
+from learner.engine_links import PROBE_TIMEOUT_S
 from learner.metrics import LearnerMetrics
 from learner.model import (
     PolicyModel,
@@ -39,7 +40,6 @@ from learner.model import (
     shard,
 )
 from learner.push import (
-    PROBE_TIMEOUT_S,
     DiskPush,
     DistributedPush,
     PushResult,
