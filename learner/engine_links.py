@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -112,29 +112,19 @@ def describe(failed: dict[str, str]) -> str:
     return "; ".join(f"{u}: {e}" for u, e in failed.items()) or "no engines"
 
 
+@dataclass(kw_only=True, eq=False)
 class EngineLinks:
     """The groups rank 0 holds, keyed by engine URL, and the calls that open and close a push."""
 
-    def __init__(
-        self,
-        *,
-        protocol: WeightProtocol,
-        headers: dict[str, str],
-        master_address: str,
-        timeout_s: float,
-        backend: str,
-        flat_bytes: int,
-        group_prefix: str,
-    ) -> None:
-        self.protocol = protocol
-        self.headers = headers
-        self.master_address = master_address
-        self.timeout_s = timeout_s
-        self.backend = backend
-        self.flat_bytes = flat_bytes  # the receiver's bucket size; 0: one tensor per broadcast
-        self.group_prefix = group_prefix
-        self.links: dict[str, Link] = {}
-        self.paused: set[str] = set()  # engines sent before_update in the current push
+    protocol: WeightProtocol
+    headers: dict[str, str]
+    master_address: str
+    timeout_s: float
+    backend: str
+    flat_bytes: int  # the receiver's bucket size; 0: one tensor per broadcast
+    group_prefix: str
+    links: dict[str, Link] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)  # engines sent before_update in this push
 
     def send(self, url: str, calls: Sequence[Call], timeout_s: float | None = None) -> None:
         for call in calls:
