@@ -124,8 +124,7 @@ class Trainer:
                     self.lc.trackers, self.run_dir, cfg.run.name, config, self.lc.wandb
                 )
             self.steplog = StepLog(self.run_dir / "metrics.jsonl", trackers)
-            h = cfg.run.history
-            self.metrics.metrics.record(self.run_dir, "0", h.interval_s, h.max_mb)
+            self.metrics.metrics.record_run(cfg.run, "0")
         self.transport = self._make_transport()
 
     # --- hooks -------------------------------------------------------------------------------
