@@ -12,11 +12,10 @@ import threading
 from collections.abc import Sequence
 
 from dynamo_rl.cli import (
-    EXIT_CONFIG,
     add_bind_flags,
     log_to_stderr,
     parse_config,
-    refuses_open_bind,
+    refuse_open_bind,
     service_parser,
 )
 from dynamo_rl.redis_client import redact_url
@@ -58,8 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     token = cfg.endpoints.control_token
     token_value = token.get_secret_value() if token is not None else None
     # ResetNamespace wipes a run's statistics: never expose it unauthenticated.
-    if refuses_open_bind("allocator", "allocator.host", cfg.allocator.host, token_value):
-        return EXIT_CONFIG
+    refuse_open_bind("allocator", "allocator.host", cfg.allocator.host, token_value)
     log_to_stderr(cfg.run.log_level)
     from allocator.metrics import AllocatorMetrics
     from allocator.server import start_server

@@ -92,17 +92,17 @@ def add_bind_flags(
     )
 
 
-def refuses_open_bind(prog: str, key: str, host: str, token: str | None) -> bool:
-    """Whether a service with control routes must refuse to start: ``host`` (config key ``key``)
-    is reachable from other machines and no control token is set. Says why on stderr."""
+def refuse_open_bind(prog: str, key: str, host: str, token: str | None) -> None:
+    """Exit 2 with the reason when a service with control routes would be reachable from other
+    machines (``host``, config key ``key``, is not loopback) without a control token."""
     if is_loopback(host) or token:
-        return False
+        return
     print(
         f"dynamo-rl {prog}: {key}: refusing to bind {host!r} (not loopback) without a control "
         "token; set endpoints.control_token (DYNAMO_CONTROL_TOKEN) or bind 127.0.0.1",
         file=sys.stderr,
     )
-    return True
+    raise SystemExit(EXIT_CONFIG)
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -18,7 +18,7 @@ from dynamo_rl.cli import (
     add_bind_flags,
     log_to_stderr,
     parse_config,
-    refuses_open_bind,
+    refuse_open_bind,
     service_parser,
 )
 
@@ -82,8 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     token = cfg.endpoints.control_token
     token_value = token.get_secret_value() if token is not None else None
-    if refuses_open_bind("engine", "engine.host", ecfg.host, token_value):
-        return EXIT_CONFIG
+    refuse_open_bind("engine", "engine.host", ecfg.host, token_value)
     log_to_stderr(cfg.run.log_level)
     log = logging.getLogger("dynamo_rl.engine")
 

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from allocator.cli import build_parser as allocator_parser
-from dynamo_rl.cli import parse_config, refuses_open_bind
+from dynamo_rl.cli import EXIT_CONFIG, parse_config, refuse_open_bind
 from dynamo_rl.config import ExperimentConfig
 from services.engine.cli import _parser as engine_parser
 from services.reward.cli import build_parser as reward_parser
@@ -31,12 +31,24 @@ def test_bind_flags_name_their_key_and_the_configs_default(section, parser) -> N
     assert (getattr(cfg, section).host, getattr(cfg, section).port) == ("::1", 0)
 
 
-def test_an_open_bind_without_a_token_is_refused_with_the_reason(capsys) -> None:
-    assert not refuses_open_bind("engine", "engine.host", "127.0.0.1", None)
-    assert not refuses_open_bind("engine", "engine.host", "0.0.0.0", "secret")
+def test_an_open_bind_without_a_token_exits_2_with_the_reason(capsys) -> None:
+    refuse_open_bind("engine", "engine.host", "127.0.0.1", None)
+    refuse_open_bind("engine", "engine.host", "0.0.0.0", "secret")
     assert capsys.readouterr().err == ""
-    assert refuses_open_bind("allocator", "allocator.host", "0.0.0.0", None)
+    with pytest.raises(SystemExit) as exited:
+        refuse_open_bind("allocator", "allocator.host", "0.0.0.0", None)
+    assert exited.value.code == EXIT_CONFIG == 2
     err = capsys.readouterr().err
     assert err.startswith("dynamo-rl allocator: allocator.host: refusing to bind '0.0.0.0'")
     assert "DYNAMO_CONTROL_TOKEN" in err
-    assert refuses_open_bind("engine", "engine.host", "::", "")
+    with pytest.raises(SystemExit):
+        refuse_open_bind("engine", "engine.host", "::", "")
+
+
+def test_the_allocator_refuses_an_open_bind_before_serving(capsys) -> None:
+    from allocator.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--host", "0.0.0.0", "--port", "0"])
+    assert exited.value.code == EXIT_CONFIG
+    assert "refusing to bind '0.0.0.0'" in capsys.readouterr().err
