@@ -18,22 +18,16 @@ the push a real ``dynamo-rl engine``):
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
-    return env
+from _child import child_env, run_logged  # noqa: E402
 
 
 def _groups(n: int, responses: int, length: int, seed: int = 0) -> list:
@@ -70,13 +64,7 @@ def _run_learner(model: Path, run_dir: Path, url: str, name: str, steps: int, ex
         "learner.algorithm.policy_loss.clip_high=0.28",
         *extra, nproc=2,
     )  # fmt: skip
-    log = run_dir.parent / f"{name}.log"
-    with open(log, "wb") as out:
-        rc = subprocess.run(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO
-        ).returncode
-    if rc != 0:
-        raise SystemExit(f"learner failed ({rc}):\n{log.read_text()[-4000:]}")
+    run_logged(argv, run_dir.parent / f"{name}.log", "learner", child_env())
     from learner.steplog import read_log
 
     return read_log(run_dir / "metrics.jsonl")
@@ -120,7 +108,7 @@ def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
     n_params = _count(model)
     engine, engine_url = SERVICES["engine"].start(
         root / "engine.log", "--model", str(model), "run.name=bpush", f"endpoints.redis_url={url}",
-        env=_env(), cwd=REPO, timeout=300,
+        env=child_env(), cwd=REPO, timeout=300,
     )  # fmt: skip
     try:
         write_groups(url, "bpush", _groups(args.push_steps, 2, 8))

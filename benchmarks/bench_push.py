@@ -26,26 +26,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from _child import child_env, run_logged  # noqa: E402
 
 TARGETS = ("embedded", "embedded-per-tensor", "vllm")
 API = {"embedded": "vllm", "embedded-per-tensor": "sglang", "vllm": "vllm"}
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
-    env.pop("DYNAMO_CONTROL_TOKEN", None)
-    return env
+    return child_env(drop=("DYNAMO_CONTROL_TOKEN",))
 
 
 # ---- the learner side: run under torchrun ------------------------------------------------------
@@ -141,13 +138,7 @@ def _run(target: str, model: Path, url: str, root: Path, k: int, args: argparse.
         "--model", str(model), "--url", url, "--api", API[target], "--out", str(out),
         "--pushes", str(args.pushes), "--bucket-mb", str(args.bucket_mb),
     ]  # fmt: skip
-    log = root / f"{target}-{k}.log"
-    with open(log, "wb") as f:
-        rc = subprocess.run(
-            argv, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=REPO
-        ).returncode
-    if rc != 0:
-        raise SystemExit(f"{target}: the learner failed ({rc}):\n{log.read_text()[-4000:]}")
+    run_logged(argv, root / f"{target}-{k}.log", f"{target}: the learner", _env())
     records = json.loads(out.read_text())
     bad = [r["error"] for r in records if not r["ok"]]
     if bad:

@@ -4,6 +4,7 @@ runs as ``python benchmarks/<name>.py``)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,3 +20,12 @@ def bench_module(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def quick_report(module: ModuleType, tmp_path: Path, name: str) -> dict:
+    """Run ``module``'s ``--quick`` form with its cache and output in ``tmp_path``; the report it
+    wrote (``<name>.json``), once its figure (``<name>.png``) is checked to be there."""
+    out = tmp_path / name
+    assert module.main(["--quick", "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 0
+    assert out.with_suffix(".png").stat().st_size > 0
+    return json.loads(out.with_suffix(".json").read_text())

@@ -56,19 +56,6 @@ def test_response_mask_keeps_the_first_eos_only(se):
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from learner.tiny_model import build_tiny_model
-
-    path = build_tiny_model(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=32, num_layers=1, num_heads=2,
-        num_kv_heads=1, max_positions=64,
-    )  # fmt: skip
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
 def _rollouts(seed: int = 0):
     """8 rollouts in 2 groups: left-padded prompts, responses of different lengths."""
     gen = torch.Generator().manual_seed(seed)

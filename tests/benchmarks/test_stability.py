@@ -4,13 +4,12 @@ seed intervals are what the docs define; and its ``--quick`` form runs end to en
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
-from tests.benchmarks.bench import bench_module
+from tests.benchmarks.bench import bench_module, quick_report
 
 
 @pytest.fixture(scope="module")
@@ -21,19 +20,6 @@ def se():
 @pytest.fixture(scope="module")
 def stab(se):
     return bench_module("stability")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from learner.tiny_model import build_tiny_model
-
-    path = build_tiny_model(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=32, num_layers=1, num_heads=2,
-        num_kv_heads=1, max_positions=64,
-    )  # fmt: skip
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def _batch():
@@ -200,10 +186,7 @@ def test_t_interval_and_pairing(se):
 
 @pytest.mark.slow
 def test_quick_run_writes_the_report(stab, tmp_path):
-    out = tmp_path / "stab"
-    assert stab.main(["--quick", "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 0
-    report = json.loads(out.with_suffix(".json").read_text())
-    assert out.with_suffix(".png").stat().st_size > 0
+    report = quick_report(stab, tmp_path, "stab")
     assert set(report["summary"]) == set(stab.METHODS)
     for res in report["summary"].values():
         assert set(res["by_lr"]) == {"0.001", "0.01"}
