@@ -21,13 +21,12 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-from _child import child_env, run_logged  # noqa: E402
+from _learner_bench import child_env, memcpy_gbps, run_logged  # noqa: E402
 
 
 def _groups(n: int, responses: int, length: int, seed: int = 0) -> list:
@@ -98,7 +97,6 @@ def bench_step(root: Path, url: str, args: argparse.Namespace) -> None:
 
 def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
     import httpx
-    import torch
 
     from dynamo_rl.services import SERVICES
     from learner.tiny_model import build_tiny_model
@@ -125,15 +123,7 @@ def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
         raise SystemExit(f"a push failed: {records} engine {version}")
     best = min(ok, key=lambda r: r["push_seconds"])
     nbytes = best["push_gb_per_s"] * best["push_seconds"] * 1e9
-    # Same bytes, one same-process copy per parameter-sized tensor (like the push, per tensor).
-    src = torch.empty(int(nbytes) // 4, dtype=torch.float32).uniform_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    memcpy = nbytes / min(times) / 1e9
+    memcpy = memcpy_gbps(int(nbytes))  # the same bytes, one same-process copy
     print(f"push: {n_params / 1e6:.1f}M params ({nbytes / 1e6:.0f} MB float32), 2 learner ranks "
           f"-> 1 embedded engine, gloo over loopback, {len(ok)} pushes")  # fmt: skip
     print(f"  push (gather shards + broadcast + engine load), best: {best['push_seconds']:.3f} s, "
@@ -144,7 +134,9 @@ def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
         f"{best['push_send_seconds']:.3f} s ({nbytes / best['push_send_seconds'] / 1e9:.2f} GB/s), "
         f"engine answer after the last tensor {best['push_answer_seconds']:.3f} s"
     )
-    print(f"  memcpy of the same bytes in one process: {min(times):.3f} s, {memcpy:.2f} GB/s")
+    print(
+        f"  memcpy of the same bytes in one process: {nbytes / memcpy / 1e9:.3f} s, {memcpy:.2f} GB/s"
+    )
     print(f"  ratio push / memcpy throughput: {best['push_gb_per_s'] / memcpy:.3f}")
 
 

@@ -29,13 +29,12 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-from _child import child_env, run_logged  # noqa: E402
+from _learner_bench import child_env, memcpy_gbps, run_logged  # noqa: E402
 
 TARGETS = ("embedded", "embedded-per-tensor", "vllm")
 API = {"embedded": "vllm", "embedded-per-tensor": "sglang", "vllm": "vllm"}
@@ -146,19 +145,6 @@ def _run(target: str, model: Path, url: str, root: Path, k: int, args: argparse.
     return min(records[1:] or records, key=lambda r: r["seconds"])
 
 
-def _memcpy_gbps(nbytes: int) -> float:
-    import torch
-
-    src = torch.empty(nbytes, dtype=torch.uint8).random_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return nbytes / min(times) / 1e9
-
-
 def _span(values: list[float], fmt: str = "{:.3f}") -> str:
     lo, hi = min(values), max(values)
     med = statistics.median(values)
@@ -208,7 +194,7 @@ def _bench(root: Path, redis_url: str, targets: list[str], args: argparse.Namesp
         finally:
             proc.stop()  # type: ignore[attr-defined]
         nbytes = best[0]["bytes"]
-        memcpy = _memcpy_gbps(nbytes)
+        memcpy = memcpy_gbps(nbytes)
         ratios = [r["bytes"] / r["seconds"] / 1e9 / memcpy for r in best]
         print(f"\n{target} ({API[target]}-shaped{', flat buckets' if API[target] == 'vllm' else ', per tensor'}): "
               f"{nbytes / 1e6:.0f} MB per push; median [min-max] over {len(best)} runs")  # fmt: skip

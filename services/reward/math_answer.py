@@ -109,7 +109,7 @@ def score_gsm8k(response: str, ground_truth: str, flexible: bool) -> dict[str, A
     answer = extract_gsm8k(response, flexible)
     if answer is None:
         return _no_answer("no number in the response" if flexible else "no '#### N' line")
-    return _judged(answer, _same_number(answer, gold))
+    return verdict(_same_number(answer, gold), answer)
 
 
 def _boxed(text: str) -> str:
@@ -152,11 +152,12 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
             "detail": f"answer {answer[:200]!r} could not be parsed",
             "answer": answer,
         }
-    return _judged(answer, bool(verify(gold, pred, timeout_seconds=None)))
+    return verdict(bool(verify(gold, pred, timeout_seconds=None)), answer)
 
 
-def _judged(answer: str, correct: bool) -> dict[str, Any]:
-    """The verdict on an answer that was found and compared with the ground truth."""
+def verdict(correct: bool, answer: str) -> dict[str, Any]:
+    """The verdict on an answer that was found and compared with the ground truth (``answer``: the
+    extracted text)."""
     return {
         "correct": correct,
         "format_ok": True,

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.benchmarks.bench import bench_module, quick_report
+from tests.benchmarks.bench import bench_module, quick_report, rollouts
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +24,7 @@ def stab(se):
 
 def _batch():
     """8 rollouts in 3 groups of sizes 2, 4, 2: left-padded prompts, responses of varied length."""
-    gen = torch.Generator().manual_seed(0)
-    b, p, t = 8, 5, 6
-    prompt_attn = torch.ones(b, p, dtype=torch.long)
-    prompt_attn[::2, :2] = 0
-    seq = torch.randint(3, 200, (b, p + t), generator=gen)
-    lengths = torch.tensor([6, 3, 5, 1, 6, 4, 2, 6])
-    rmask = (torch.arange(t)[None] < lengths[:, None]).long()
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
-    return seq, prompt_attn, rmask, rewards, [0, 0, 1, 1, 1, 1, 2, 2]
+    return rollouts([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1, 1, 1, 2, 2])
 
 
 def _algo(agg: str = "token-mean", modulate: bool = False):

@@ -1,11 +1,12 @@
-"""What the benchmarks that launch learner processes (``bench_learner``, ``bench_push``) share: the
-children's environment (one thread each, the repository importable) and a run whose output goes to
-a log file, the log's tail in the error when it fails."""
+"""What the learner's benchmarks (``bench_learner``, ``bench_push``) share: the children's
+environment (one thread each, the repository importable), a run whose output goes to a log file
+(the log's tail in the error when it fails), and the memcpy baseline a push is compared with."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,3 +32,17 @@ def run_logged(argv: Sequence[str], log: Path, what: str, env: dict[str, str]) -
         ).returncode
     if rc != 0:
         raise SystemExit(f"{what} failed ({rc}):\n{log.read_text()[-4000:]}")
+
+
+def memcpy_gbps(nbytes: int) -> float:
+    """GB/s of one same-process copy of ``nbytes`` bytes (the best of five)."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8).random_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return nbytes / min(times) / 1e9
