@@ -37,6 +37,8 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
+from dynamo_rl.jsonl import read_records
+
 if TYPE_CHECKING:
     from dynamo_rl.config import RunConfig
 
@@ -333,19 +335,7 @@ class ScrapedMetrics(Recorded):
 
 def read_history(path: str | Path) -> list[dict[str, object]]:
     """The snapshots of a history file (a half-written last line is skipped)."""
-    out: list[dict[str, object]] = []
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return out
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "samples" in record:
-            out.append(record)
-    return out
+    return read_records(path, "samples")
 
 
 def observe_many(histogram: Histogram, values: Sequence[float]) -> None:

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynamo_rl.jsonl import read_records
+
 __all__ = ["SampleLog", "episode_view", "group_record", "read_samples"]
 
 
@@ -120,18 +122,6 @@ def read_samples(folder: str | Path) -> list[dict[str, Any]]:
     files: Iterable[Path] = sorted(Path(folder).glob("*.jsonl.1")) + sorted(
         Path(folder).glob("*.jsonl")
     )
-    out: list[dict[str, Any]] = []
-    for path in files:
-        try:
-            lines = path.read_text().splitlines()
-        except FileNotFoundError:
-            continue
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and "responses" in record:
-                out.append(record)
+    out = [record for path in files for record in read_records(path, "responses")]
     out.sort(key=lambda r: r.get("t", 0.0))
     return out
