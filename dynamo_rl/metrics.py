@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -298,6 +299,7 @@ def _samples(families: Iterable[Metric]) -> list[list[object]]:
     return out
 
 
+@dataclass(eq=False)
 class ScrapedMetrics(Recorded):
     """The history of a process that is not ours (a vLLM server): its ``/metrics`` at ``url``,
     scraped at each snapshot, under the service name ``service`` — the very samples Prometheus
@@ -305,18 +307,11 @@ class ScrapedMetrics(Recorded):
     own (the engine's weight version, which vLLM's ``/metrics`` does not have); a scrape that
     fails writes no line (the target is restarting; the next interval tries again)."""
 
-    def __init__(
-        self,
-        service: str,
-        url: str,
-        extra: Callable[[], list[list[object]]] | None = None,
-        timeout_s: float = 5.0,
-    ) -> None:
-        self.service = service
-        self.url = url
-        self.extra = extra
-        self.timeout_s = timeout_s
-        self.failures = 0
+    service: str
+    url: str
+    extra: Callable[[], list[list[object]]] | None = None
+    timeout_s: float = 5.0
+    failures: int = field(default=0, init=False)  # scrapes that did not answer
 
     def snapshot(self) -> list[list[object]] | None:
         import urllib.request
