@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -26,6 +27,18 @@ def start_engine(
         log_dir / "engine.log", "--model", str(model_dir), *overrides, env=full_env, cwd=REPO,
         timeout=120,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def running_engine(
+    model_dir: Path, log_dir: Path, *overrides: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """:func:`start_engine` for the length of a ``with`` block: its base URL, stopped at the end."""
+    proc, url = start_engine(model_dir, log_dir, *overrides, env=env)
+    try:
+        yield url
+    finally:
+        proc.stop()
 
 
 def load_reference(model_dir: Path) -> torch.nn.Module:

@@ -16,7 +16,7 @@ from tests.services.engine.engine_util import (
     load_reference,
     reference_greedy,
     reference_logprobs,
-    start_engine,
+    running_engine,
 )
 
 
@@ -25,18 +25,15 @@ def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     # A long batch window makes "requests that arrive together" reliable on a loaded machine.
     # Raw log-probs: the reference forward passes below are untempered (the default, processed
     # mode is checked against the learner in test_engine_logprobs_mode.py).
-    proc, url = start_engine(
+    with running_engine(
         model_dir,
         tmp_path_factory.mktemp("engine-api"),
         "engine.logprobs_mode=raw",
         "engine.batch_wait_ms=25",
         "engine.max_new_tokens=200",
         "engine.register_in_redis=false",
-    )
-    try:
+    ) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from tests.services.engine.engine_util import (
     load_reference,
     reference_greedy,
     reference_logprobs,
-    start_engine,
+    running_engine,
 )
 
 TOKEN = "test-token"
@@ -42,17 +42,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory, redis_server: str
 ) -> Iterator[str]:
-    proc, url = start_engine(
+    with running_engine(
         model_dir,
         tmp_path_factory.mktemp("engine-weights"),
         f"endpoints.redis_url={redis_server}",
         f"run.name={NS}",
         env={"DYNAMO_CONTROL_TOKEN": TOKEN},
-    )
-    try:
+    ) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 class Rank0:
