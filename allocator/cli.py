@@ -7,13 +7,17 @@ answers at once. Runs until SIGTERM or SIGINT, then drains in-flight calls for t
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
-import sys
 import threading
 from collections.abc import Sequence
 
-from dynamo_rl.cli import EXIT_CONFIG, is_loopback, parse_config, service_parser
+from dynamo_rl.cli import (
+    add_bind_flags,
+    log_to_stderr,
+    parse_config,
+    refuse_open_bind,
+    service_parser,
+)
 from dynamo_rl.redis_client import redact_url
 
 
@@ -29,16 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="Redis holding the statistics (endpoints.redis_url; env REDIS_URL)",
     )
-    parser.add_argument(
-        "--host", dest="allocator.host", metavar="ADDR", help="address to bind (allocator.host)"
-    )
-    parser.add_argument(
-        "--port",
-        dest="allocator.port",
-        type=int,
-        metavar="PORT",
-        help="gRPC port, 0 for a free one (allocator.port, default 50051)",
-    )
+    add_bind_flags(parser, "allocator", port=50051, what="gRPC port")
     parser.add_argument(
         "--metrics-port",
         dest="allocator.metrics_port",
@@ -60,19 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _args, cfg = parse_config(parser, argv)
     token = cfg.endpoints.control_token
-    if not is_loopback(cfg.allocator.host) and not (token and token.get_secret_value()):
-        # ResetNamespace wipes a run's statistics: never expose it unauthenticated.
-        print(
-            f"dynamo-rl allocator: allocator.host: refusing to bind {cfg.allocator.host!r} (not "
-            "loopback) without a control token; set endpoints.control_token "
-            "(DYNAMO_CONTROL_TOKEN) or bind 127.0.0.1",
-            file=sys.stderr,
-        )
-        return EXIT_CONFIG
-    logging.basicConfig(
-        level=cfg.run.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    token_value = token.get_secret_value() if token is not None else None
+    # ResetNamespace wipes a run's statistics: never expose it unauthenticated.
+    refuse_open_bind("allocator", "allocator.host", cfg.allocator.host, token_value)
+    log_to_stderr(cfg.run.log_level)
     from allocator.metrics import AllocatorMetrics
     from allocator.server import start_server
     from allocator.stats import StatsStore
@@ -82,12 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg.endpoints.redis_url, decay=acfg.decay, timeout_s=acfg.redis_timeout_s
     )
     metrics = AllocatorMetrics()
-    running = start_server(
-        acfg, store, metrics, control_token=token.get_secret_value() if token else None
-    )
+    running = start_server(acfg, store, metrics, control_token=token_value)
     metrics_port = metrics.metrics.serve(acfg.metrics_port, acfg.host)
-    h = cfg.run.history
-    metrics.metrics.record(cfg.run.run_dir, "0", h.interval_s, h.max_mb)
+    metrics.metrics.record_run(cfg.run, "0")
     print(
         f"allocator listening on {acfg.host}:{running.port} (metrics on :{metrics_port}, "
         f"redis {redact_url(cfg.endpoints.redis_url)})",

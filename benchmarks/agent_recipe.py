@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from quickstart_seeds import warm_start_evals  # noqa: E402 - the warm start's log, read once
+
 RECIPES = {
     "tools": REPO / "configs" / "agent_tools.yaml",
     "text": REPO / "configs" / "agent_text.yaml",
@@ -137,17 +140,12 @@ def mean_over(points: list[dict], key: str, first: bool) -> float | None:
 
 def warm_start_of(run_dir: Path) -> dict:
     """The warm start's steps and each check of it (greedy exact match), from its run log."""
-    log = run_dir / "model" / "sft.run" / "metrics.jsonl"
-    if not log.exists():
+    found = warm_start_evals(run_dir)
+    if found is None:
         return {}
-    records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-    steps = max((r["step"] for r in records if r.get("kind") != "eval"), default=0)
-    checks = {  # a resumed run evaluates again at the step it resumes from: one per step
-        r["step"]: round(r["eval_exact"], 3)
-        for r in records
-        if r.get("kind") == "eval" and r["step"] > 0
-    }
-    return {"steps": steps, "checks": [{"step": k, "greedy_exact": v} for k, v in checks.items()]}
+    steps, evals = found
+    checks = [{"step": r["step"], "greedy_exact": round(r["eval_exact"], 3)} for r in evals]
+    return {"steps": steps, "checks": checks}
 
 
 def result_of(run_dir: Path) -> dict:

@@ -18,22 +18,15 @@ the push a real ``dynamo-rl engine``):
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
-    return env
+from _learner_bench import child_env, memcpy_gbps, run_logged  # noqa: E402
 
 
 def _groups(n: int, responses: int, length: int, seed: int = 0) -> list:
@@ -70,13 +63,7 @@ def _run_learner(model: Path, run_dir: Path, url: str, name: str, steps: int, ex
         "learner.algorithm.policy_loss.clip_high=0.28",
         *extra, nproc=2,
     )  # fmt: skip
-    log = run_dir.parent / f"{name}.log"
-    with open(log, "wb") as out:
-        rc = subprocess.run(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO
-        ).returncode
-    if rc != 0:
-        raise SystemExit(f"learner failed ({rc}):\n{log.read_text()[-4000:]}")
+    run_logged(argv, run_dir.parent / f"{name}.log", "learner", child_env())
     from learner.steplog import read_log
 
     return read_log(run_dir / "metrics.jsonl")
@@ -110,7 +97,6 @@ def bench_step(root: Path, url: str, args: argparse.Namespace) -> None:
 
 def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
     import httpx
-    import torch
 
     from launcher.service_table import SERVICES
     from learner.tiny_model import build_tiny_model
@@ -120,7 +106,7 @@ def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
     n_params = _count(model)
     engine, engine_url = SERVICES["engine"].start(
         root / "engine.log", "--model", str(model), "run.name=bpush", f"endpoints.redis_url={url}",
-        env=_env(), cwd=REPO, timeout=300,
+        env=child_env(), cwd=REPO, timeout=300,
     )  # fmt: skip
     try:
         write_groups(url, "bpush", _groups(args.push_steps, 2, 8))
@@ -137,15 +123,7 @@ def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
         raise SystemExit(f"a push failed: {records} engine {version}")
     best = min(ok, key=lambda r: r["push_seconds"])
     nbytes = best["push_gb_per_s"] * best["push_seconds"] * 1e9
-    # Same bytes, one same-process copy per parameter-sized tensor (like the push, per tensor).
-    src = torch.empty(int(nbytes) // 4, dtype=torch.float32).uniform_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    memcpy = nbytes / min(times) / 1e9
+    memcpy = memcpy_gbps(int(nbytes))  # the same bytes, one same-process copy
     print(f"push: {n_params / 1e6:.1f}M params ({nbytes / 1e6:.0f} MB float32), 2 learner ranks "
           f"-> 1 embedded engine, gloo over loopback, {len(ok)} pushes")  # fmt: skip
     print(f"  push (gather shards + broadcast + engine load), best: {best['push_seconds']:.3f} s, "
@@ -156,7 +134,9 @@ def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
         f"{best['push_send_seconds']:.3f} s ({nbytes / best['push_send_seconds'] / 1e9:.2f} GB/s), "
         f"engine answer after the last tensor {best['push_answer_seconds']:.3f} s"
     )
-    print(f"  memcpy of the same bytes in one process: {min(times):.3f} s, {memcpy:.2f} GB/s")
+    print(
+        f"  memcpy of the same bytes in one process: {nbytes / memcpy / 1e9:.3f} s, {memcpy:.2f} GB/s"
+    )
     print(f"  ratio push / memcpy throughput: {best['push_gb_per_s'] / memcpy:.3f}")
 
 

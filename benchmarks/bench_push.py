@@ -26,26 +26,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from _learner_bench import child_env, memcpy_gbps, run_logged  # noqa: E402
 
 TARGETS = ("embedded", "embedded-per-tensor", "vllm")
 API = {"embedded": "vllm", "embedded-per-tensor": "sglang", "vllm": "vllm"}
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
-    env.pop("DYNAMO_CONTROL_TOKEN", None)
-    return env
+    return child_env(drop=("DYNAMO_CONTROL_TOKEN",))
 
 
 # ---- the learner side: run under torchrun ------------------------------------------------------
@@ -141,31 +137,12 @@ def _run(target: str, model: Path, url: str, root: Path, k: int, args: argparse.
         "--model", str(model), "--url", url, "--api", API[target], "--out", str(out),
         "--pushes", str(args.pushes), "--bucket-mb", str(args.bucket_mb),
     ]  # fmt: skip
-    log = root / f"{target}-{k}.log"
-    with open(log, "wb") as f:
-        rc = subprocess.run(
-            argv, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=REPO
-        ).returncode
-    if rc != 0:
-        raise SystemExit(f"{target}: the learner failed ({rc}):\n{log.read_text()[-4000:]}")
+    run_logged(argv, root / f"{target}-{k}.log", f"{target}: the learner", _env())
     records = json.loads(out.read_text())
     bad = [r["error"] for r in records if not r["ok"]]
     if bad:
         raise SystemExit(f"{target}: a push failed: {bad}")
     return min(records[1:] or records, key=lambda r: r["seconds"])
-
-
-def _memcpy_gbps(nbytes: int) -> float:
-    import torch
-
-    src = torch.empty(nbytes, dtype=torch.uint8).random_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return nbytes / min(times) / 1e9
 
 
 def _span(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -217,7 +194,7 @@ def _bench(root: Path, redis_url: str, targets: list[str], args: argparse.Namesp
         finally:
             proc.stop()  # type: ignore[attr-defined]
         nbytes = best[0]["bytes"]
-        memcpy = _memcpy_gbps(nbytes)
+        memcpy = memcpy_gbps(nbytes)
         ratios = [r["bytes"] / r["seconds"] / 1e9 / memcpy for r in best]
         print(f"\n{target} ({API[target]}-shaped{', flat buckets' if API[target] == 'vllm' else ', per tensor'}): "
               f"{nbytes / 1e6:.0f} MB per push; median [min-max] over {len(best)} runs")  # fmt: skip

@@ -331,20 +331,29 @@ def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int, advantage:
     import torch
 
     from learner.algorithms import ADVANTAGE_ESTIMATORS, group_token_counts
-    from learner.objective import ObjectiveInputs, rl_objective
 
-    algo = algo_config(agg)
     mask = pool["mask"][idx]
     gids = torch.as_tensor(groups)
     rewards = pool["reward"].reshape(-1)[idx]
     adv, _ = ADVANTAGE_ESTIMATORS[advantage](rewards=rewards, mask=mask, group_ids=gids)
     logp = pool["logp"][idx].clone().requires_grad_(True)
-    ent = pool["ent"][idx]
     gt = group_token_counts(gids, mask)
     has = mask.sum(-1) > 0
     norm = float(mask.sum()) if agg == "token-mean" else float(len(set(gids[has].tolist())))
+    total = batch_loss(logp, pool["ent"][idx], adv, mask, gt, agg, micro, max(norm, 1.0))
+    (coef,) = torch.autograd.grad(total, logp)
+    return coef
+
+
+def batch_loss(logp, ent, adv, mask, group_tokens, agg: str, micro: int, normalizer: float):
+    """The learner's loss of a batch (rows ``[rows, T]``): one ``rl_objective`` call per
+    micro-batch of ``micro`` rows with the whole batch's ``normalizer``, summed as gradient
+    accumulation sums them."""
+    from learner.objective import ObjectiveInputs, rl_objective
+
+    algo = algo_config(agg)
     total = None
-    for lo in range(0, len(idx), micro):
+    for lo in range(0, len(logp), micro):
         sl = slice(lo, lo + micro)
         out = rl_objective(
             ObjectiveInputs(
@@ -353,14 +362,13 @@ def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int, advantage:
                 advantages=adv[sl],
                 mask=mask[sl],
                 entropy=ent[sl],
-                group_tokens=gt[sl],
+                group_tokens=group_tokens[sl],
             ),
             algo,
-            normalizer=max(norm, 1.0),
+            normalizer=normalizer,
         )
         total = out.loss if total is None else total + out.loss
-    (coef,) = torch.autograd.grad(total, logp)
-    return coef
+    return total
 
 
 def batch_gradient(pool: dict, idx, groups, agg: str, micro: int, advantage: str = "grpo"):

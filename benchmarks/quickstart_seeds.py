@@ -82,21 +82,34 @@ def stage_times(log: str) -> dict[str, float]:
     return {a: round(starts[b] - starts[a], 1) for a, b in itertools.pairwise(names)}
 
 
-def warm_start_check(run_dir: Path) -> dict:
-    """The warm start's steps and each check of it (per-tier greedy accuracy), from its run log."""
+def warm_start_evals(run_dir: Path) -> tuple[int, list[dict]] | None:
+    """The warm start's steps and its checks (the eval records after step 0, the first of each
+    step: a resumed run evaluates again at the step it resumes from), from its run log; None when
+    there is no log (also used by ``agent_recipe``)."""
     log = run_dir / "model" / "sft.run" / "metrics.jsonl"
     if not log.exists():
-        return {}
+        return None
     records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
     steps = max((r["step"] for r in records if r.get("kind") != "eval"), default=0)
-    checks, seen = [], set()
+    evals: dict[int, dict] = {}
     for r in records:
-        if r.get("kind") == "eval" and r["step"] > 0 and r["step"] not in seen:
-            seen.add(r["step"])
-            tiers = {k.split("/", 1)[1]: round(v, 3) for k, v in r.items()
-                     if k.startswith("eval_exact/")}  # fmt: skip
-            checks.append({"step": r["step"], "exact": round(r["eval_exact"], 3),
-                           "greedy_accuracy": tiers})  # fmt: skip
+        if r.get("kind") == "eval" and r["step"] > 0:
+            evals.setdefault(r["step"], r)
+    return steps, list(evals.values())
+
+
+def warm_start_check(run_dir: Path) -> dict:
+    """The warm start's steps and each check of it (per-tier greedy accuracy), from its run log."""
+    found = warm_start_evals(run_dir)
+    if found is None:
+        return {}
+    steps, evals = found
+    checks = []
+    for r in evals:
+        tiers = {k.split("/", 1)[1]: round(v, 3) for k, v in r.items()
+                 if k.startswith("eval_exact/")}  # fmt: skip
+        checks.append({"step": r["step"], "exact": round(r["eval_exact"], 3),
+                       "greedy_accuracy": tiers})  # fmt: skip
     return {"steps": steps, "checks": checks}
 
 

@@ -66,6 +66,55 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def add_bind_flags(
+    parser: argparse.ArgumentParser,
+    section: str,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    what: str = "port",
+) -> None:
+    """``--host`` and ``--port`` for a server bound at ``<section>.host:<section>.port``; ``host``
+    and ``port`` are the config's defaults, shown in the help (``tests/dynamo_rl/test_cli.py``
+    holds them to the config)."""
+    parser.add_argument(
+        "--host",
+        dest=f"{section}.host",
+        metavar="HOST",
+        help=f"address to bind ({section}.host, default {host})",
+    )
+    parser.add_argument(
+        "--port",
+        dest=f"{section}.port",
+        type=int,
+        metavar="PORT",
+        help=f"{what}, 0 for a free one ({section}.port, default {port})",
+    )
+
+
+def refuse_open_bind(prog: str, key: str, host: str, token: str | None) -> None:
+    """Exit 2 with the reason when a service with control routes would be reachable from other
+    machines (``host``, config key ``key``, is not loopback) without a control token."""
+    if is_loopback(host) or token:
+        return
+    print(
+        f"dynamo-rl {prog}: {key}: refusing to bind {host!r} (not loopback) without a control "
+        "token; set endpoints.control_token (DYNAMO_CONTROL_TOKEN) or bind 127.0.0.1",
+        file=sys.stderr,
+    )
+    raise SystemExit(EXIT_CONFIG)
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_to_stderr(level: str, fmt: str = LOG_FORMAT) -> None:
+    """A service's log lines on stderr at ``level`` (``run.log_level``)."""
+    import logging
+
+    logging.basicConfig(level=level.upper(), format=fmt)
+
+
 def service_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A subcommand's parser with ``--config`` and trailing ``key.sub=value`` overrides."""
     parser = argparse.ArgumentParser(

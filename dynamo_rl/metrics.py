@@ -22,8 +22,10 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -34,8 +36,13 @@ from prometheus_client import (
     generate_latest,
     make_wsgi_app,
 )
+from prometheus_client.metrics_core import Metric
 
 from dynamo_rl.jsonl import read_records
+
+if TYPE_CHECKING:
+    from dynamo_rl.config import RunConfig
+
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -85,7 +92,31 @@ LATENCY_BUCKETS = (
 )
 
 
-class ServiceMetrics:
+class Recorded:
+    """What a run folder's metrics history is taken from: a ``service`` name and ``snapshot()``
+    (a list of samples, or None when there is nothing to write this interval)."""
+
+    service: str
+
+    def snapshot(self) -> list[list[object]] | None:
+        raise NotImplementedError
+
+    def record(
+        self, run_dir: str | Path, instance: str, interval_s: float, max_mb: float
+    ) -> History | None:
+        """Start appending snapshots to ``<run_dir>/metrics/<service>-<instance>.jsonl`` every
+        ``interval_s`` seconds (and once more at exit); ``interval_s`` 0: nothing is recorded."""
+        if interval_s <= 0:
+            return None
+        path = history_path(run_dir, self.service, instance)
+        return History(self, path, interval_s, int(max_mb * 2**20)).start()
+
+    def record_run(self, run: RunConfig, instance: str) -> History | None:
+        """:meth:`record` as the experiment's ``run`` section says (``run_dir``, ``history``)."""
+        return self.record(run.run_dir, instance, run.history.interval_s, run.history.max_mb)
+
+
+class ServiceMetrics(Recorded):
     """Metrics of one service, named ``dynamo_<service>_<name>``."""
 
     def __init__(self, service: str, registry: CollectorRegistry | None = None) -> None:
@@ -163,23 +194,7 @@ class ServiceMetrics:
     def snapshot(self) -> list[list[object]]:
         """Every sample now, ``[[name, {label: value}, value], ...]`` (``_created`` samples, the
         counters' creation times, left out)."""
-        out: list[list[object]] = []
-        for family in self.registry.collect():
-            for s in family.samples:
-                if s.name.endswith("_created") or not math.isfinite(s.value):
-                    continue
-                out.append([s.name, dict(s.labels), float(s.value)])
-        return out
-
-    def record(
-        self, run_dir: str | Path, instance: str, interval_s: float, max_mb: float
-    ) -> History | None:
-        """Start appending snapshots to ``<run_dir>/metrics/<service>-<instance>.jsonl`` every
-        ``interval_s`` seconds (and once more at exit); ``interval_s`` 0: nothing is recorded."""
-        if interval_s <= 0:
-            return None
-        path = history_path(run_dir, self.service, instance)
-        return History(self, path, interval_s, int(max_mb * 2**20)).start()
+        return _samples(self.registry.collect())
 
 
 def history_path(run_dir: str | Path, service: str, instance: str) -> Path:
@@ -200,10 +215,7 @@ class History:
     resolution instead of losing its beginning.
     """
 
-    def __init__(
-        self, metrics: ServiceMetrics | ScrapedMetrics, path: Path, interval_s: float,
-        max_bytes: int,
-    ) -> None:  # fmt: skip
+    def __init__(self, metrics: Recorded, path: Path, interval_s: float, max_bytes: int) -> None:
         self.metrics = metrics
         self.path = path
         self.interval_s = interval_s
@@ -275,8 +287,12 @@ def exposition_samples(text: str) -> list[list[object]]:
     does)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    return _samples(text_string_to_metric_families(text))
+
+
+def _samples(families: Iterable[Metric]) -> list[list[object]]:
     out: list[list[object]] = []
-    for family in text_string_to_metric_families(text):
+    for family in families:
         for s in family.samples:
             if s.name.endswith("_created") or not math.isfinite(s.value):
                 continue
@@ -284,25 +300,19 @@ def exposition_samples(text: str) -> list[list[object]]:
     return out
 
 
-class ScrapedMetrics:
+@dataclass(eq=False)
+class ScrapedMetrics(Recorded):
     """The history of a process that is not ours (a vLLM server): its ``/metrics`` at ``url``,
     scraped at each snapshot, under the service name ``service`` — the very samples Prometheus
     would scrape, so the run folder keeps them in the same schema. ``extra`` adds samples of our
     own (the engine's weight version, which vLLM's ``/metrics`` does not have); a scrape that
     fails writes no line (the target is restarting; the next interval tries again)."""
 
-    def __init__(
-        self,
-        service: str,
-        url: str,
-        extra: Callable[[], list[list[object]]] | None = None,
-        timeout_s: float = 5.0,
-    ) -> None:
-        self.service = service
-        self.url = url
-        self.extra = extra
-        self.timeout_s = timeout_s
-        self.failures = 0
+    service: str
+    url: str
+    extra: Callable[[], list[list[object]]] | None = None
+    timeout_s: float = 5.0
+    failures: int = field(default=0, init=False)  # scrapes that did not answer
 
     def snapshot(self) -> list[list[object]] | None:
         import urllib.request
@@ -317,15 +327,6 @@ class ScrapedMetrics:
             with contextlib.suppress(Exception):
                 samples += self.extra()
         return samples
-
-    def record(
-        self, run_dir: str | Path, instance: str, interval_s: float, max_mb: float
-    ) -> History | None:
-        """As :meth:`ServiceMetrics.record`: ``<run_dir>/metrics/<service>-<instance>.jsonl``."""
-        if interval_s <= 0:
-            return None
-        path = history_path(run_dir, self.service, instance)
-        return History(self, path, interval_s, int(max_mb * 2**20)).start()
 
 
 def read_history(path: str | Path) -> list[dict[str, object]]:

@@ -16,7 +16,7 @@ dashboard, ``up``'s health probe) calls :func:`sync_client` or :func:`async_clie
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import urlsplit, urlunsplit
 
 from dynamo_rl.retry import Backoff
@@ -57,8 +57,26 @@ class _RedisBackoff:
         return self.backoff.delay(max(failures - 1, 0))
 
 
+class ClientOptions(TypedDict, total=False):
+    """The keyword options of :func:`sync_client` and :func:`async_client` (see the module
+    docstring)."""
+
+    timeout_s: float | None
+    """Deadline of every command (None: ``TIMEOUT_S``)."""
+    block_s: float
+    """How much longer than ``timeout_s`` a blocking read may wait (default 0)."""
+    retries: int
+    """Times redis-py repeats a command that failed to connect or timed out (default 0)."""
+    backoff: Backoff | None
+    """Delays between those repeats (None: 0.25 s doubling up to 5 s)."""
+
+
 def _options(
-    timeout_s: float | None, block_s: float, retries: int, backoff: Backoff | None, retry_cls: Any
+    retry_cls: Any,
+    timeout_s: float | None = None,
+    block_s: float = 0.0,
+    retries: int = 0,
+    backoff: Backoff | None = None,
 ) -> dict[str, Any]:
     import redis
 
@@ -74,31 +92,17 @@ def _options(
     return opts
 
 
-def sync_client(
-    url: str,
-    *,
-    timeout_s: float | None = None,
-    block_s: float = 0.0,
-    retries: int = 0,
-    backoff: Backoff | None = None,
-) -> Any:
+def sync_client(url: str, **options: Unpack[ClientOptions]) -> Any:
     """A ``redis.Redis`` for ``url`` with the project's timeouts (see the module docstring)."""
     import redis
     from redis.retry import Retry
 
-    return redis.Redis.from_url(url, **_options(timeout_s, block_s, retries, backoff, Retry))
+    return redis.Redis.from_url(url, **_options(Retry, **options))
 
 
-def async_client(
-    url: str,
-    *,
-    timeout_s: float | None = None,
-    block_s: float = 0.0,
-    retries: int = 0,
-    backoff: Backoff | None = None,
-) -> Any:
+def async_client(url: str, **options: Unpack[ClientOptions]) -> Any:
     """A ``redis.asyncio.Redis`` for ``url`` with the project's timeouts."""
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
 
-    return aioredis.Redis.from_url(url, **_options(timeout_s, block_s, retries, backoff, Retry))
+    return aioredis.Redis.from_url(url, **_options(Retry, **options))

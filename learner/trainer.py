@@ -29,6 +29,7 @@ from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.weight_control import WeightControlError, read_version, weight_protocol
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
+from learner.engine_links import PROBE_TIMEOUT_S
 from learner.metrics import LearnerMetrics
 from learner.model import (
     PolicyModel,
@@ -39,7 +40,6 @@ from learner.model import (
     shard,
 )
 from learner.push import (
-    PROBE_TIMEOUT_S,
     DiskPush,
     DistributedPush,
     PushResult,
@@ -124,8 +124,7 @@ class Trainer:
                     self.lc.trackers, self.run_dir, cfg.run.name, config, self.lc.wandb
                 )
             self.steplog = StepLog(self.run_dir / "metrics.jsonl", trackers)
-            h = cfg.run.history
-            self.metrics.metrics.record(self.run_dir, "0", h.interval_s, h.max_mb)
+            self.metrics.metrics.record_run(cfg.run, "0")
         self.transport = self._make_transport()
 
     # --- hooks -------------------------------------------------------------------------------

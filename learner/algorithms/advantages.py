@@ -13,13 +13,16 @@ positions and never depend on what the masked positions of the inputs hold.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 
 import torch
 
-from learner.algorithms.registry import ADVANTAGE_ESTIMATORS
-
-GroupIds = torch.Tensor | Sequence[Hashable]
+from learner.algorithms.registry import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    AdvantageInputs,
+    GroupIds,
+)
 
 
 def group_index(
@@ -288,28 +291,47 @@ def _broadcast(per_response: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), per_response[:, None], 0.0)
 
 
+def _register(
+    name: str, compute: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]], doc: str
+) -> None:
+    ADVANTAGE_ESTIMATORS.add(name, AdvantageEstimator(name, compute, doc))
+
+
 def _register_outcome_estimator(
     name: str, per_response: Callable[[torch.Tensor, GroupIds], torch.Tensor], doc: str
 ) -> None:
     """Register an outcome-reward estimator: one advantage per response, on every valid token;
     the advantages are also the returns."""
 
-    def estimator(
-        *,
-        rewards: torch.Tensor,
-        mask: torch.Tensor,
-        group_ids: GroupIds,
-        token_rewards: torch.Tensor | None = None,
-        values: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        adv = _broadcast(per_response(rewards, group_ids), mask)
+    def compute(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        adv = _broadcast(per_response(x.rewards, x.group_ids), x.mask)
         return adv, adv
 
-    estimator.__name__ = f"_{name}_estimator"
-    estimator.__doc__ = doc
-    ADVANTAGE_ESTIMATORS.register(name)(estimator)
+    _register(name, compute, doc)
+
+
+def _token_rewards(x: AdvantageInputs) -> torch.Tensor:
+    """The call's token rewards, or its outcome rewards on each response's last valid token."""
+    return outcome_token_rewards(x.rewards, x.mask) if x.token_rewards is None else x.token_rewards
+
+
+def _reinforce_pp(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    tr = _token_rewards(x)
+    return reinforce_pp_advantages(tr, x.mask, gamma=x.gamma), discounted_returns(
+        tr, x.mask, x.gamma
+    )
+
+
+def _reinforce_pp_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    tr = _token_rewards(x)
+    adv = reinforce_pp_advantages(tr, x.mask, gamma=x.gamma, group_ids=x.group_ids)
+    return adv, discounted_returns(tr, x.mask, x.gamma)
+
+
+def _gae(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.values is None:
+        raise ValueError("advantage estimator 'gae' needs values[B, T] from a critic (got None)")
+    return gae_advantages(_token_rewards(x), x.values, x.mask, gamma=x.gamma, lam=x.lam)
 
 
 _register_outcome_estimator("grpo", grpo_advantages, "GRPO (outcome rewards, group mean/std).")
@@ -319,54 +341,14 @@ _register_outcome_estimator(
 _register_outcome_estimator(
     "rloo", rloo_advantages, "RLOO (outcome rewards, leave-one-out baseline)."
 )
-
-
-@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
-def _reinforce_pp_estimator(
-    *,
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: GroupIds,
-    token_rewards: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (token rewards, batch whitening); returns are the discounted returns."""
-    tr = outcome_token_rewards(rewards, mask) if token_rewards is None else token_rewards
-    return reinforce_pp_advantages(tr, mask, gamma=gamma), discounted_returns(tr, mask, gamma)
-
-
-@ADVANTAGE_ESTIMATORS.register("reinforce_pp_baseline")
-def _reinforce_pp_baseline_estimator(
-    *,
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: GroupIds,
-    token_rewards: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++-baseline (group-mean baseline, then batch whitening)."""
-    tr = outcome_token_rewards(rewards, mask) if token_rewards is None else token_rewards
-    adv = reinforce_pp_advantages(tr, mask, gamma=gamma, group_ids=group_ids)
-    return adv, discounted_returns(tr, mask, gamma)
-
-
-@ADVANTAGE_ESTIMATORS.register("gae")
-def _gae_estimator(
-    *,
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: GroupIds,
-    token_rewards: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's GAE with a critic; ``values`` is required."""
-    if values is None:
-        raise ValueError("advantage estimator 'gae' needs values[B, T] from a critic (got None)")
-    tr = outcome_token_rewards(rewards, mask) if token_rewards is None else token_rewards
-    return gae_advantages(tr, values, mask, gamma=gamma, lam=lam)
+_register(
+    "reinforce_pp",
+    _reinforce_pp,
+    "REINFORCE++ (token rewards, batch whitening); returns are the discounted returns.",
+)
+_register(
+    "reinforce_pp_baseline",
+    _reinforce_pp_baseline,
+    "REINFORCE++-baseline (group-mean baseline, then batch whitening).",
+)
+_register("gae", _gae, "PPO's GAE with a critic; ``values`` is required.")

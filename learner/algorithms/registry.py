@@ -16,6 +16,7 @@ known ones.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 import torch
@@ -75,14 +76,40 @@ class Registry(Mapping[str, F], Generic[F]):
 GroupIds = torch.Tensor | Sequence[Hashable]
 
 
-class AdvantageEstimator(Protocol):
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an advantage estimator is called with (see :class:`AdvantageEstimator`)."""
+
+    rewards: torch.Tensor
+    mask: torch.Tensor
+    group_ids: GroupIds
+    token_rewards: torch.Tensor | None
+    values: torch.Tensor | None
+    gamma: float
+    lam: float
+
+
+class AdvantageEstimator:
     """The one signature of every entry in ``ADVANTAGE_ESTIMATORS``.
 
     ``rewards[B]`` are outcome scores; ``token_rewards[B, T]`` (optional) are per-token rewards —
     when omitted, token-level estimators place each outcome reward on the last valid token.
     ``values[B, T]`` is required by critic-based estimators (``gae``) and ignored by the others.
     Returns ``(advantages, returns)``, both ``[B, T]`` and zero at masked positions.
+
+    Each variant is ``compute``, a function of the call's :class:`AdvantageInputs`; ``doc`` is the
+    variant's docstring.
     """
+
+    def __init__(
+        self,
+        name: str,
+        compute: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]],
+        doc: str,
+    ) -> None:
+        self.__name__ = self.__qualname__ = f"_{name}_estimator"
+        self.__doc__ = doc
+        self.compute = compute
 
     def __call__(
         self,
@@ -94,7 +121,10 @@ class AdvantageEstimator(Protocol):
         values: torch.Tensor | None = None,
         gamma: float = 1.0,
         lam: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.compute(
+            AdvantageInputs(rewards, mask, group_ids, token_rewards, values, gamma, lam)
+        )
 
 
 class PolicyLoss(Protocol):

@@ -13,7 +13,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamo_rl.cli import EXIT_CONFIG, is_loopback, parse_config, service_parser
+from dynamo_rl.cli import (
+    EXIT_CONFIG,
+    add_bind_flags,
+    log_to_stderr,
+    parse_config,
+    refuse_open_bind,
+    service_parser,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,19 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model", dest="engine.model", metavar="DIR", help="model directory (engine.model)"
     )
-    p.add_argument(
-        "--host",
-        dest="engine.host",
-        metavar="HOST",
-        help="address to bind (engine.host, default 127.0.0.1)",
-    )
-    p.add_argument(
-        "--port",
-        dest="engine.port",
-        type=int,
-        metavar="PORT",
-        help="port (engine.port, default 8000; 0: free)",
-    )
+    add_bind_flags(p, "engine", port=8000)
     p.add_argument(
         "--dtype",
         dest="engine.dtype",
@@ -87,18 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     token = cfg.endpoints.control_token
     token_value = token.get_secret_value() if token is not None else None
-    if not is_loopback(ecfg.host) and not token_value:
-        print(
-            f"dynamo-rl engine: engine.host: refusing to bind {ecfg.host!r} (not loopback) "
-            "without a control token; set endpoints.control_token (DYNAMO_CONTROL_TOKEN) or "
-            "bind 127.0.0.1",
-            file=sys.stderr,
-        )
-        return EXIT_CONFIG
-    logging.basicConfig(
-        level=cfg.run.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    refuse_open_bind("engine", "engine.host", ecfg.host, token_value)
+    log_to_stderr(cfg.run.log_level)
     log = logging.getLogger("dynamo_rl.engine")
 
     # Bind first so port 0 resolves to a real port before anything registers it.
@@ -132,8 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
     engine = Engine(model, tokenizer, ecfg, name, token_value, registry, seed=cfg.run.seed)
     app = create_app(engine)
-    h = cfg.run.history
-    engine.metrics.metrics.record(cfg.run.run_dir, str(port), h.interval_s, h.max_mb)
+    engine.metrics.metrics.record_run(cfg.run, str(port))
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
         "serving %s (%.1fM parameters, %s, %s) on http://%s:%d",

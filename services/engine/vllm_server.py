@@ -41,7 +41,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamo_rl.cli import parse_config, service_parser
+from dynamo_rl.cli import log_to_stderr, parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.metrics import History, ScrapedMetrics
 from dynamo_rl.procs import http_ok
@@ -110,9 +110,8 @@ def record_history(cfg: ExperimentConfig, local: str) -> History | None:
         value = read_version(VLLMWeights(), local, headers=headers, timeout_s=5.0)
         return [["dynamo_engine_weight_version", {}, float(value)]]
 
-    h = cfg.run.history
     scraped = ScrapedMetrics("engine", f"{local}/metrics", extra=version)
-    return scraped.record(cfg.run.run_dir, str(cfg.engine.port), h.interval_s, h.max_mb)
+    return scraped.record_run(cfg.run, str(cfg.engine.port))
 
 
 def _watch(proc: subprocess.Popen, healthy, unhealthy_exit_s: float) -> int | None:
@@ -148,10 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", dest="engine.port", metavar="PORT", help="HTTP port")
     parser.add_argument("--model", dest="engine.model", metavar="DIR", help="model directory")
     _args, cfg = parse_config(parser, argv)
-    logging.basicConfig(
-        level=cfg.run.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    log_to_stderr(cfg.run.log_level)
     ecfg = cfg.engine
     if ecfg.port == 0:
         print("dynamo-rl vllm-server: engine.port: give a port (vLLM does not report a free one)",

@@ -10,6 +10,7 @@ this interface, so a new kind is a contract model, a new module and one registry
 from __future__ import annotations
 
 import abc
+import asyncio
 from typing import Any, ClassVar
 
 from dynamo_rl.config import RewardConfig
@@ -50,3 +51,56 @@ class Scorer(abc.ABC):
     @abc.abstractmethod
     async def score(self, item: Any) -> ItemResult:
         """Score one admitted item; never raises for anything the item contains."""
+
+
+class NamedScorer(Scorer):
+    """A scorer whose items name one entry of a config table (``reward.models``,
+    ``reward.judges``) in the item field ``field``; an item may leave the name out when the table
+    has exactly one entry. Each entry's ``max_pending`` adds to the capacity; ``clients`` holds one
+    client per entry, closed with the scorer."""
+
+    field: ClassVar[str]
+    """The item's field that names the entry, and the config table's name without its ``s``."""
+
+    def __init__(self, cfg: RewardConfig, metrics: RewardMetrics) -> None:
+        super().__init__(cfg, metrics)
+        self.clients: dict[str, Any] = {}
+
+    @classmethod
+    def table(cls, cfg: RewardConfig) -> dict[str, Any]:
+        return getattr(cfg, f"{cls.field}s")
+
+    @classmethod
+    def enabled(cls, cfg: RewardConfig) -> bool:
+        return bool(cls.table(cfg))
+
+    @property
+    def capacity(self) -> int:
+        return sum(spec.max_pending for spec in self.table(self.cfg).values())
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.clients.values()))
+
+    def _pick(self, item: Any) -> tuple[str | None, str]:
+        return pick(getattr(item, self.field), self.table(self.cfg), f"reward.{self.field}s")
+
+    def check(self, item: Any) -> list[tuple[tuple[str | int, ...], str]]:
+        _, problem = self._pick(item)
+        return [((self.field,), problem)] if problem else []
+
+    def entry(self, item: Any) -> str:
+        """The entry an admitted item names (``check`` refused the item otherwise)."""
+        name, _ = self._pick(item)
+        assert name is not None
+        return name
+
+
+def pick(name: str | None, table: dict[str, Any], key: str) -> tuple[str | None, str]:
+    """Resolve an item's model/judge name: ``(name, "")`` or ``(None, error message)``."""
+    if name is None:
+        if len(table) == 1:
+            return next(iter(table)), ""
+        return None, f"required: this server has {len(table)} entries in {key}"
+    if name not in table:
+        return None, f"{name!r} is not one of {key}: {', '.join(table) or 'none'}"
+    return name, ""

@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dynamo_rl.cli import service_parser
+from dynamo_rl.cli import add_bind_flags, log_to_stderr, service_parser
 
 log = logging.getLogger("services.reward")
 
@@ -27,16 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         "data source), POST /run_code (SandboxFusion subset), "
         "GET /healthz, GET /metrics; OpenAPI at /docs.",
     )
-    parser.add_argument(
-        "--host", dest="reward.host", metavar="HOST", help="address to bind (default 127.0.0.1)"
-    )
-    parser.add_argument(
-        "--port",
-        dest="reward.port",
-        type=int,
-        metavar="PORT",
-        help="port (default 8080; 0 picks a free one)",
-    )
+    add_bind_flags(parser, "reward", port=8080)
     parser.add_argument(
         "--math-workers",
         dest="reward.math.workers",
@@ -69,9 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _args, exp = parse_config(parser, argv)
     cfg = exp.reward
-    logging.basicConfig(
-        level=exp.run.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(exp.run.log_level)
     from pathlib import Path
 
     for name, spec in cfg.models.items():
@@ -115,8 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.reward.metrics import RewardMetrics
 
     metrics = RewardMetrics()
-    h = exp.run.history
-    metrics.metrics.record(exp.run.run_dir, "0", h.interval_s, h.max_mb)
+    metrics.metrics.record_run(exp.run, "0")
     app = create_app(cfg, metrics)
     log.info(
         "reward service on http://%s:%d (kinds: %s)",

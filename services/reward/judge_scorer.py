@@ -26,13 +26,11 @@ from typing import Any
 
 import httpx
 
-from dynamo_rl.config import RewardConfig
 from dynamo_rl.config.reward import JudgeSpec
 from dynamo_rl.contracts.reward import ItemResult, JudgeItem, Reason
 from dynamo_rl.retry import Backoff, Retrying
-from services.reward.base import Scorer
+from services.reward.base import NamedScorer
 from services.reward.metrics import RewardMetrics
-from services.reward.model_scorer import pick
 
 QUOTE_CHARS = 200
 
@@ -175,36 +173,17 @@ class JudgeClient:
         return Verdict(reason, norm, value, f"judge {self.name!r}: {value:g}")
 
 
-class JudgeScorer(Scorer):
+class JudgeScorer(NamedScorer):
     kind = "judge"
     item_model = JudgeItem
-
-    def __init__(self, cfg: RewardConfig, metrics: RewardMetrics) -> None:
-        super().__init__(cfg, metrics)
-        self.clients: dict[str, JudgeClient] = {}
-
-    @classmethod
-    def enabled(cls, cfg: RewardConfig) -> bool:
-        return bool(cfg.judges)
-
-    @property
-    def capacity(self) -> int:
-        return sum(spec.max_pending for spec in self.cfg.judges.values())
+    field = "judge"
 
     async def start(self) -> None:
         # httpx clients bind to the running loop, so they are made here, not in __init__.
         self.clients = {n: JudgeClient(n, s, self.metrics) for n, s in self.cfg.judges.items()}
 
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self.clients.values()))
-
-    def check(self, item: JudgeItem) -> list[tuple[tuple[str | int, ...], str]]:
-        _, problem = pick(item.judge, self.cfg.judges, "reward.judges")
-        return [(("judge",), problem)] if problem else []
-
     async def score(self, item: JudgeItem) -> ItemResult:
-        name, _ = pick(item.judge, self.cfg.judges, "reward.judges")
-        assert name is not None  # check() refused the item otherwise
+        name = self.entry(item)
         start = time.monotonic()
         v = await self.clients[name].judge(item.prompt, item.response, item.reference)
         self.metrics.item_seconds.labels(self.kind).observe(time.monotonic() - start)

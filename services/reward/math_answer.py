@@ -105,23 +105,11 @@ def score_gsm8k(response: str, ground_truth: str, flexible: bool) -> dict[str, A
     """The ``gsm8k`` / ``gsm8k_flexible`` modes (no math-verify: plain numbers)."""
     gold = extract_gsm8k(ground_truth) if "####" in ground_truth else _gsm8k_number(ground_truth)
     if not gold:
-        return {
-            "correct": False,
-            "format_ok": False,
-            "reason": "bad_ground_truth",
-            "detail": f"no number in the ground truth {ground_truth[:200]!r}",
-        }
+        return _bad_ground_truth(f"no number in the ground truth {ground_truth[:200]!r}")
     answer = extract_gsm8k(response, flexible)
     if answer is None:
         return _no_answer("no number in the response" if flexible else "no '#### N' line")
-    correct = _same_number(answer, gold)
-    return {
-        "correct": correct,
-        "format_ok": True,
-        "reason": "ok" if correct else "wrong_answer",
-        "detail": f"answer {answer[:200]!r}",
-        "answer": answer,
-    }
+    return verdict(_same_number(answer, gold), answer)
 
 
 def _boxed(text: str) -> str:
@@ -139,12 +127,9 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     gold = parse(_boxed(ground_truth), extraction_config=config, parsing_timeout=None)
     if not gold:
-        return {
-            "correct": False,
-            "format_ok": False,
-            "reason": "bad_ground_truth",
-            "detail": f"math-verify could not parse the ground truth {ground_truth[:200]!r}",
-        }
+        return _bad_ground_truth(
+            f"math-verify could not parse the ground truth {ground_truth[:200]!r}"
+        )
     if mode in ("last_boxed", "answer_line"):
         if mode == "last_boxed":
             answer = extract_last_boxed(response)
@@ -167,7 +152,12 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
             "detail": f"answer {answer[:200]!r} could not be parsed",
             "answer": answer,
         }
-    correct = bool(verify(gold, pred, timeout_seconds=None))
+    return verdict(bool(verify(gold, pred, timeout_seconds=None)), answer)
+
+
+def verdict(correct: bool, answer: str) -> dict[str, Any]:
+    """The verdict on an answer that was found and compared with the ground truth (``answer``: the
+    extracted text)."""
     return {
         "correct": correct,
         "format_ok": True,
@@ -175,6 +165,10 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
         "detail": f"answer {answer[:200]!r}",
         "answer": answer,
     }
+
+
+def _bad_ground_truth(detail: str) -> dict[str, Any]:
+    return {"correct": False, "format_ok": False, "reason": "bad_ground_truth", "detail": detail}
 
 
 def _no_answer(detail: str) -> dict[str, Any]:

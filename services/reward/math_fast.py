@@ -52,7 +52,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from services.reward.math_answer import answer_line, extract_last_boxed, score_gsm8k
+from services.reward.math_answer import answer_line, extract_last_boxed, score_gsm8k, verdict
 
 MAX_DIGITS = 15
 """Digits of a canonical number (math-verify's numeric comparison works to 15 significant
@@ -87,16 +87,6 @@ def canonical_number(text: str) -> Decimal | None:
     return value
 
 
-def _verdict(correct: bool, answer: str) -> dict[str, Any]:
-    return {
-        "correct": correct,
-        "format_ok": True,
-        "reason": "ok" if correct else "wrong_answer",
-        "detail": f"answer {answer[:200]!r}",
-        "answer": answer,  # the extracted text, as score_math reports it on main
-    }
-
-
 def extract(response: str, mode: str) -> tuple[str | None, str]:
     """The answer ``score_math`` would extract in ``last_boxed``/``answer_line`` mode, and the
     detail it gives when there is none."""
@@ -117,9 +107,9 @@ def fast_verdict(response: str, ground_truth: str, mode: str) -> dict[str, Any] 
         if answer is None:
             return {"correct": False, "format_ok": False, "reason": "no_answer", "detail": missing}
         correct = _compare(answer, ground_truth.strip(), gold)
-        return None if correct is None else _verdict(correct, answer)
+        return None if correct is None else verdict(correct, answer)
     if answer is not None and answer == ground_truth and _SIMPLE.fullmatch(answer):
-        return _verdict(True, answer)
+        return verdict(True, answer)
     return None
 
 

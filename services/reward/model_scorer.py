@@ -21,12 +21,11 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from dynamo_rl.config import RewardConfig
 from dynamo_rl.config.reward import RewardModelSpec
 from dynamo_rl.contracts.reward import ItemResult, ModelItem
-from services.reward.base import Scorer
+from services.reward.base import NamedScorer
 from services.reward.metrics import RewardMetrics
 
 log = logging.getLogger("services.reward")
@@ -181,46 +180,20 @@ class ModelClient:
         return [float(x) for x in scores]
 
 
-def pick(name: str | None, table: dict[str, Any], key: str) -> tuple[str | None, str]:
-    """Resolve an item's model/judge name: ``(name, "")`` or ``(None, error message)``."""
-    if name is None:
-        if len(table) == 1:
-            return next(iter(table)), ""
-        return None, f"required: this server has {len(table)} entries in {key}"
-    if name not in table:
-        return None, f"{name!r} is not one of {key}: {', '.join(table) or 'none'}"
-    return name, ""
-
-
-class ModelScorer(Scorer):
+class ModelScorer(NamedScorer):
     kind = "model"
     item_model = ModelItem
+    field = "model"
 
     def __init__(self, cfg: RewardConfig, metrics: RewardMetrics) -> None:
         super().__init__(cfg, metrics)
         self.clients = {name: ModelClient(name, spec, metrics) for name, spec in cfg.models.items()}
 
-    @classmethod
-    def enabled(cls, cfg: RewardConfig) -> bool:
-        return bool(cfg.models)
-
-    @property
-    def capacity(self) -> int:
-        return sum(spec.max_pending for spec in self.cfg.models.values())
-
     async def start(self) -> None:
         await asyncio.gather(*(c.start() for c in self.clients.values()))
 
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self.clients.values()))
-
-    def check(self, item: ModelItem) -> list[tuple[tuple[str | int, ...], str]]:
-        _, problem = pick(item.model, self.cfg.models, "reward.models")
-        return [(("model",), problem)] if problem else []
-
     async def score(self, item: ModelItem) -> ItemResult:
-        name, _ = pick(item.model, self.cfg.models, "reward.models")
-        assert name is not None  # check() refused the item otherwise
+        name = self.entry(item)
         start = time.monotonic()
         try:
             s = await self.clients[name].score(item.prompt, item.response)

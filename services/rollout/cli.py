@@ -85,8 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dynamo-rl rollout: {e}", file=sys.stderr)
         return 2
     port = metrics.metrics.serve(cfg.rollout.metrics_port, cfg.rollout.metrics_host)
-    h = cfg.run.history
-    metrics.metrics.record(cfg.run.run_dir, worker.worker_id, h.interval_s, h.max_mb)
+    metrics.metrics.record_run(cfg.run, worker.worker_id)
     if cfg.rollout.sample_log_mb > 0:
         from dynamo_rl.sample_log import SampleLog
 

@@ -73,3 +73,22 @@ def test_quick_run_trains_both_recipes_and_writes_one_record_per_seed(ar, tmp_pa
     assert text["eval_episodes_before"] is None
     assert "episode_turns_mean" in tools["curve"][0] and "tool_call_rate" in tools["curve"][0]
     assert "episode_turns_mean" not in text["curve"][0]
+
+
+def test_warm_start_checks_are_one_per_step_the_first_taken(ar, tmp_path: Path) -> None:
+    assert ar.warm_start_of(tmp_path) == {}  # no warm start log
+    log = tmp_path / "model" / "sft.run" / "metrics.jsonl"
+    log.parent.mkdir(parents=True)
+    lines = [
+        {"kind": "eval", "step": 0, "eval_exact": 0.0},  # before training: not a check
+        {"step": 10},
+        {"kind": "eval", "step": 10, "eval_exact": 0.41234},
+        {"kind": "eval", "step": 10, "eval_exact": 0.5},  # a resumed run's repeat of step 10
+        {"step": 20},
+        {"kind": "eval", "step": 20, "eval_exact": 0.9},
+    ]
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert ar.warm_start_of(tmp_path) == {
+        "steps": 20,
+        "checks": [{"step": 10, "greedy_exact": 0.412}, {"step": 20, "greedy_exact": 0.9}],
+    }

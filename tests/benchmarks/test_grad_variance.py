@@ -4,12 +4,10 @@ weightings; and its ``--quick`` form runs end to end."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from tests.benchmarks.bench import bench_module
+from tests.benchmarks.bench import bench_module, quick_report
 
 
 @pytest.fixture(scope="module")
@@ -19,23 +17,13 @@ def gv():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def tiny(tiny, tiny_dir):
+    """The shared tiny model (``conftest.py``) and its tokenizer, padding on the left."""
+    from transformers import AutoTokenizer
 
-    from learner.tiny_model import build_tiny_model
-
-    path = build_tiny_model(
-        tmp_path_factory.mktemp("tiny") / "m",
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        max_positions=64,
-    )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
     tok.padding_side = "left"
-    return model, tok
+    return tiny, tok
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +56,6 @@ def _learner_gradient(gv, model, pool, idx, groups, agg, micro, advantage="grpo"
         grpo_advantages,
         token_logprobs_and_entropy,
     )
-    from learner.objective import ObjectiveInputs, rl_objective
 
     model.zero_grad(set_to_none=True)
     mask = pool["mask"][idx]
@@ -86,23 +73,8 @@ def _learner_gradient(gv, model, pool, idx, groups, agg, micro, advantage="grpo"
         logps.append(torch.nn.functional.pad(lp[0], (0, pad)))
         ents.append(torch.nn.functional.pad(en[0], (0, pad)))
     logp, ent = torch.stack(logps), torch.stack(ents)
-    total = 0.0
-    for lo in range(0, len(idx), micro):
-        sl = slice(lo, lo + micro)
-        out = rl_objective(
-            ObjectiveInputs(
-                logp=logp[sl],
-                old_logp=logp[sl].detach(),
-                advantages=adv[sl],
-                mask=mask[sl],
-                entropy=ent[sl],
-                group_tokens=gt[sl],
-            ),
-            gv.algo_config(agg),
-            normalizer=norm,
-        )
-        total = total + out.loss  # accumulation over micro-batches: gradients of a sum add up
-    total.backward()
+    # Micro-batches summed: gradients of a sum add up, as the learner's accumulation does.
+    gv.batch_loss(logp, ent, adv, mask, gt, agg, micro, norm).backward()
     return pool["sketch"]([p.grad.unsqueeze(0) for p in pool["params"]])[0]
 
 
@@ -258,10 +230,7 @@ def test_sketch_preserves_inner_products_on_average(gv):
 
 @pytest.mark.slow
 def test_quick_run_writes_the_report(gv, tmp_path):
-    out = tmp_path / "gv"
-    assert gv.main(["--quick", "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 0
-    report = json.loads(out.with_suffix(".json").read_text())
-    assert out.with_suffix(".png").stat().st_size > 0
+    report = quick_report(gv, tmp_path, "gv")
     assert [st["prompt_offset"] for st in report["sets"]] == [0, 4]  # two disjoint sets of 4
     cases = {f"B{b}/{a}" for b in (2, 4) for a in gv.ALLOCATORS}
     for st in report["sets"]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.reward.math_answer import score_math
-from tests.benchmarks.bench import bench_module
+from tests.benchmarks.bench import bench_module, rollouts
 
 
 @pytest.fixture(scope="module")
@@ -56,30 +56,9 @@ def test_response_mask_keeps_the_first_eos_only(se):
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from learner.tiny_model import build_tiny_model
-
-    path = build_tiny_model(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=32, num_layers=1, num_heads=2,
-        num_kv_heads=1, max_positions=64,
-    )  # fmt: skip
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def _rollouts(seed: int = 0):
+def _rollouts():
     """8 rollouts in 2 groups: left-padded prompts, responses of different lengths."""
-    gen = torch.Generator().manual_seed(seed)
-    b, p, t = 8, 5, 6
-    prompt_attn = torch.ones(b, p, dtype=torch.long)
-    prompt_attn[::2, :2] = 0
-    seq = torch.randint(3, 200, (b, p + t), generator=gen)
-    lengths = torch.tensor([6, 3, 5, 1, 6, 4, 2, 6])
-    rmask = (torch.arange(t)[None] < lengths[:, None]).long()
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
-    return seq, prompt_attn, rmask, rewards, [0, 0, 0, 0, 1, 1, 1, 1]
+    return rollouts([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0, 1, 1, 1, 1])
 
 
 def _grads(se, model, algo, micro: int, temperature: float = 1.0) -> torch.Tensor:

@@ -4,13 +4,12 @@ seed intervals are what the docs define; and its ``--quick`` form runs end to en
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
-from tests.benchmarks.bench import bench_module
+from tests.benchmarks.bench import bench_module, quick_report, rollouts
 
 
 @pytest.fixture(scope="module")
@@ -23,30 +22,9 @@ def stab(se):
     return bench_module("stability")
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from learner.tiny_model import build_tiny_model
-
-    path = build_tiny_model(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=32, num_layers=1, num_heads=2,
-        num_kv_heads=1, max_positions=64,
-    )  # fmt: skip
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
 def _batch():
     """8 rollouts in 3 groups of sizes 2, 4, 2: left-padded prompts, responses of varied length."""
-    gen = torch.Generator().manual_seed(0)
-    b, p, t = 8, 5, 6
-    prompt_attn = torch.ones(b, p, dtype=torch.long)
-    prompt_attn[::2, :2] = 0
-    seq = torch.randint(3, 200, (b, p + t), generator=gen)
-    lengths = torch.tensor([6, 3, 5, 1, 6, 4, 2, 6])
-    rmask = (torch.arange(t)[None] < lengths[:, None]).long()
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
-    return seq, prompt_attn, rmask, rewards, [0, 0, 1, 1, 1, 1, 2, 2]
+    return rollouts([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1, 1, 1, 2, 2])
 
 
 def _algo(agg: str = "token-mean", modulate: bool = False):
@@ -200,10 +178,7 @@ def test_t_interval_and_pairing(se):
 
 @pytest.mark.slow
 def test_quick_run_writes_the_report(stab, tmp_path):
-    out = tmp_path / "stab"
-    assert stab.main(["--quick", "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 0
-    report = json.loads(out.with_suffix(".json").read_text())
-    assert out.with_suffix(".png").stat().st_size > 0
+    report = quick_report(stab, tmp_path, "stab")
     assert set(report["summary"]) == set(stab.METHODS)
     for res in report["summary"].values():
         assert set(res["by_lr"]) == {"0.001", "0.01"}

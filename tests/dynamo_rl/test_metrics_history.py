@@ -181,3 +181,19 @@ class _VLLMLike:
         running = GaugeMetricFamily("vllm:num_requests_running", "running", labels=["engine"])
         running.add_metric(["0"], 5.0)
         return [gen, running]
+
+
+def test_record_run_follows_the_run_section(tmp_path: Path) -> None:
+    from dynamo_rl.config.common import RunConfig
+
+    m, c, _g, _h = _metrics()
+    c.labels("a").inc()
+    run = RunConfig(dir=str(tmp_path / "{name}"), name="r1")
+    off = run.model_copy(update={"history": run.history.model_copy(update={"interval_s": 0})})
+    assert m.record_run(off, "w0") is None
+    history = m.record_run(run, "w0")
+    assert history is not None
+    history.stop()
+    path = history_path(tmp_path / "r1", "demo", "w0")
+    assert history.path == path and history.interval_s == run.history.interval_s
+    assert read_history(path)[-1]["samples"]

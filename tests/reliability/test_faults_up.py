@@ -68,6 +68,17 @@ def _freeze_holding_a_lease(run: UpRun, redis_url: str, timeout: float = 60.0) -
         client.close()
 
 
+def _kill_until_the_worker_meets_it(run: UpRun, service: str, line: str, what: str) -> None:
+    """Kill ``service`` with ``up`` frozen until rollout worker 0 logs ``line`` once more (it met
+    the outage: ``what``), then wait for ``up`` to restart it and for one more train step."""
+    seen = run.log("rollout0").count(line)
+    with run.supervisor_frozen():
+        os.kill(run.pid(service), signal.SIGKILL)
+        run.wait(what, lambda: run.log("rollout0").count(line) > seen)
+    run.wait_restart(service)
+    run.wait_steps(1)
+
+
 def _last_record_per_step(records: list[dict]) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for r in records:  # a step redone after a restart replaces the lost one
@@ -99,21 +110,13 @@ def test_up_survives_learner_allocator_reward_and_worker_kills(tmp_path: Path, r
         run.wait_steps(2)
         # 2. The allocator. ``up`` is frozen while it is down, so it comes back only once the
         # worker has met the outage (a worker waiting for room could otherwise miss it whole).
-        fallbacks = run.log("rollout0").count("allocator unavailable")
-        with run.supervisor_frozen():
-            os.kill(run.pid("allocator"), signal.SIGKILL)
-            run.wait("the worker's uniform fallback",
-                     lambda: run.log("rollout0").count("allocator unavailable") > fallbacks)  # fmt: skip
-        run.wait_restart("allocator")
-        run.wait_steps(1)
+        _kill_until_the_worker_meets_it(
+            run, "allocator", "allocator unavailable", "the worker's uniform fallback"
+        )
         # 3. The reward service, down (``up`` frozen) until the worker has retried against it.
-        retries = run.log("rollout0").count("reward service ")
-        with run.supervisor_frozen():
-            os.kill(run.pid("reward"), signal.SIGKILL)
-            run.wait("the worker's reward retry",
-                     lambda: run.log("rollout0").count("reward service ") > retries)  # fmt: skip
-        run.wait_restart("reward")
-        run.wait_steps(1)
+        _kill_until_the_worker_meets_it(
+            run, "reward", "reward service ", "the worker's reward retry"
+        )
         # 4. A rollout worker mid-batch: frozen first so its lease can be read, then killed.
         lease = _freeze_holding_a_lease(run, redis_url)
         # The learner held from here until the restarted worker is up: the stream holds at most

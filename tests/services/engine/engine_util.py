@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -28,10 +29,11 @@ def start_engine(
     )  # fmt: skip
 
 
-def serving(
+@contextlib.contextmanager
+def running_engine(
     model_dir: Path, log_dir: Path, *overrides: str, env: dict[str, str] | None = None
 ) -> Iterator[str]:
-    """For a fixture (``yield from serving(...)``): the engine's URL while it runs, then stop."""
+    """:func:`start_engine` for the length of a ``with`` block: its base URL, stopped at the end."""
     proc, url = start_engine(model_dir, log_dir, *overrides, env=env)
     try:
         yield url

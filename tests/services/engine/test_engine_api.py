@@ -16,7 +16,7 @@ from tests.services.engine.engine_util import (
     load_reference,
     reference_greedy,
     reference_logprobs,
-    serving,
+    running_engine,
 )
 
 
@@ -25,14 +25,15 @@ def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     # A long batch window makes "requests that arrive together" reliable on a loaded machine.
     # Raw log-probs: the reference forward passes below are untempered (the default, processed
     # mode is checked against the learner in test_engine_logprobs_mode.py).
-    yield from serving(
+    with running_engine(
         model_dir,
         tmp_path_factory.mktemp("engine-api"),
         "engine.logprobs_mode=raw",
         "engine.batch_wait_ms=25",
         "engine.max_new_tokens=200",
         "engine.register_in_redis=false",
-    )
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

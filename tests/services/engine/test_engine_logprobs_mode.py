@@ -16,16 +16,17 @@ from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
 from learner.batch import collate, samples_from_groups
 from learner.model import load_policy
 from learner.rl import policy_forward
-from tests.services.engine.engine_util import complete, serving
+from tests.services.engine.engine_util import complete, running_engine
 
 PROMPTS = [[10, 20, 30], [40, 41, 42, 43, 44, 45, 46]]
 TEMPS = [0.7, 1.6]
 
 
 def _engine(model_dir: Path, log_dir: Path, *overrides: str) -> Iterator[str]:
-    yield from serving(
+    with running_engine(
         model_dir, log_dir, "engine.batch_wait_ms=25", "engine.register_in_redis=false", *overrides
-    )
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

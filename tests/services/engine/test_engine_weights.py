@@ -24,7 +24,7 @@ from tests.services.engine.engine_util import (
     load_reference,
     reference_greedy,
     reference_logprobs,
-    serving,
+    running_engine,
 )
 
 TOKEN = "test-token"
@@ -42,13 +42,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory, redis_server: str
 ) -> Iterator[str]:
-    yield from serving(
+    with running_engine(
         model_dir,
         tmp_path_factory.mktemp("engine-weights"),
         f"endpoints.redis_url={redis_server}",
         f"run.name={NS}",
         env={"DYNAMO_CONTROL_TOKEN": TOKEN},
-    )
+    ) as url:
+        yield url
 
 
 class Rank0:

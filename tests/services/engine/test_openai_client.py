@@ -13,18 +13,17 @@ import openai
 import pytest
 
 from learner.tiny_model import build_tiny_model
-from tests.services.engine.engine_util import start_engine
+from tests.services.engine.engine_util import running_engine
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     model_dir: Path = build_tiny_model(tmp_path_factory.mktemp("model") / "m", seed=0)
-    proc, url = start_engine(model_dir, tmp_path_factory.mktemp("engine"))
-    try:
-        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as c:
-            yield c
-    finally:
-        proc.stop()
+    with (
+        running_engine(model_dir, tmp_path_factory.mktemp("engine")) as url,
+        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as c,
+    ):
+        yield c
 
 
 def model_name(client: openai.OpenAI) -> str:

@@ -43,6 +43,12 @@ def test_math_case_in_process(
         (r"\boxed{5} and \boxed{6", "5"),  # the unbalanced last box: the one before
         (r"\boxed 5$ more", "5"),  # no brace: one token up to whitespace or '$'
         (r"\boxed 12 apples", "12"),
+        (r"\boxed{\frac{a}{b}}", r"\frac{a}{b}"),
+        (r"\boxed{\left\{1,2\right\}}", r"\left\{1,2\right\}"),
+        (r"\boxed{ 7 }", "7"),
+        (r"\boxed 5$", "5"),
+        (r"\fbox{x}", "x"),
+        (r"\boxed{2} and an unbalanced \boxed{3", "2"),
         (r"\boxed{}", None),  # an empty box is no answer
         (r"\boxed{ }", None),
         (r"\boxed", None),
@@ -72,6 +78,11 @@ def test_last_boxed(text: str, boxed: str | None) -> None:
         ("Answer: __5__", "5"),
         ("Answer: $X$", "X"),
         ("My answer 3", None),
+        ("Answer: 12", "12"),
+        ("work\nFinal answer: $\\frac{1}{2}$.", "\\frac{1}{2}"),
+        ("**Answer:** 7", "7"),
+        ("answer: 1\nAnswer: 2", "2"),
+        ("The answer is below", None),
     ],
 )
 def test_answer_line(text: str, answer: str | None) -> None:
@@ -81,6 +92,7 @@ def test_answer_line(text: str, answer: str | None) -> None:
 def test_extract_last_boxed_falls_back_to_the_answer_line() -> None:
     assert extract_last_boxed("Answer: 3") == "3"
     assert extract_last_boxed("\\boxed{4}\nAnswer: 3") == "4"
+    assert extract_last_boxed("\\boxed{3}\nAnswer: 4") == "3"  # the box wins
     assert extract_last_boxed("\\boxed{}\nAnswer: 3") == "3"
     assert extract_last_boxed("nothing") is None
 

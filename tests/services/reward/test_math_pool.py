@@ -1,4 +1,5 @@
-"""The math worker pool with real worker processes, and the pure answer extraction."""
+"""The math worker pool with real worker processes (the answer extraction itself:
+``test_math_answer.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections.abc import Iterator
 import pytest
 
 from dynamo_rl.config import RewardConfig
-from services.reward.math_answer import answer_line, extract_last_boxed, last_boxed
 from services.reward.math_pool import MathPool
 from services.reward.math_scorer import MathScorer
 from services.reward.metrics import RewardMetrics
@@ -102,42 +102,6 @@ def test_hung_worker_is_killed_after_timeout(pool: MathPool) -> None:
     worker.proc.join(timeout=5)
     assert not worker.proc.is_alive()
     assert pool.score(r"\boxed{2}", "2", "last_boxed")["correct"] is True
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        (r"\boxed{1} then \boxed{2}", "2"),
-        (r"\boxed{\frac{a}{b}}", r"\frac{a}{b}"),
-        (r"\boxed{\left\{1,2\right\}}", r"\left\{1,2\right\}"),
-        (r"\boxed{ 7 }", "7"),
-        (r"\boxed 5$", "5"),
-        (r"\fbox{x}", "x"),
-        (r"\boxed{}", None),
-        (r"\boxed{2} and an unbalanced \boxed{3", "2"),
-        ("no box", None),
-    ],
-)
-def test_last_boxed(text: str, expected: str | None) -> None:
-    assert last_boxed(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("Answer: 12", "12"),
-        ("work\nFinal answer: $\\frac{1}{2}$.", "\\frac{1}{2}"),
-        ("**Answer:** 7", "7"),
-        ("answer: 1\nAnswer: 2", "2"),
-        ("The answer is below", None),
-    ],
-)
-def test_answer_line(text: str, expected: str | None) -> None:
-    assert answer_line(text) == expected
-
-
-def test_box_wins_over_answer_line() -> None:
-    assert extract_last_boxed("\\boxed{3}\nAnswer: 4") == "3"
 
 
 def test_workers_default_to_the_cpus_the_service_may_use() -> None:
