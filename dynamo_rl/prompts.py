@@ -19,8 +19,14 @@ TEMPLATES = ("auto", "chat", "plain", "raw")
 
 
 def render_raw(messages: Messages) -> str:
-    """The messages' contents alone, one per line: a base model's completion prompt."""
-    return "\n".join(m["content"] for m in messages)
+    """The messages' contents alone, one per line: a base model's completion prompt. An
+    assistant message is written right after the message before it, where generation continued,
+    so a model turn extends the text it was sampled from (multi-turn episodes, their demos)."""
+    text = ""
+    for i, m in enumerate(messages):
+        sep = "" if m["role"] == "assistant" or not i else "\n"
+        text += sep + m["content"]
+    return text
 
 
 def render_plain(messages: Messages) -> str:

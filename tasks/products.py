@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_rl.config.rollout import EnvConfig
+from dynamo_rl.prompts import render_raw
 from tasks import task_row, write_splits
 
 DATA_SOURCE = "products"
@@ -84,19 +85,6 @@ def calculator_call(expression: str) -> str:
     return f"<tool_call>{body}</tool_call>"
 
 
-def raw_text(messages: Sequence[Mapping[str, str]]) -> str:
-    """Messages in the raw template, as the rollout loop renders a conversation
-    (``services.rollout.episodes.render_conversation``): non-assistant contents one per line, an
-    assistant turn right where generation continued."""
-    text = ""
-    for i, m in enumerate(messages):
-        if m["role"] == "assistant":
-            text += m["content"]
-        else:
-            text += ("\n" if i else "") + m["content"]
-    return text
-
-
 async def _demo(env_config: EnvConfig, row: Mapping[str, Any], eos: str) -> list[dict]:
     from dynamo_rl.envs import EnvContext, make_env
 
@@ -105,7 +93,7 @@ async def _demo(env_config: EnvConfig, row: Mapping[str, Any], eos: str) -> list
         messages = list(
             await env.reset({**row, "ground_truth": row["reward_model"]["ground_truth"]})
         )
-        first = raw_text(messages)
+        first = render_raw(messages)
         question = str(row["prompt"][-1]["content"]).removesuffix("=")
         call = calculator_call(question)
         step = await env.step(call)
@@ -117,7 +105,7 @@ async def _demo(env_config: EnvConfig, row: Mapping[str, Any], eos: str) -> list
         answer = row["extra_info"]["answer"]
         # The rollout loop keeps the sampled turn's ids (its end token included), then appends
         # the observation as the template renders it after the turn.
-        second = raw_text([*messages, {"role": "assistant", "content": call}, *step.observation])
+        second = render_raw([*messages, {"role": "assistant", "content": call}, *step.observation])
         second = first + call + eos + second[len(first + call) :]
         return [
             {**row, "prompt": first, "extra_info": {**row["extra_info"], "answer": call}},

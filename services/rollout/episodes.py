@@ -40,7 +40,7 @@ from dynamo_rl.codec import Response, ToolCall, Turn
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
 from dynamo_rl.envs import Environment, EnvUnavailable, Message, Step, ToolCallRecord
-from dynamo_rl.prompts import render_plain, uses_chat_template
+from dynamo_rl.prompts import render_plain, render_raw, uses_chat_template
 from services.rollout.datasets import PromptRecord
 from services.rollout.engines import EnginePool, Sample, Sampling
 
@@ -79,13 +79,7 @@ def render_conversation(
             )
         )
     if template == "raw":
-        text = ""
-        for i, m in enumerate(msgs):
-            if m["role"] == "assistant":
-                text += m["content"]
-            else:
-                text += ("\n" if i else "") + m["content"]
-        return text
+        return render_raw(msgs)
     parts: list[str] = []
     for m in msgs:
         if m["role"] == "assistant":

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo_rl.prompts import render_prompt
+from dynamo_rl.prompts import render_prompt, render_raw
 
 
 class CharTokenizer:
@@ -34,3 +34,19 @@ def test_text_prompts_are_verbatim_and_bad_templates_refused() -> None:
         render_prompt(CharTokenizer(), MESSAGES, "chat")
     with pytest.raises(ValueError, match="one of auto, chat, plain, raw"):
         render_prompt(CharTokenizer(), MESSAGES, "fancy")
+
+
+def test_raw_conversations_write_a_model_turn_where_generation_continued() -> None:
+    # One rendering for the rollout's episodes and the tool recipe's demonstrations (tasks/).
+    messages = [
+        {"role": "user", "content": "12*34="},
+        {"role": "assistant", "content": "<call>"},
+        {"role": "tool", "content": "408"},
+        {"role": "assistant", "content": "408"},
+    ]
+    assert render_raw(messages[:1]) == "12*34="
+    assert render_raw(messages) == "12*34=<call>\n408408"
+    assert (
+        render_raw([{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}])
+        == "a\nb"
+    )
