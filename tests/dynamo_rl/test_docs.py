@@ -155,3 +155,31 @@ def test_no_page_points_outside_the_repository() -> None:
         text = page.read_text()
         for phrase in ("../shared", "DESIGN.md", "design page", "the issue"):
             assert phrase not in text, f"{page.name} mentions {phrase!r}"
+
+
+# A path the docs name in backticks under one of the repository's folders must exist, so a moved or
+# renamed module cannot leave the pages behind. The one exception is an example of a file a user
+# would write (docs/reward.md, adding a scorer).
+_FOLDERS = "dynamo_rl|allocator|services|learner|launcher|dashboard|tasks|configs|deploy|benchmarks"
+_PATH = re.compile(rf"`((?:{_FOLDERS}|scripts|tests|docs|proto|vllm_plugin)/[A-Za-z0-9_./-]*)`")
+_EXAMPLES = {"services/reward/toxicity_scorer.py"}
+
+
+def named_paths(text: str) -> list[str]:
+    return [m.group(1).rstrip(".") for m in _PATH.finditer(text)]
+
+
+def test_the_path_finder_reads_backticked_repository_paths() -> None:
+    text = "see `launcher/up.py`, `services/rollout/` and `dynamo-rl up`; not `a/b.py`."
+    assert named_paths(text) == ["launcher/up.py", "services/rollout/"]
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    missing = [
+        f"{page.name}:{i}: {path}"
+        for page in [REPO / "README.md", *DOCS]
+        for i, line in enumerate(page.read_text().splitlines(), 1)
+        for path in named_paths(line)
+        if path not in _EXAMPLES and not (REPO / path).exists()
+    ]
+    assert not missing, "\n".join(missing)
