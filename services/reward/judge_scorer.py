@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from dynamo_rl.config.reward import JudgeSpec
+from dynamo_rl.contracts.engine import CompletionRequest
 from dynamo_rl.contracts.reward import ItemResult, JudgeItem, Reason
 from dynamo_rl.retry import Backoff, Retrying
 from services.reward.base import NamedScorer
@@ -86,11 +87,15 @@ class JudgeClient:
     def request(self, prompt: str, response: str, reference: str) -> tuple[str, dict[str, Any]]:
         s = self.spec
         text = s.template.format(prompt=prompt, response=response, reference=reference)
+        if s.api == "completions":  # an engine's route: its body is the engine contract's
+            request = CompletionRequest(
+                model=s.model, prompt=text, max_tokens=s.max_tokens, temperature=s.temperature
+            )
+            return "/v1/completions", request.body()
+        # Chat completions: an external judge's API, which no engine of ours serves.
         body: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temperature}
         if s.model is not None:
             body["model"] = s.model
-        if s.api == "completions":
-            return "/v1/completions", {**body, "prompt": text}
         messages = [{"role": "system", "content": s.system}] if s.system else []
         messages.append({"role": "user", "content": text})
         return "/v1/chat/completions", {**body, "messages": messages}
