@@ -354,22 +354,28 @@ class Route(Section):
     """The item kind the route is for."""
     extraction: Extraction | None = None
     """math: how the answer is found (``last_boxed``, ``answer_line``, ``math_verify``,
-    ``gsm8k``, ``gsm8k_flexible``; docs/reward.md); unset: ``last_boxed``."""
+    ``whole_response``, ``gsm8k``, ``gsm8k_flexible``, ``qa_exact_match``; docs/reward.md);
+    unset: ``last_boxed``."""
     scoring: Literal["fraction", "all_or_nothing"] | None = None
     """code: passed cases / cases, or 1/0; unset: ``fraction``."""
+    first_cases: Annotated[int, Field(ge=1)] | None = None
+    """code: score on the first N cases only (verl's continuous scoring: 10); unset: all cases."""
 
     @model_validator(mode="after")
     def _fits_kind(self) -> Route:
         if self.kind != "math" and self.extraction is not None:
             raise ValueError("extraction is for kind 'math' routes only")
-        if self.kind != "code" and self.scoring is not None:
-            raise ValueError("scoring is for kind 'code' routes only")
+        if self.kind != "code" and (self.scoring is not None or self.first_cases is not None):
+            raise ValueError("scoring and first_cases are for kind 'code' routes only")
         return self
 
 
+SEARCH_R1_SETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+"""The question-answering sets verl routes as ``searchR1_<set>``."""
 _MATH_BOXED = {"kind": "math", "extraction": "last_boxed"}
 _ANSWER_LINE = {"kind": "math", "extraction": "answer_line"}
 _CODE_CASES = {"kind": "code", "scoring": "fraction"}
+_QA = {"kind": "math", "extraction": "qa_exact_match"}
 DEFAULT_ROUTES: dict[str, dict[str, str]] = {
     "arith": _MATH_BOXED,  # the built-in task (dynamo-rl task arith)
     "products": _MATH_BOXED,  # the agent recipe's task (tasks.products)
@@ -378,8 +384,12 @@ DEFAULT_ROUTES: dict[str, dict[str, str]] = {
     "DigitalLearningGmbH/MATH-lighteval": _MATH_BOXED,
     "HuggingFaceH4/MATH-500": _MATH_BOXED,
     "math_dapo": _ANSWER_LINE,
+    "math": _ANSWER_LINE,
+    "math_dapo_reasoning": _ANSWER_LINE,
     "aime*": _ANSWER_LINE,
-    "numina_*": {"kind": "math", "extraction": "math_verify"},
+    "numina_*": {"kind": "math", "extraction": "whole_response"},
+    "hiyouga/geometry3k": _MATH_BOXED,
+    **{f"searchR1_{name}": _QA for name in SEARCH_R1_SETS},
     # The benchmarks and sets `dynamo-rl data` converts (tasks/convert.py), with the boxed
     # instruction; OlympiadBench's multi-answer problems need several boxes combined.
     "amc*": _MATH_BOXED,

@@ -53,7 +53,15 @@ __all__ = [
 Language = Literal["python", "c", "cpp"]
 """Languages the sandbox compiles and runs."""
 
-Extraction = Literal["last_boxed", "math_verify", "answer_line", "gsm8k", "gsm8k_flexible"]
+Extraction = Literal[
+    "last_boxed",
+    "math_verify",
+    "answer_line",
+    "whole_response",
+    "gsm8k",
+    "gsm8k_flexible",
+    "qa_exact_match",
+]
 """How a math item's answer is found in the response (docs/reward.md)."""
 
 Reason = Literal[
@@ -111,7 +119,11 @@ class MathItem(ItemBase):
         None,
         description="last_boxed: last \\boxed{} then an 'Answer:' line; math_verify: "
         "math-verify's LaTeX extraction, boxed first, several boxes combined; answer_line: the "
-        "last 'Answer:' line only; gsm8k: the last '#### N'; gsm8k_flexible: the last number. "
+        "last 'Answer:' line only (the line must end with the answer); whole_response: "
+        "math_verify when delimited, else the 'Answer:' line, else the whole response as one "
+        "expression; gsm8k: the last '#### N'; gsm8k_flexible: the last number; qa_exact_match: "
+        "the last <answer>...</answer> against the ground truth (or a JSON list of accepted "
+        "answers), normalised. "
         "Absent: the route of the item's data_source (reward.routes), else last_boxed",
     )
 
@@ -141,10 +153,16 @@ class CallCase(BaseModel):
         description="the return value (compared as JSON); a one-element list also matches its "
         "element, as in APPS"
     )
+    expected_text: str | None = Field(
+        None,
+        description="the expected output as a LeetCode-style row writes it (text); a string "
+        "return value equal to it also passes, as the text a printed result would be",
+    )
 
 
 class CallTests(BaseModel):
-    """Call-based cases (APPS/TACO ``fn_name``): the program's function is called once per case."""
+    """Call-based cases (APPS/TACO/LeetCode ``fn_name``): the program's function is called once per
+    case, with the usual imports (``typing``, ``collections``, ``math``, ...) added before it."""
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["call"]
@@ -167,6 +185,12 @@ class CodeItem(ItemBase):
     language: Language = "python"
     tests: CodeTests
     scoring: Literal["fraction", "all_or_nothing"] = "fraction"
+    first_cases: int | None = Field(
+        None,
+        ge=1,
+        description="score on the first N cases only (verl's continuous scoring uses 10); "
+        "absent: every case",
+    )
     timeout_s: float | None = Field(
         None, gt=0, description="wall-clock limit per run (capped by the server)"
     )

@@ -2,11 +2,13 @@
 
 Tests are stdio cases (run once per case with its stdin; stdout compared after trimming
 trailing whitespace on each line and trailing blank lines), an ``assert`` block appended to a
-Python program (one case: exit status 0 passes), or call cases (APPS/TACO ``fn_name``: a harness
-appended to a Python program calls the function once per run with the case's arguments and
-prints the return value as JSON, compared with the expected one here). The score is the fraction of passed cases, or
-1/0 with ``scoring: all_or_nothing`` (which also stops at the first failure). The verdict is
-always decided here, outside the sandbox: a program cannot report its own success.
+Python program (one case: exit status 0 passes), or call cases (APPS/TACO/LeetCode ``fn_name``:
+the usual imports (:data:`CALL_IMPORTS`) go before the program, as verl's call wrapper does, and a
+harness appended to it calls the function once per run with the case's arguments and prints the
+return value as JSON, compared as a value with the expected one here). The score is the fraction of
+passed cases, or 1/0 with ``scoring: all_or_nothing`` (which also stops at the first failure);
+``first_cases: N`` runs and scores only the first N cases (verl's continuous scoring: 10). The
+verdict is always decided here, outside the sandbox: a program cannot report its own success.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import secrets
 import signal
 import time
@@ -68,6 +71,27 @@ def _check_stdio(expected: str, out: bytes) -> tuple[bool, str]:
     return False, f"expected {expected[:80]!r}, got {_tail(out, 80)!r}"
 
 
+CALL_MODULES = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math",
+                "random", "statistics", "itertools", "functools", "operator", "io", "sys", "json",
+                "typing")  # fmt: skip
+"""Imported before a call-based program, both as modules and with ``from M import *`` (then
+``builtins`` again, so ``pow`` and ``compile`` stay the built-ins): solutions written for LeetCode
+use ``List``, ``defaultdict``, ``heappush`` and the like without importing them."""
+CALL_IMPORTS = (
+    "".join(f"from {m} import *\n" for m in CALL_MODULES)
+    + "from builtins import *\n"
+    + "".join(f"import {m}\n" for m in CALL_MODULES)
+    + "__dynamo_imported = dict(globals())\n"
+)
+_FUTURE = re.compile(r"^from __future__ import[^\n]*\n?", re.MULTILINE)
+
+
+def with_call_imports(code: str) -> str:
+    """``code`` after :data:`CALL_IMPORTS` (its ``from __future__`` imports stay first)."""
+    futures = "".join(m.group(0).rstrip("\n") + "\n" for m in _FUTURE.finditer(code))
+    return f"{futures}{CALL_IMPORTS}\n{_FUTURE.sub('', code)}"
+
+
 # Appended to the program for call-based tests: the case's arguments come as JSON on stdin, the
 # return value goes out as JSON after a fresh marker (written with os.write: the program may have
 # replaced sys.stdout). The verdict is still decided outside the sandbox, by _check_call.
@@ -76,6 +100,9 @@ def __dynamo_call():
     import json, os, sys
     args = json.loads(sys.stdin.read())
     fn = globals().get({fn!r})
+    # A name the imports brought in (operator's add) is not the program's function.
+    if fn is not None and globals().get("__dynamo_imported", {{}}).get({fn!r}) is fn:
+        fn = None
     if fn is None and "Solution" in globals():
         fn = getattr(globals()["Solution"](), {fn!r})
     if fn is None:
@@ -88,9 +115,11 @@ __dynamo_call()
 """
 
 
-def _check_call(marker: str, expected: Any, out: bytes) -> tuple[bool, str]:
+def _check_call(
+    marker: str, expected: Any, out: bytes, expected_text: str | None = None
+) -> tuple[bool, str]:
     """Passed when the marked return value equals ``expected`` (or, as APPS lays it out, the one
-    element of an ``expected`` list)."""
+    element of an ``expected`` list; or, a string, ``expected_text``)."""
     lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith(marker)]
     if not lines:
         return False, "returned nothing (exited before the call finished)"
@@ -98,8 +127,10 @@ def _check_call(marker: str, expected: Any, out: bytes) -> tuple[bool, str]:
         got = json.loads(lines[-1][len(marker) :])
     except ValueError:
         return False, "return value is not JSON"
-    if got == expected or (
-        isinstance(expected, list) and len(expected) == 1 and got == expected[0]
+    if (
+        got == expected
+        or (isinstance(expected, list) and len(expected) == 1 and got == expected[0])
+        or (expected_text is not None and got == expected_text.rstrip("\n"))
     ):
         return True, ""
     return False, f"expected {json.dumps(expected)[:80]}, got {json.dumps(got)[:80]}"
@@ -180,13 +211,22 @@ class CodeScorer(Scorer):
             cases = [("", lambda out: (done in out, early))]
         elif isinstance(item.tests, CallTests):
             marker = secrets.token_hex(16)
-            code = f"{code}\n\n{_CALL_HARNESS.format(fn=item.tests.fn_name, marker=marker)}"
+            harness = _CALL_HARNESS.format(fn=item.tests.fn_name, marker=marker)
+            code = f"{with_call_imports(code)}\n\n{harness}"
             cases = [
-                (json.dumps(c.args), functools.partial(_check_call, marker, c.expected))
+                (
+                    json.dumps(c.args),
+                    functools.partial(
+                        _check_call, marker, c.expected, expected_text=c.expected_text
+                    ),
+                )
                 for c in item.tests.cases
             ]
         else:
             cases = [(c.stdin, functools.partial(_check_stdio, c.stdout)) for c in item.tests.cases]
+        given = len(cases)
+        if item.first_cases is not None:
+            cases = cases[: item.first_cases]
         program, compiled = self.runner.prepare(item.language, code)
         if program is None:
             assert compiled is not None
@@ -215,8 +255,9 @@ class CodeScorer(Scorer):
             if item.scoring == "all_or_nothing":
                 break
         total = len(cases)
+        of = f" (the first {total} of {given} cases)" if total < given else ""
         if first_failure is None:
-            return verdict(1.0, "ok", f"passed {total}/{total}")
+            return verdict(1.0, "ok", f"passed {total}/{total}{of}")
         i, reason, why = first_failure
         score = 0.0 if item.scoring == "all_or_nothing" else passed / total
-        return verdict(score, reason, f"passed {passed}/{total}; case {i}: {reason}: {why}")
+        return verdict(score, reason, f"passed {passed}/{total}{of}; case {i}: {reason}: {why}")

@@ -3,17 +3,29 @@
 Extraction modes:
 
 - ``last_boxed`` (default; what verl/OpenRLHF recipes do): the last ``\\boxed{…}`` (or ``\\fbox``)
-  with balanced braces, else the last ``Answer: …`` line. The extracted text is parsed as a boxed
+  with balanced braces, else the ``Answer:`` line (below). The extracted text is parsed as a boxed
   LaTeX answer.
-- ``answer_line``: the last ``Answer: …`` line only (DAPO-Math and AIME prompts ask for one).
+- ``answer_line``: the ``Answer:`` line only (DAPO-Math and AIME prompts ask for one). The last
+  line with an ``answer:`` marker (``Answer:``, ``Final answer:``, ``the final answer: 34``,
+  ``answer is:``; anywhere on the line, markdown emphasis allowed) holds the answer, which is the
+  rest of that line. The line must end with the answer: when the rest of the line goes on in
+  words ("Answer: 12 is what I first thought") or after a ``$…$`` answer, there is no answer.
 - ``math_verify``: math-verify's own LaTeX extraction over the whole response, boxed answers first;
-  several boxes are combined into one answer, which multi-part answers such as "(2, 2) and (6, 2)"
+  several boxes are combined into one answer, which multi-part answers such as "(2, 3) and (6, 2)"
   need.
+- ``whole_response`` (verl's ``numina_*`` sources, whose answers are often written bare): a response
+  with a box or a LaTeX delimiter (``$``, ``\\(``, ``\\[``) is read as ``math_verify`` reads it; else
+  the ``Answer:`` line when there is one; else the whole response is one LaTeX expression (a matrix,
+  ``\\frac{1+\\sqrt{5}}{2}``, ``x^2+3x+5``). A response in words falls back to its number only when
+  it has exactly one number and no mathematical sign, so the fallback can never pick one number
+  out of a formula.
 - ``gsm8k``: the last ``#### N`` (GSM8K's own answer format); ``gsm8k_flexible``: the last number
   anywhere. Both compare numbers, not LaTeX: commas and ``$`` removed, ``72.0`` equals ``72``; a
   ground truth that is a whole GSM8K solution counts by its ``#### N``.
+- ``qa_exact_match`` (Search-R1-style question answering): the last ``<answer>…</answer>`` compared
+  with the ground truth after normalisation (:mod:`services.reward.qa_answer`).
 
-The comparison of the other modes is ``math_verify.verify(gold, prediction)`` — gold first:
+The comparison of the math modes is ``math_verify.verify(gold, prediction)`` — gold first:
 math-verify's comparison is deliberately asymmetric. :func:`score_math` imports math-verify and must run on a process's main
 thread with a timeout of the caller's (math-verify's own timeouts use ``signal.alarm`` and are
 disabled here); the worker pool in :mod:`services.reward.math_pool` provides both.
@@ -26,12 +38,15 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from dynamo_rl.contracts.reward import Extraction as ExtractionMode
+from services.reward.qa_answer import score_qa
 
 _BOX = re.compile(r"\\(?:boxed|fbox)")
-_ANSWER_LINE = re.compile(
-    r"^[ \t*#>_-]*(?:final[ \t]+)?answer[ \t*_]*(?:is)?[ \t*_]*[:：][ \t*_]*(?P<ans>.+?)[ \t]*$",
-    re.IGNORECASE | re.MULTILINE,
-)
+_MARKER = re.compile(r"(?<![A-Za-z])answer[ \t*_]*(?:is[ \t*_]*)?[:：]", re.IGNORECASE)
+_LATEX_NAMES = re.compile(r"\\(?:begin|end|text|mathrm|textbf|operatorname)\{[^{}]*\}|\\[A-Za-z]+")
+_WORD = re.compile(r"[A-Za-z]{2,}")
+MATH_WORDS = frozenset({"and", "or", "sqrt", "pi", "inf", "infty", "sin", "cos", "tan", "cot",
+                        "sec", "csc", "log", "ln", "exp", "mod", "arcsin", "arccos", "arctan"})  # fmt: skip
+"""Words an answer may contain ("x = 1 or x = 2", "sqrt(2)") without counting as prose."""
 
 
 def last_boxed(text: str) -> str | None:
@@ -59,21 +74,93 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def prose_words(text: str) -> list[str]:
+    """The words of ``text`` that are neither LaTeX (command names, environment names, text in
+    ``\\text{}``) nor in :data:`MATH_WORDS`."""
+    plain = _LATEX_NAMES.sub(" ", text)
+    return [w for w in _WORD.findall(plain) if w.lower() not in MATH_WORDS]
+
+
+def _goes_on(answer: str) -> bool:
+    """Whether an answer line's text goes on past its answer: two or more words of prose, or
+    anything but punctuation after a closing ``$``."""
+    if len(prose_words(answer)) >= 2:
+        return True
+    return answer.count("$") >= 2 and bool(answer.rstrip(" \t.,;!").rsplit("$", 1)[1].strip())
+
+
+def find_answer_line(text: str) -> tuple[str | None, str]:
+    """``(answer, "")`` from the last line with an ``answer:`` marker, or ``(None, why not)``."""
+    for line in reversed(text.splitlines()):
+        markers = list(_MARKER.finditer(line))
+        if not markers:
+            continue
+        ans = line[markers[-1].end() :].strip().strip("*_").strip()
+        ans = ans.removesuffix(".").strip()
+        if len(ans) >= 2 and ans[0] == "$" and ans[-1] == "$":
+            ans = ans.strip("$").strip()
+        if not ans:
+            return None, "nothing after the last 'Answer:'"
+        if _goes_on(ans):
+            return None, f"the last 'Answer:' line goes on after its answer: {line.strip()[:200]!r}"
+        return ans, ""
+    return None, "no 'Answer:' line"
+
+
 def answer_line(text: str) -> str | None:
-    """The last ``Answer: ...`` line's answer, without surrounding ``$`` and a final period."""
-    matches = list(_ANSWER_LINE.finditer(text))
-    if not matches:
-        return None
-    ans = matches[-1].group("ans").strip().strip("*_").strip()
-    ans = ans.removesuffix(".").strip()
-    if len(ans) >= 2 and ans[0] == "$" and ans[-1] == "$":
-        ans = ans.strip("$").strip()
-    return ans or None
+    """The answer of the last ``Answer: ...`` line (without surrounding ``$`` and a final period),
+    or None: no such line, or the line goes on after its answer."""
+    return find_answer_line(text)[0]
 
 
 def extract_last_boxed(text: str) -> str | None:
-    """The ``last_boxed`` mode's answer text: the last box, else the last answer line."""
+    """The ``last_boxed`` mode's answer text: the last box, else the answer line."""
     return last_boxed(text) or answer_line(text)
+
+
+_DELIMITED = re.compile(r"\\boxed|\\fbox|\$|\\\(|\\\[")
+_ONE_NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
+_MATH_SIGN = re.compile(r"[=+*/^_\\{}\[\]()<>|&%]")
+
+
+def whole_response(text: str) -> tuple[str | None, str]:
+    """The ``whole_response`` mode's answer in an undelimited response (see the module's
+    docstring): ``(answer, "")`` or ``(None, why not)``."""
+    answer, why = find_answer_line(text)
+    if answer is not None or why != "no 'Answer:' line":
+        return answer, why
+    body = text.strip().removesuffix(".").strip()
+    words = prose_words(body)
+    numbers = _ONE_NUMBER.findall(body)
+    if words and len(numbers) == 1 and not _MATH_SIGN.search(body):
+        return numbers[0], ""  # words around one number, nothing else it could be
+    if len(words) < 2 and body:
+        return body, ""  # one expression: parsed whole
+    return None, (
+        "no box, no $...$, no 'Answer:' line, and the response is words, not one expression "
+        "or one number"
+    )
+
+
+EXTRACTING = ("last_boxed", "answer_line", "whole_response")
+"""The modes whose answer is extracted here and then parsed as a boxed LaTeX answer."""
+
+
+def extract(response: str, mode: str) -> tuple[str | None, str]:
+    """``(answer, "")`` in one of the :data:`EXTRACTING` modes, or ``(None, why not)``."""
+    if mode == "last_boxed":
+        boxed = last_boxed(response)
+        if boxed is not None:
+            return boxed, ""
+        answer, why = find_answer_line(response)
+        if answer is None and why == "no 'Answer:' line":
+            why = "no \\boxed{} answer and no 'Answer:' line"
+        elif answer is None:
+            why = f"no \\boxed{{}} answer, and {why}"
+        return answer, why
+    if mode == "answer_line":
+        return find_answer_line(response)
+    return whole_response(response)
 
 
 _GSM8K_STRICT = re.compile(r"####\s*\$?\s*(-?[0-9][0-9.,]*|-?\.[0-9]+)")
@@ -112,6 +199,19 @@ def score_gsm8k(response: str, ground_truth: str, flexible: bool) -> dict[str, A
     return verdict(_same_number(answer, gold), answer)
 
 
+PLAIN = ("gsm8k", "gsm8k_flexible", "qa_exact_match")
+"""The modes scored without math-verify (string and decimal work only)."""
+
+
+def score_plain(response: str, ground_truth: str, mode: str) -> dict[str, Any] | None:
+    """The verdict of a :data:`PLAIN` mode; None for the other modes."""
+    if mode in ("gsm8k", "gsm8k_flexible"):
+        return score_gsm8k(response, ground_truth, flexible=mode == "gsm8k_flexible")
+    if mode == "qa_exact_match":
+        return score_qa(response, ground_truth)
+    return None
+
+
 def _boxed(text: str) -> str:
     return text if "\\boxed" in text else "\\boxed{" + text + "}"
 
@@ -120,8 +220,9 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
     """Score one answer: ``{"correct", "format_ok", "reason", "detail"}`` and, when one was found,
     ``"answer"`` (the extracted text). math-verify's own timeouts (``signal.alarm``, main thread
     only) are off: the caller bounds the time (the service scores in worker processes)."""
-    if mode in ("gsm8k", "gsm8k_flexible"):
-        return score_gsm8k(response, ground_truth, flexible=mode == "gsm8k_flexible")
+    plain = score_plain(response, ground_truth, mode)
+    if plain is not None:
+        return plain
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
@@ -130,12 +231,10 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
         return _bad_ground_truth(
             f"math-verify could not parse the ground truth {ground_truth[:200]!r}"
         )
-    if mode in ("last_boxed", "answer_line"):
-        if mode == "last_boxed":
-            answer = extract_last_boxed(response)
-            missing = "no \\boxed{} answer and no 'Answer:' line"
-        else:
-            answer, missing = answer_line(response), "no 'Answer:' line"
+    if mode == "whole_response" and _DELIMITED.search(response):
+        mode = "math_verify"  # delimited: math-verify finds it, as in math_verify mode
+    if mode in EXTRACTING:
+        answer, missing = extract(response, mode)
         if answer is None:
             return _no_answer(missing)
         pred = parse(_boxed(answer), extraction_config=config, parsing_timeout=None)

@@ -36,9 +36,10 @@ answer is extracted by the same functions ``score_math`` uses):
    go through the same ``parse`` call, so ``verify`` compares a parse with itself: correct.
    Different strings of these forms (``\\frac{2}{4}`` against ``\\frac{1}{2}``) are not decided.
 
-``gsm8k`` / ``gsm8k_flexible`` never used math-verify: their scorer is pure string and decimal
-work and runs here unchanged. ``math_verify`` mode extracts with math-verify itself over the whole
-response, so it always goes to the pool.
+``gsm8k`` / ``gsm8k_flexible`` and ``qa_exact_match`` never used math-verify: their scorers are pure
+string and decimal work and run here unchanged. ``math_verify`` mode extracts with math-verify
+itself over the whole response, and ``whole_response`` often parses the whole response, so both
+always go to the pool.
 
 Each rule is checked against real math-verify on thousands of generated pairs and by property
 tests (``tests/services/reward/test_math_fast.py``); ``reward.math.fast_path=false`` turns the
@@ -52,7 +53,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from services.reward.math_answer import answer_line, extract_last_boxed, score_gsm8k, verdict
+from services.reward.math_answer import extract, score_plain, verdict
 
 MAX_DIGITS = 15
 """Digits of a canonical number (math-verify's numeric comparison works to 15 significant
@@ -87,18 +88,11 @@ def canonical_number(text: str) -> Decimal | None:
     return value
 
 
-def extract(response: str, mode: str) -> tuple[str | None, str]:
-    """The answer ``score_math`` would extract in ``last_boxed``/``answer_line`` mode, and the
-    detail it gives when there is none."""
-    if mode == "last_boxed":
-        return extract_last_boxed(response), "no \\boxed{} answer and no 'Answer:' line"
-    return answer_line(response), "no 'Answer:' line"
-
-
 def fast_verdict(response: str, ground_truth: str, mode: str) -> dict[str, Any] | None:
     """``score_math``'s verdict when a rule above decides it, else None."""
-    if mode in ("gsm8k", "gsm8k_flexible"):
-        return score_gsm8k(response, ground_truth, flexible=mode == "gsm8k_flexible")
+    plain = score_plain(response, ground_truth, mode)
+    if plain is not None:
+        return plain
     if mode not in ("last_boxed", "answer_line"):
         return None
     answer, missing = extract(response, mode)

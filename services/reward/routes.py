@@ -1,7 +1,7 @@
 """Routes by data source (``reward.routes``): scorer options for items that do not set them.
 
-A route names a kind and that kind's options (math ``extraction``, code ``scoring``). It fills an
-option in only when the item left it out, and only for items of the route's kind, so a client that
+A route names a kind and that kind's options (math ``extraction``, code ``scoring`` and
+``first_cases``). It fills an option in only when the item left it out, and only for items of the route's kind, so a client that
 says what it wants always gets it. Routes apply before composite specs, whose math and code
 components then score with the filled-in options.
 """
@@ -27,6 +27,11 @@ class Routes(RouteTable):
             return item
         if item.kind == "math" and item.extraction is None and route.extraction is not None:
             return item.model_copy(update={"extraction": route.extraction})
-        if item.kind == "code" and "scoring" not in item.model_fields_set and route.scoring:
-            return item.model_copy(update={"scoring": route.scoring})
+        if item.kind == "code":
+            update = {
+                key: getattr(route, key)
+                for key in ("scoring", "first_cases")
+                if key not in item.model_fields_set and getattr(route, key) is not None
+            }
+            return item.model_copy(update=update) if update else item
         return item

@@ -12,7 +12,9 @@ Row layouts (both file formats accept both):
 
 Code tests are the reward service's layout (``{"type": "stdio", "cases": [...]}`` or ``assert``) or
 verl's layout ``{"inputs": [...], "outputs": [...]}`` (APPS, CodeContests, TACO; stdin/stdout
-cases, or call cases with ``fn_name``), either as ``tests`` or as JSON in the ground truth.
+cases, or call cases with ``fn_name``, whose inputs are argument lists or, LeetCode-style, text
+with one JSON argument per line), either as ``tests`` or as JSON in the ground truth. A verl
+Search-R1 row's ground truth ``{"target": [...]}`` becomes the JSON list of accepted answers.
 
 Every reward item carries the row's ``data_source`` and the prompt's plain text, so the reward
 service can route it to a composite reward spec (``reward.composite.<data_source>``).
@@ -107,6 +109,27 @@ def _messages(value: Any, where: str) -> str | list[dict[str, str]]:
     raise DatasetError(f"{where}: 'prompt' must be text or a non-empty list of chat messages")
 
 
+def _call_case(inputs: Any, output: Any, where: str) -> dict[str, Any]:
+    """One call case: arguments as a list, or as text with one JSON value per line; an output
+    given as text is compared as the JSON value it holds (or as the text itself)."""
+    if isinstance(inputs, str):
+        try:
+            inputs = [json.loads(line) for line in inputs.rstrip("\n").split("\n")]
+        except ValueError as e:
+            raise DatasetError(f"{where}: input is not one JSON value per line ({e})") from None
+    if not isinstance(inputs, list):
+        raise DatasetError(
+            f"{where}: call-based tests need a list of arguments or JSON lines per input"
+        )
+    if not isinstance(output, str):
+        return {"args": inputs, "expected": output}
+    try:
+        expected = json.loads(output)
+    except ValueError:
+        expected = output
+    return {"args": inputs, "expected": expected, "expected_text": output}
+
+
 def _stdio_layout(tests: Any, where: str) -> Any:
     """verl's code layout (APPS, CodeContests, TACO: ``{"inputs": [...], "outputs": [...]}``, with
     ``fn_name`` when call-based) as stdio or call tests; the service's own layout passes
@@ -117,10 +140,10 @@ def _stdio_layout(tests: Any, where: str) -> Any:
     if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
         raise DatasetError(f"{where}: tests 'inputs' and 'outputs' must be lists of equal length")
     if tests.get("fn_name"):
-        # Call-based: each input is the argument list, each output the return value.
-        if not all(isinstance(i, list) for i in inputs):
-            raise DatasetError(f"{where}: call-based tests need a list of arguments per input")
-        cases = [{"args": i, "expected": o} for i, o in zip(inputs, outputs, strict=True)]
+        # Call-based: each input is the argument list (APPS, TACO) or its arguments as JSON lines
+        # (LeetCode, LiveCodeBench), each output the return value (or its text).
+        cases = [_call_case(i, o, f"{where}: tests case {n}") for n, (i, o) in
+                 enumerate(zip(inputs, outputs, strict=True))]  # fmt: skip
         return {"type": "call", "fn_name": tests["fn_name"], "cases": cases}
 
     def text(v: Any) -> str:
@@ -153,6 +176,9 @@ def record_from_row(
     truth = _get(row, "reward_model.ground_truth")
     if truth is None:
         truth = row.get("ground_truth", row.get("answer"))
+    if isinstance(truth, Mapping) and "target" in truth:  # Search-R1: the accepted answers
+        targets = truth["target"]
+        truth = json.dumps([str(t) for t in ([targets] if isinstance(targets, str) else targets)])
     extra: dict[str, Any] = {}
     if kind == "code":
         tests = row.get("tests") or _get(row, "extra_info.tests")
