@@ -14,11 +14,11 @@ Extraction modes:
   several boxes are combined into one answer, which multi-part answers such as "(2, 3) and (6, 2)"
   need.
 - ``whole_response`` (verl's ``numina_*`` sources, whose answers are often written bare): a response
-  with a box or a LaTeX delimiter (``$``, ``\\(``, ``\\[``) is read as ``math_verify`` reads it; else
-  the ``Answer:`` line when there is one; else the whole response is one LaTeX expression (a matrix,
-  ``\\frac{1+\\sqrt{5}}{2}``, ``x^2+3x+5``). A response in words falls back to its number only when
-  it has exactly one number and no mathematical sign, so the fallback can never pick one number
-  out of a formula.
+  with a box is read as ``math_verify`` reads it; else the ``Answer:`` line when there is one; else,
+  with a LaTeX delimiter (``$``, ``\\(``, ``\\[``), as ``math_verify``; else the whole response is
+  one LaTeX expression (a matrix, ``\\frac{1+\\sqrt{5}}{2}``, ``x^2+3x+5``). A response in words
+  falls back to its number only when it has exactly one number and no mathematical sign, so the
+  fallback can never pick one number out of a formula.
 - ``gsm8k``: the last ``#### N`` (GSM8K's own answer format); ``gsm8k_flexible``: the last number
   anywhere. Both compare numbers, not LaTeX: commas and ``$`` removed, ``72.0`` equals ``72``; a
   ground truth that is a whole GSM8K solution counts by its ``#### N``.
@@ -118,9 +118,15 @@ def extract_last_boxed(text: str) -> str | None:
     return last_boxed(text) or answer_line(text)
 
 
-_DELIMITED = re.compile(r"\\boxed|\\fbox|\$|\\\(|\\\[")
+_DELIMITED = re.compile(r"\$|\\\(|\\\[")
 _ONE_NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
 _MATH_SIGN = re.compile(r"[=+*/^_\\{}\[\]()<>|&%]")
+
+
+def reads_as_math_verify(text: str) -> bool:
+    """Whether ``whole_response`` reads ``text`` as ``math_verify`` does: it has a box, or a LaTeX
+    delimiter and no ``Answer:`` line (whose own rules, refusals included, come first)."""
+    return bool(_BOX.search(text) or (_DELIMITED.search(text) and not _MARKER.search(text)))
 
 
 def whole_response(text: str) -> tuple[str | None, str]:
@@ -231,8 +237,8 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
         return _bad_ground_truth(
             f"math-verify could not parse the ground truth {ground_truth[:200]!r}"
         )
-    if mode == "whole_response" and _DELIMITED.search(response):
-        mode = "math_verify"  # delimited: math-verify finds it, as in math_verify mode
+    if mode == "whole_response" and reads_as_math_verify(response):
+        mode = "math_verify"
     if mode in EXTRACTING:
         answer, missing = extract(response, mode)
         if answer is None:
