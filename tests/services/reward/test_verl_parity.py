@@ -95,6 +95,11 @@ def test_dapo_sources_read_answer_anywhere_on_a_line_that_ends_with_it(
     assert scores(reward, source, "34", phrasing.format(34), phrasing.format(35)) == [1.0, 0.0]
 
 
+def test_dapo_answers_are_compared_by_math_verify_not_as_strings(reward: RewardServer) -> None:
+    """docs/data.md's example: verl's string comparison gives 0 here, math-verify 1."""
+    assert scores(reward, "math_dapo", r"\frac{1}{2}", "Answer: 0.5", "Answer: 0.25") == [1.0, 0.0]
+
+
 REFUSED_SENTENCES = [
     "If the answer: 12 were right, the sum would be odd. Recounting, it is 13.",
     "The answer: 12 is what I first thought, but the carry makes it 13.",
