@@ -6,6 +6,7 @@ sandbox tests can check that nothing of it reaches a sandboxed program.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from dynamo_rl.procs import ServiceProcess
 from launcher.service_table import SERVICES
@@ -42,6 +44,17 @@ class RewardServer:
         assert httpx.get(f"{self.url}/healthz", timeout=10).json()["status"] == "ok"
         res = self.one({"kind": "math", "response": "\\boxed{2}", "ground_truth": "2"})
         assert res["correct"] is True
+
+
+@contextlib.contextmanager
+def configured_reward_server(log_dir: Path, config: dict[str, Any]) -> Iterator[RewardServer]:
+    """A server started with ``config`` (written to ``log_dir/reward.yaml``), stopped on exit."""
+    (log_dir / "reward.yaml").write_text(yaml.safe_dump(config))
+    server = start_reward_server(log_dir, ["--config", str(log_dir / "reward.yaml")])
+    try:
+        yield server
+    finally:
+        server.proc.stop()
 
 
 def start_reward_server(log_dir: Path, overrides: Sequence[str] = ()) -> RewardServer:

@@ -12,13 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from dynamo_rl.config import ConfigError, load_config
 from dynamo_rl.config.reward import DEFAULT_ROUTES, RewardConfig
 from services.reward.routes import Routes
 from services.rollout.datasets import DatasetError, record_from_row, reward_item
-from tests.services.reward.conftest import RewardServer, start_reward_server
+from tests.services.reward.conftest import RewardServer, configured_reward_server
 
 GSM8K_SOLUTION = (
     "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
@@ -142,12 +141,8 @@ def overridden(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServe
             "composite": {"mine/composite": {"components": [{"kind": "math"}]}},
         }
     }
-    (logs / "reward.yaml").write_text(yaml.safe_dump(config))
-    server = start_reward_server(logs, ["--config", str(logs / "reward.yaml")])
-    try:
+    with configured_reward_server(logs, config) as server:
         yield server
-    finally:
-        server.proc.stop()
 
 
 def test_routes_are_overridable_per_source(overridden: RewardServer) -> None:

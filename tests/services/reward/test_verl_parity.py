@@ -14,12 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from dynamo_rl.config.reward import SEARCH_R1_SETS, RewardConfig
 from services.reward.routes import Routes
 from services.rollout.datasets import record_from_row, reward_item
-from tests.services.reward.conftest import RewardServer, start_reward_server
+from tests.services.reward.conftest import RewardServer, configured_reward_server
 
 # Every name verl's default_compute_score knows, by the scorer it sends the name to.
 GSM8K = ["openai/gsm8k"]
@@ -307,12 +306,8 @@ def verl_like(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer
             },
         }
     }  # fmt: skip
-    (logs / "reward.yaml").write_text(yaml.safe_dump(config))
-    server = start_reward_server(logs, ["--config", str(logs / "reward.yaml")])
-    try:
+    with configured_reward_server(logs, config) as server:
         yield server
-    finally:
-        server.proc.stop()
 
 
 def test_verl_like_config_scores_as_verl_does(verl_like: RewardServer) -> None:
