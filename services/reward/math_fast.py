@@ -143,9 +143,10 @@ def _compare(answer: str, truth: str, gold: Decimal) -> bool | None:
     return None
 
 
-def dedup_key(response: str, ground_truth: str, mode: str) -> tuple[str, str, str | None]:
+def dedup_key(response: str, ground_truth: str, mode: str) -> tuple[str, str, str | None, str]:
     """What ``score_math``'s verdict depends on: in the extracting modes only the extracted
-    answer, so two responses with the same final answer share one math-verify call."""
+    answer (or, with none, why: the detail may quote the response), so two responses with the
+    same final answer share one math-verify call."""
     if mode in ("last_boxed", "answer_line"):
-        return (mode, ground_truth, extract(response, mode)[0])
-    return (mode, ground_truth, response)
+        return (mode, ground_truth, *extract(response, mode))
+    return (mode, ground_truth, response, "")

@@ -1,7 +1,7 @@
 """The ``math`` kind: free-text answers compared with a ground truth by math-verify.
 
-Extraction (``last_boxed``, ``answer_line``, ``math_verify``, ``gsm8k``) and comparison live in
-:mod:`services.reward.math_answer`. Per item, in order:
+Extraction (``last_boxed``, ``answer_line``, ``math_verify``, ``whole_response``, ``gsm8k``,
+``gsm8k_flexible``, ``qa_exact_match``) and comparison live in :mod:`services.reward.math_answer`. Per item, in order:
 
 1. the fast path (:mod:`services.reward.math_fast`, ``reward.math.fast_path``): plain numbers and
    identical simple forms are decided here, with math-verify's verdict, without a worker;

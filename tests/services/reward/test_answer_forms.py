@@ -20,7 +20,7 @@ from services.reward.math_answer import (
     score_math,
     whole_response,
 )
-from services.reward.math_fast import fast_verdict
+from services.reward.math_fast import dedup_key, fast_verdict
 from services.reward.qa_answer import normalize, score_qa, targets
 from services.reward.routes import Routes
 from services.rollout.datasets import DatasetError, record_from_row
@@ -120,6 +120,12 @@ def test_score_math_whole_response(response: str, truth: str, correct: bool, rea
 
 def test_whole_response_is_never_decided_by_the_fast_path() -> None:
     assert fast_verdict("42", "42", "whole_response") is None
+
+
+def test_refusals_quoting_their_line_do_not_share_a_verdict() -> None:
+    one = dedup_key("The answer: 1 is odd", "x", "answer_line")
+    assert one != dedup_key("The answer: 2 is even", "x", "answer_line")
+    assert dedup_key("no marker", "x", "answer_line") == dedup_key("none", "x", "answer_line")
 
 
 def test_qa_normalisation_and_targets() -> None:
