@@ -43,7 +43,7 @@ from services.reward.qa_answer import score_qa
 _BOX = re.compile(r"\\(?:boxed|fbox)")
 _MARKER = re.compile(r"(?<![A-Za-z])answer[ \t*_]*(?:is[ \t*_]*)?[:：]", re.IGNORECASE)
 _LATEX_NAMES = re.compile(r"\\(?:begin|end|text|mathrm|textbf|operatorname)\{[^{}]*\}|\\[A-Za-z]+")
-_WORD = re.compile(r"[A-Za-z]{2,}")
+_WORD = re.compile(r"[^\W\d_]{2,}")
 MATH_WORDS = frozenset({"and", "or", "sqrt", "pi", "inf", "infty", "sin", "cos", "tan", "cot",
                         "sec", "csc", "log", "ln", "exp", "mod", "arcsin", "arccos", "arctan"})  # fmt: skip
 """Words an answer may contain ("x = 1 or x = 2", "sqrt(2)") without counting as prose."""
@@ -81,10 +81,17 @@ def prose_words(text: str) -> list[str]:
     return [w for w in _WORD.findall(plain) if w.lower() not in MATH_WORDS]
 
 
+def is_prose(text: str) -> bool:
+    """Two or more words of prose, or one in a script other than ASCII (Chinese runs its words
+    together)."""
+    words = prose_words(text)
+    return len(words) >= 2 or any(not w.isascii() for w in words)
+
+
 def _goes_on(answer: str) -> bool:
-    """Whether an answer line's text goes on past its answer: two or more words of prose, or
-    anything but punctuation after a closing ``$``."""
-    if len(prose_words(answer)) >= 2:
+    """Whether an answer line's text goes on past its answer: prose, or anything but punctuation
+    after a closing ``$``."""
+    if is_prose(answer):
         return True
     return answer.count("$") >= 2 and bool(answer.rstrip(" \t.,;!").rsplit("$", 1)[1].strip())
 
@@ -140,7 +147,7 @@ def whole_response(text: str) -> tuple[str | None, str]:
     numbers = _ONE_NUMBER.findall(body)
     if words and len(numbers) == 1 and not _MATH_SIGN.search(body):
         return numbers[0], ""  # words around one number, nothing else it could be
-    if len(words) < 2 and body:
+    if body and not is_prose(body):
         return body, ""  # one expression: parsed whole
     return None, (
         "no box, no $...$, no 'Answer:' line, and the response is words, not one expression "

@@ -15,6 +15,7 @@ from services.reward.code_scorer import CALL_IMPORTS, _check_call, with_call_imp
 from services.reward.math_answer import (
     extract,
     find_answer_line,
+    is_prose,
     prose_words,
     reads_as_math_verify,
     score_math,
@@ -42,6 +43,8 @@ from services.rollout.datasets import DatasetError, record_from_row
         ("Answer: $34$ apples", None),  # text after the closing $
         ("If the answer: 12 were right, it would be odd.", None),
         ("Answer: 13\nThe answer: 12 is wrong here.", None),  # the last marker line decides
+        ("Answer: 12 是错的", None),  # prose in another script
+        ("答案是 answer: 12", "12"),
     ],
 )
 def test_answer_line_anywhere_on_a_line_that_ends_with_the_answer(
@@ -65,6 +68,7 @@ def test_answer_line_reasons() -> None:
 def test_prose_words_ignore_latex_and_math_words() -> None:
     assert prose_words(r"\begin{pmatrix} 1 \end{pmatrix} \text{cm} \sqrt{x} sin or and") == []
     assert prose_words("12 is wrong, x") == ["is", "wrong"]
+    assert is_prose("12 is wrong") and is_prose("12 错的") and not is_prose("12 cm")
 
 
 MATRIX = r"\begin{pmatrix} 1 & 2 \\ 3 & 19 \end{pmatrix}"
@@ -85,6 +89,8 @@ MATRIX = r"\begin{pmatrix} 1 & 2 \\ 3 & 19 \end{pmatrix}"
         ("There are no numbers here", None),
         ("   ", None),
         ("The answer: 12 is wrong", None),  # the answer line's refusal stands
+        ("所以答案是 5。", "5"),  # words in another script around one number
+        ("x = 5 所以", None),
     ],
 )
 def test_whole_response(text: str, answer: str | None) -> None:
