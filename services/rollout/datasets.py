@@ -110,17 +110,19 @@ def _messages(value: Any, where: str) -> str | list[dict[str, str]]:
 
 
 def _call_case(inputs: Any, output: Any, where: str) -> dict[str, Any]:
-    """One call case: arguments as a list, or as text with one JSON value per line; an output
-    given as text is compared as the JSON value it holds (or as the text itself)."""
-    if isinstance(inputs, str):
-        try:
-            inputs = [json.loads(line) for line in inputs.rstrip("\n").split("\n")]
-        except ValueError as e:
-            raise DatasetError(f"{where}: input is not one JSON value per line ({e})") from None
-    if not isinstance(inputs, list):
+    """One call case: arguments as a list (APPS: the output is the value), or as text with one
+    JSON value per line (LeetCode: an output given as text is compared as the JSON value it holds,
+    or as the text itself)."""
+    if isinstance(inputs, list):
+        return {"args": inputs, "expected": output}
+    if not isinstance(inputs, str):
         raise DatasetError(
             f"{where}: call-based tests need a list of arguments or JSON lines per input"
         )
+    try:
+        inputs = [json.loads(line) for line in inputs.rstrip("\n").split("\n")]
+    except ValueError as e:
+        raise DatasetError(f"{where}: input is not one JSON value per line ({e})") from None
     if not isinstance(output, str):
         return {"args": inputs, "expected": output}
     try:

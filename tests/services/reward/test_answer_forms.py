@@ -192,6 +192,9 @@ def test_loader_reads_json_line_arguments_and_text_outputs() -> None:
         {"args": [[1, 2], 3], "expected": [1, 2], "expected_text": "[1, 2]"},
         {"args": [4], "expected": 7},
     ]
+    apps = {"fn_name": "f", "inputs": [[1]], "outputs": ["5"]}  # APPS: a string is the value
+    case = record_from_row({"prompt": "q", "kind": "code", "tests": apps}, 0)
+    assert case.reward_extra["tests"]["cases"] == [{"args": [1], "expected": "5"}]
     text = {"fn_name": "f", "inputs": ['"a"'], "outputs": ["not json"]}
     case = record_from_row({"prompt": "q", "kind": "code", "tests": text}, 0)
     assert case.reward_extra["tests"]["cases"][0]["expected"] == "not json"
