@@ -72,7 +72,7 @@ def test_dapo_and_aime_take_the_answer_line(reward: RewardServer, source: str) -
     assert math(reward, source, "Work... \\boxed{34}", "34")["reason"] == "no_answer"
 
 
-def test_numina_sources_use_math_verify(reward: RewardServer) -> None:
+def test_numina_sources_read_delimited_answers_as_math_verify_does(reward: RewardServer) -> None:
     for source in ("numina_olympiads", "numina_cn_k12"):
         assert math(reward, source, "Thus $x = \\frac{1}{2}$.", "0.5")["correct"]
         assert math(reward, source, TWO_BOXES, "2, 3")["correct"]  # both boxes combined
