@@ -15,7 +15,6 @@ from dynamo_rl.codec import (
     response_prompt,
 )
 
-
 # Model tokens 0 and 3, an observation (tokens 1 and 2) between them.
 TWO_TURNS = [Turn(start=0, end=1, observation_end=3), Turn(start=3, end=4, observation_end=4)]
 

@@ -157,5 +157,5 @@ def test_episode_ids_are_checked() -> None:
     rewards = torch.zeros(3)
     with pytest.raises(ValueError, match=r"episode_ids must have shape \[B\]=\[3\]"):
         grpo_advantages(rewards, [0, 0, 1], episode_ids=[0, 1])
-    with pytest.raises(ValueError, match="episode_ids: episode .* spans groups"):
+    with pytest.raises(ValueError, match=r"episode_ids: episode .* spans groups"):
         grpo_advantages(rewards, [0, 0, 1], episode_ids=[0, 1, 1])

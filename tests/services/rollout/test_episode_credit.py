@@ -13,7 +13,6 @@ import asyncio
 import math
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
@@ -23,7 +22,13 @@ from dynamo_rl.config.learner import AlgorithmConfig, PpoLoss
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
 from learner import algorithms as A
-from learner.batch import Sample, batch_mask, placed_turn_rewards, samples_from_groups
+from learner.batch import (
+    Sample,
+    batch_mask,
+    placed_turn_rewards,
+    samples_from_groups,
+    uniform_group,
+)
 from learner.rl import RLTrainer
 from services.rollout.build import load_tokenizer
 from services.rollout.datasets import PromptRecord
@@ -144,9 +149,8 @@ def test_each_segment_is_credited_with_its_own_and_later_turns(
     placed = [0.0, 0.025, 0.1, 0.3]
     credit = [1.0 + sum(placed[k:]) for k in range(4)]  # 1.425, 1.425, 1.4, 1.3
     assert [r.reward for r in group.responses] == pytest.approx(credit)
-    assert [[t.reward for t in r.turns] for r in group.responses] == pytest.approx(
-        [[p] for p in placed]
-    )
+    assert [len(r.turns) for r in group.responses] == [1] * 4
+    assert [r.turns[0].reward for r in group.responses] == pytest.approx(placed)
     samples = samples_from_groups([group], 0)
     token_rewards = placed_turn_rewards(samples, batch_mask(samples))
     assert token_rewards is not None
@@ -157,6 +161,21 @@ def test_each_segment_is_credited_with_its_own_and_later_turns(
         want[r.turns[0].end - 1] = credit[k]
         assert token_rewards[k].tolist() == pytest.approx(want), f"segment {k}"
         assert s.reward == pytest.approx(credit[k])
+
+
+def test_dapo_dynamic_sampling_judges_a_group_by_its_episodes(
+    engine: str, conversation: Conversation
+) -> None:
+    """A group is uniform (no learning signal, skipped) when its episodes' returns are equal,
+    however the segments of a forked episode were credited."""
+    episodes = play(engine, conversation, [3, 1])
+    env = EnvConfig(turn_rewards=True)
+    alone = group_of(episodes[:1], [1.0], conversation, env)
+    assert [r.reward for r in alone.responses] == pytest.approx([1.3, 1.3, 1.2])  # one episode
+    assert uniform_group(alone)
+    same = 1.0 + sum([0.0, 0.1, 0.2])  # episode 1 (one turn, reward 0) returns what episode 0 does
+    assert uniform_group(group_of(episodes, [1.0, same], conversation, env))
+    assert not uniform_group(group_of(episodes, [1.0, 0.0], conversation, env))
 
 
 def test_malformed_calls_cost_the_segments_up_to_them(
