@@ -7,8 +7,9 @@ Wire format of a stream entry (a Redis hash of fields):
   serialised.
 
 :func:`decode_group` validates what the learner relies on (at least one response, one log-prob per
-token, finite values; a multi-turn response's loss mask 1 exactly on its turns' model tokens) and raises :class:`TrajectoryDecodeError` with the reason otherwise, so a
-poison entry goes to the dead-letter stream instead of crashing the learner.
+token, finite values; a multi-turn response's loss mask 1 exactly on its turns' model tokens) and
+raises :class:`TrajectoryDecodeError` with the reason otherwise, so a poison entry goes to the
+dead-letter stream instead of crashing the learner.
 """
 
 from __future__ import annotations
