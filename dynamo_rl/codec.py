@@ -7,8 +7,9 @@ Wire format of a stream entry (a Redis hash of fields):
   serialised.
 
 :func:`decode_group` validates what the learner relies on (at least one response, one log-prob per
-token, finite values) and raises :class:`TrajectoryDecodeError` with the reason otherwise, so a
-poison entry goes to the dead-letter stream instead of crashing the learner.
+token, finite values; a multi-turn response's loss mask 1 exactly on its turns' model tokens) and
+raises :class:`TrajectoryDecodeError` with the reason otherwise, so a poison entry goes to the
+dead-letter stream instead of crashing the learner.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def validate_group(group: TrajectoryGroup) -> TrajectoryGroup:
 
 
 def _validate_episode(i: int, r: Response) -> None:
-    """A multi-turn response's mask and turns (absent on single-turn responses)."""
+    """A multi-turn response's mask and turns (absent on single-turn responses): the mask's
+    length and values, the turns' spans in order within the tokens, the mask on the spans."""
     n = len(r.token_ids)
     if r.loss_mask:
         if len(r.loss_mask) != n:
@@ -97,6 +99,23 @@ def _validate_episode(i: int, r: Response) -> None:
         if not math.isfinite(t.reward):
             raise TrajectoryDecodeError(f"response {i} turn {k}: reward is not finite")
         prev = t.observation_end
+    if r.loss_mask or r.turns:
+        _check_mask_on_turns(i, r)
+
+
+def _check_mask_on_turns(i: int, r: Response) -> None:
+    """The mask is 1 exactly on the turns' model tokens ``[start, end)``, 0 elsewhere: what the
+    learner trains is what the engine sampled, no more and no less."""
+    model = [0] * len(r.token_ids)
+    for t in r.turns:
+        model[t.start : t.end] = [1] * (t.end - t.start)
+    mask = response_loss_mask(r)
+    for j, (m, want) in enumerate(zip(mask, model, strict=True)):
+        if m != want:
+            raise TrajectoryDecodeError(
+                f"response {i}: loss_mask at token {j} is {m}, but must be 1 exactly on the "
+                f"turns' model tokens [start, end) and 0 elsewhere ({len(r.turns)} turns)"
+            )
 
 
 def response_prompt(group: TrajectoryGroup, response: Response) -> list[int]:

@@ -12,6 +12,7 @@ last ``T`` columns, so ``[B, T]`` tensors (log-probs, advantages, masks) line up
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,9 @@ class Sample:
     correct: bool
     group: int
     staleness: int = 0
+    episode: int | None = None
+    """Multi-turn episodes: the episode (within the group) this sample is a segment of; the
+    segments of a forked episode share it. None: a single-turn response, an episode of its own."""
     truncated: bool = False
     temperature: float = 1.0
     """Temperature the response was sampled at; the learner divides its logits by it."""
@@ -36,7 +40,8 @@ class Sample:
     """Multi-turn episodes: 1 at model tokens, 0 at observation tokens (None: all trained)."""
     turn_rewards: list[tuple[int, float]] | None = None
     """Multi-turn episodes: (token position, reward) of each turn reward the environment placed;
-    ``reward`` already includes them (its remainder is the outcome)."""
+    ``reward`` already includes them (its remainder — the outcome and the later segments' turn
+    rewards — goes on the last trained token)."""
     turns: int = 0
     """Multi-turn episodes: model turns in this sample (0: single-turn)."""
     tool_calls: int = 0
@@ -79,6 +84,36 @@ def episode_stats(samples: list[Sample]) -> dict[str, float]:
     }
 
 
+def response_episode(response: Any) -> int | None:
+    """The episode a stream response is a segment of (its ``episode``); None for a single-turn
+    response (no turns), which is an episode of its own."""
+    return int(response.episode) if response.turns else None
+
+
+def episode_ids(groups: Sequence[int], episodes: Sequence[int | None]) -> torch.Tensor:
+    """``[N]`` each row's episode, numbered across the batch (the estimators' ``episode_ids``):
+    rows of one group with one ``episode`` share a number, a row with None has its own."""
+    seen: dict[tuple[int, ...], int] = {}
+    keys = [
+        (g, e) if e is not None else (i,)
+        for i, (g, e) in enumerate(zip(groups, episodes, strict=True))
+    ]
+    return torch.tensor([seen.setdefault(k, len(seen)) for k in keys], dtype=torch.long)
+
+
+def uniform_group(group: Any) -> bool:
+    """DAPO dynamic sampling's test of a stream ``TrajectoryGroup``: True when its episodes all
+    scored the same (a group of one episode included) — no learning signal. A forked episode
+    counts once, with its first segment's reward (its return)."""
+    from learner.algorithms import dapo_keep_groups
+
+    rewards = torch.tensor([r.reward for r in group.responses])
+    n = len(rewards)
+    episodes = episode_ids([0] * n, [response_episode(r) for r in group.responses])
+    keep = dapo_keep_groups(rewards, torch.zeros(n, dtype=torch.long), episode_ids=episodes)
+    return not bool(keep.any())
+
+
 def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
     """Flatten decoded ``TrajectoryGroup`` protobufs into samples; group index = list position."""
     out: list[Sample] = []
@@ -96,6 +131,7 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
                     correct=bool(r.correct),
                     group=gi,
                     staleness=max(0, weight_version - int(g.weight_version)),
+                    episode=response_episode(r),
                     truncated=r.finish_reason == "length",
                     temperature=temperature,
                     loss_mask=list(r.loss_mask) if r.loss_mask else None,
@@ -202,9 +238,9 @@ def batch_mask(samples: list[Sample]) -> torch.Tensor:
 
 
 def placed_turn_rewards(samples: list[Sample], mask: torch.Tensor) -> torch.Tensor | None:
-    """Token rewards of a batch with per-turn rewards (None when no sample has one): each turn
-    reward on its turn's last model token, the rest of the response's reward (its outcome) on
-    its last trained token."""
+    """Token rewards of a batch with per-turn rewards (None when no sample has one): each of the
+    sample's own turn rewards on its turn's last model token, the rest of its reward (the outcome,
+    and the turn rewards of later segments of its episode) on its last trained token."""
     if not any(s.turn_rewards for s in samples):
         return None
     from learner.algorithms import outcome_token_rewards

@@ -12,7 +12,8 @@ One train step:
    sampling log-probs are kept for the truncated importance weight min(exp(old − sampling), cap)),
    reference log-probs when a KL term is on, values when there is a critic;
 2. rewards (+ DAPO overlong shaping) → advantages through ``ADVANTAGE_ESTIMATORS`` over the whole
-   batch (values and KL-in-reward gathered from the ranks first);
+   batch (values and KL-in-reward gathered from the ranks first; group statistics over episodes,
+   a forked episode's segments counted once);
 3. ``ppo_epochs`` × mini-batches × micro-batches: forward, log-probs and entropy, DynaMO
    modulation (per micro-batch, as in the paper), ``POLICY_LOSSES[type]`` with the mini-batch's
    token (group, or sequence) count as the normaliser, + KL, − entropy bonus, + value loss;
@@ -37,6 +38,7 @@ from learner.batch import (
     Sample,
     batch_mask,
     collate,
+    episode_ids,
     episode_stats,
     micro_splits,
     mini_batches,
@@ -46,6 +48,7 @@ from learner.batch import (
     samples_from_groups,
     scale_by_temperature,
     to_rows,
+    uniform_group,
 )
 from learner.dist import all_gather_object, all_reduce_sum, broadcast_object
 from learner.model import PolicyModel, load_policy, shard
@@ -207,12 +210,9 @@ class RLTrainer(Trainer):
                 if lc.stream.max_staleness is not None and stale > lc.stream.max_staleness:
                     skipped["stale"] += 1
                     continue
-                if algo.dapo.dynamic_sampling:
-                    rewards = torch.tensor([r.reward for r in g.responses])
-                    keep = A.dapo_keep_groups(rewards, torch.zeros(len(rewards), dtype=torch.long))
-                    if not bool(keep.any()):
-                        skipped["uniform_reward"] += 1
-                        continue
+                if algo.dapo.dynamic_sampling and uniform_group(g):
+                    skipped["uniform_reward"] += 1
+                    continue
                 kept.append(g)
             reads += 1
             if algo.dapo.dynamic_sampling and reads >= algo.dapo.max_reads and kept:
@@ -390,6 +390,8 @@ class RLTrainer(Trainer):
                 lengths, dapo.max_response_len, dapo.overlong_buffer, dapo.overlong_factor
             )
         group_ids = torch.tensor([s.group for s in samples], dtype=torch.long)
+        # A forked episode's segments count once in their group's statistics.
+        episodes = episode_ids([s.group for s in samples], [s.episode for s in samples])
         values_full = None
         # Per-turn environment rewards on their turns' last model tokens (None: outcome only).
         token_rewards = placed_turn_rewards(samples, mask)
@@ -414,6 +416,7 @@ class RLTrainer(Trainer):
             rewards=rewards,
             mask=mask,
             group_ids=group_ids,
+            episode_ids=episodes,
             token_rewards=token_rewards,
             values=values_full,
             **adv_kwargs,

@@ -97,7 +97,9 @@ def sample_rows(
     reasons: set[str] = set()
     for entry_id, group in groups:
         responses = group["responses"]
-        advantages = group_advantages([r["reward"] for r in responses], estimator)
+        # A multi-turn response's record has its "episode"; a single-turn one is its own.
+        episodes = [r.get("episode") for r in responses]
+        advantages = group_advantages([r["reward"] for r in responses], estimator, episodes)
         sources.add(group["data_source"])
         for i, r in enumerate(responses):
             reasons.add(r["reason"])

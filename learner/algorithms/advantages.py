@@ -5,6 +5,15 @@ Shapes: ``B`` responses, ``T`` response tokens, ``mask`` a {0, 1} float or bool 
 response answers; groups may have different sizes (DynaMO gives prompts different rollout counts)
 and may be given as an integer tensor or as any sequence of hashable ids (prompt-id strings).
 
+Episodes: ``episode_ids[B]`` (optional, ids unique across the batch) says which episode each row
+is a segment of — a multi-turn episode forks into several rows when its chat template rewrites
+the past. Group statistics (means, stds, leave-one-out baselines, DAPO's uniform-group test) are
+taken over **episodes**: a forked episode counts once, with its **return**, the value of its first
+row (its first segment, which is credited with every turn; an episode's rows come in segment
+order). Each row is then measured against its group's statistics with its own value (a later
+segment is credited only with its own and later turns), so an episode without turn rewards gets
+one advantage on every segment. ``None``: each row is an episode of its own (single-turn).
+
 Outcome estimators (GRPO, Dr.GRPO, RLOO) return one number per response; the registry adapters at
 the bottom broadcast it over the response's valid tokens so every estimator in
 ``ADVANTAGE_ESTIMATORS`` has the same signature and output shape. All outputs are zero at masked
@@ -59,6 +68,30 @@ def _segment_sum(x: torch.Tensor, index: torch.Tensor, g: int) -> torch.Tensor:
     return torch.zeros(g, dtype=x.dtype, device=x.device).index_add_(0, index, x)
 
 
+def _episodes(
+    values: torch.Tensor, index: torch.Tensor, episode_ids: GroupIds | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch seen by episodes: ``(returns[E], group[E], episode[B])`` — each episode's value
+    (its first row's), its group index, and each row's episode. ``None``: every row its own."""
+    b = values.shape[0]
+    if episode_ids is None:
+        return values, index, torch.arange(b, device=values.device)
+    episode, e = group_index(episode_ids, values.device)
+    _check_batch("episode_ids", episode, b)
+    rows = torch.arange(b, device=values.device)
+    first = torch.full((e,), b, dtype=torch.long, device=values.device)
+    first = first.scatter_reduce(0, episode, rows, reduce="amin")
+    group = index[first]
+    split = (group[episode] != index).nonzero()
+    if split.numel():
+        row = int(split[0, 0])
+        raise ValueError(
+            f"episode_ids: episode {int(episode[row])} (row {row}) spans groups; the segments "
+            f"of an episode must share its group id"
+        )
+    return values[first], group, episode
+
+
 def _group_min(x: torch.Tensor, index: torch.Tensor, g: int) -> torch.Tensor:
     """Per-group minimum. Subtracting it first (both estimators are shift-invariant) makes a
     constant group exactly 0 instead of a rounding error, and keeps large offsets from eating
@@ -76,50 +109,62 @@ def grpo_advantages(
     rewards: torch.Tensor,
     group_ids: GroupIds,
     *,
+    episode_ids: GroupIds | None = None,
     norm_by_std: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """GRPO advantages: ``A_i = (r_i − mean_g) / (std_g + eps)``, ``std_g`` the unbiased std.
 
-    ``mean_g`` and ``std_g = sqrt(Σ_{j∈g}(r_j − mean_g)² / (n_g − 1))`` are over the response's
-    group g of size n_g. A group of one gets mean 0 and std 1 (so ``A_i = r_i / (1 + eps)``, as in
-    verl). ``norm_by_std=False`` is Dr.GRPO: ``A_i = r_i − mean_g``. Returns ``[B]``.
+    ``mean_g`` and ``std_g = sqrt(Σ_{e∈g}(R_e − mean_g)² / (n_g − 1))`` are over the n_g episodes
+    of the response's group g (``R_e``: an episode's return; see the module docstring — without
+    ``episode_ids``, the responses themselves). A group of one gets mean 0 and std 1 (so
+    ``A_i = r_i / (1 + eps)``, as in verl). ``norm_by_std=False`` is Dr.GRPO:
+    ``A_i = r_i − mean_g``. Returns ``[B]``.
     """
     _check_1d("rewards", rewards)
     r = _float(rewards)
     index, g = group_index(group_ids, r.device)
     _check_batch("group_ids", index, r.shape[0])
-    count = _segment_sum(torch.ones_like(r), index, g)
+    returns, of, _ = _episodes(r, index, episode_ids)
+    count = _segment_sum(torch.ones_like(returns), of, g)
     single = count < 2
-    shifted = r - _group_min(r, index, g)[index]
-    mean = _segment_sum(shifted, index, g) / count
-    centred = torch.where(single[index], r, shifted - mean[index])
+    low = _group_min(returns, of, g)
+    mean = _segment_sum(returns - low[of], of, g) / count
+    centred = torch.where(single[index], r, r - low[index] - mean[index])
     if not norm_by_std:
         return centred
-    var = _segment_sum(centred.square(), index, g) / (count - 1).clamp(min=1)
+    spread = torch.where(single[of], returns, returns - low[of] - mean[of])
+    var = _segment_sum(spread.square(), of, g) / (count - 1).clamp(min=1)
     std = torch.where(single, torch.ones_like(var), var.sqrt())
     return centred / (std[index] + eps)
 
 
-def drgrpo_advantages(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
+def drgrpo_advantages(
+    rewards: torch.Tensor, group_ids: GroupIds, *, episode_ids: GroupIds | None = None
+) -> torch.Tensor:
     """Dr.GRPO advantages: ``A_i = r_i − mean_g`` (no std normalisation). Returns ``[B]``."""
-    return grpo_advantages(rewards, group_ids, norm_by_std=False)
+    return grpo_advantages(rewards, group_ids, episode_ids=episode_ids, norm_by_std=False)
 
 
-def rloo_advantages(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
-    """RLOO advantages: ``A_i = r_i − (Σ_{j∈g, j≠i} r_j) / (n_g − 1)``; a group of one gets 0.
+def rloo_advantages(
+    rewards: torch.Tensor, group_ids: GroupIds, *, episode_ids: GroupIds | None = None
+) -> torch.Tensor:
+    """RLOO advantages: ``A_i = r_i − (Σ_{e∈g, e≠e(i)} R_e) / (n_g − 1)`` over the n_g episodes of
+    the group but the response's own (see the module docstring); a group of one episode gets 0.
 
-    Equivalently ``n_g / (n_g − 1) · (r_i − mean_g)``. Returns ``[B]``.
+    Without forks, ``n_g / (n_g − 1) · (r_i − mean_g)``. Returns ``[B]``.
     """
     _check_1d("rewards", rewards)
     r = _float(rewards)
     index, g = group_index(group_ids, r.device)
     _check_batch("group_ids", index, r.shape[0])
-    shifted = r - _group_min(r, index, g)[index]
-    count = _segment_sum(torch.ones_like(r), index, g)[index]
-    total = _segment_sum(shifted, index, g)[index]
-    baseline = (total - shifted) / (count - 1).clamp(min=1)
-    return torch.where(count > 1, shifted - baseline, torch.zeros_like(r))
+    returns, of, episode = _episodes(r, index, episode_ids)
+    low = _group_min(returns, of, g)
+    shifted = returns - low[of]
+    count = _segment_sum(torch.ones_like(returns), of, g)[index]
+    total = _segment_sum(shifted, of, g)[index]
+    baseline = (total - shifted[episode]) / (count - 1).clamp(min=1)
+    return torch.where(count > 1, r - low[index] - baseline, torch.zeros_like(r))
 
 
 def _check_bt(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
@@ -178,14 +223,15 @@ def reinforce_pp_advantages(
     *,
     gamma: float = 1.0,
     group_ids: GroupIds | None = None,
+    episode_ids: GroupIds | None = None,
 ) -> torch.Tensor:
     """REINFORCE++ advantages: discounted returns ``G_t`` whitened over all valid tokens.
 
     ``G_t = r_t + γ G_{t+1}`` over valid tokens (see ``discounted_returns``). Without
     ``group_ids``: ``A = whiten(G)``. With ``group_ids`` (REINFORCE++-baseline): each response's
-    group-mean sequence return is subtracted first, ``A = whiten(G_t − mean_{j∈g} G_{j,0})``, where
-    ``G_{j,0}`` is response j's return from its first valid token (a group of one has baseline 0).
-    Returns ``[B, T]``, 0 at masked positions.
+    group-mean sequence return is subtracted first, ``A = whiten(G_t − mean_{e∈g} G_{e,0})``, where
+    ``G_{e,0}`` is episode e's return from its first valid token (its first row's, see the module
+    docstring; a group of one episode has baseline 0). Returns ``[B, T]``, 0 at masked positions.
     """
     returns = discounted_returns(token_rewards, mask, gamma)
     if group_ids is not None:
@@ -194,8 +240,9 @@ def reinforce_pp_advantages(
         seq_return = returns.gather(1, first[:, None]).squeeze(1)
         index, g = group_index(group_ids, returns.device)
         _check_batch("group_ids", index, returns.shape[0])
-        count = _segment_sum(torch.ones_like(seq_return), index, g)
-        mean = _segment_sum(seq_return, index, g) / count
+        seq_return, of, _ = _episodes(seq_return, index, episode_ids)
+        count = _segment_sum(torch.ones_like(seq_return), of, g)
+        mean = _segment_sum(seq_return, of, g) / count
         mean = torch.where(count < 2, torch.zeros_like(mean), mean)
         returns = returns - mean[index, None]  # masked positions: whitened to 0 below
     return masked_whiten(returns, mask)
@@ -248,20 +295,24 @@ def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return out.scatter(1, last.clamp(min=0)[:, None], torch.where(last >= 0, r, 0.0)[:, None])
 
 
-def dapo_keep_groups(rewards: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
-    """DAPO dynamic sampling: ``True`` for responses whose group's rewards are not all equal.
+def dapo_keep_groups(
+    rewards: torch.Tensor, group_ids: GroupIds, *, episode_ids: GroupIds | None = None
+) -> torch.Tensor:
+    """DAPO dynamic sampling: ``True`` for responses whose group's episode returns are not all
+    equal (see the module docstring; without ``episode_ids``, the responses' rewards).
 
-    A group whose responses all scored the same gives zero GRPO advantage (no learning signal), so
-    DAPO drops it and samples more. A group of one is dropped too. Returns a bool ``[B]``.
+    A group whose episodes all scored the same gives zero GRPO advantage (no learning signal), so
+    DAPO drops it and samples more. A group of one episode is dropped too. Returns a bool ``[B]``.
     """
     _check_1d("rewards", rewards)
     r = _float(rewards)
     index, g = group_index(group_ids, r.device)
     _check_batch("group_ids", index, r.shape[0])
+    returns, of, _ = _episodes(r, index, episode_ids)
     hi = torch.full((g,), -torch.inf, dtype=r.dtype, device=r.device)
     lo = torch.full((g,), torch.inf, dtype=r.dtype, device=r.device)
-    hi = hi.scatter_reduce(0, index, r, reduce="amax")
-    lo = lo.scatter_reduce(0, index, r, reduce="amin")
+    hi = hi.scatter_reduce(0, of, returns, reduce="amax")
+    lo = lo.scatter_reduce(0, of, returns, reduce="amin")
     return (hi > lo)[index]
 
 
@@ -298,13 +349,13 @@ def _register(
 
 
 def _register_outcome_estimator(
-    name: str, per_response: Callable[[torch.Tensor, GroupIds], torch.Tensor], doc: str
+    name: str, per_response: Callable[..., torch.Tensor], doc: str
 ) -> None:
-    """Register an outcome-reward estimator: one advantage per response, on every valid token;
-    the advantages are also the returns."""
+    """Register an outcome-reward estimator, ``per_response(rewards, group_ids, *, episode_ids)``:
+    one advantage per response, on every valid token; the advantages are also the returns."""
 
     def compute(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        adv = _broadcast(per_response(x.rewards, x.group_ids), x.mask)
+        adv = _broadcast(per_response(x.rewards, x.group_ids, episode_ids=x.episode_ids), x.mask)
         return adv, adv
 
     _register(name, compute, doc)
@@ -324,7 +375,9 @@ def _reinforce_pp(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _reinforce_pp_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     tr = _token_rewards(x)
-    adv = reinforce_pp_advantages(tr, x.mask, gamma=x.gamma, group_ids=x.group_ids)
+    adv = reinforce_pp_advantages(
+        tr, x.mask, gamma=x.gamma, group_ids=x.group_ids, episode_ids=x.episode_ids
+    )
     return adv, discounted_returns(tr, x.mask, x.gamma)
 
 

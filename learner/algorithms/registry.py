@@ -4,7 +4,8 @@ Every variant in a registry has the same call signature, so the learner looks a 
 calls the result without knowing which variant it got (no ``if name == "gae"`` anywhere):
 
 - ``ADVANTAGE_ESTIMATORS[name](*, rewards, mask, group_ids, token_rewards=None, values=None,
-  gamma=1.0, lam=1.0) -> (advantages[B, T], returns[B, T])`` — see ``AdvantageEstimator``;
+  gamma=1.0, lam=1.0, episode_ids=None) -> (advantages[B, T], returns[B, T])`` — see
+  ``AdvantageEstimator``;
 - ``POLICY_LOSSES[name](logp, old_logp, advantages, mask, *, clip_low, clip_high,
   dual_clip=None, agg=..., normalizer=None, group_tokens=None) -> (loss, metrics)`` — see ``PolicyLoss``.
 
@@ -87,6 +88,7 @@ class AdvantageInputs:
     values: torch.Tensor | None
     gamma: float
     lam: float
+    episode_ids: GroupIds | None = None
 
 
 class AdvantageEstimator:
@@ -95,6 +97,8 @@ class AdvantageEstimator:
     ``rewards[B]`` are outcome scores; ``token_rewards[B, T]`` (optional) are per-token rewards —
     when omitted, token-level estimators place each outcome reward on the last valid token.
     ``values[B, T]`` is required by critic-based estimators (``gae``) and ignored by the others.
+    ``episode_ids[B]`` (optional) says which episode each row is a segment of: group statistics
+    are taken over episodes (``learner.algorithms.advantages``); None: each row is one.
     Returns ``(advantages, returns)``, both ``[B, T]`` and zero at masked positions.
 
     Each variant is ``compute``, a function of the call's :class:`AdvantageInputs`; ``doc`` is the
@@ -121,9 +125,12 @@ class AdvantageEstimator:
         values: torch.Tensor | None = None,
         gamma: float = 1.0,
         lam: float = 1.0,
+        episode_ids: GroupIds | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.compute(
-            AdvantageInputs(rewards, mask, group_ids, token_rewards, values, gamma, lam)
+            AdvantageInputs(
+                rewards, mask, group_ids, token_rewards, values, gamma, lam, episode_ids
+            )
         )
 
 

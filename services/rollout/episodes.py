@@ -143,6 +143,8 @@ class TurnRecord:
     """The weight version the engine reported for the turn (None: it reported none)."""
     text: str = ""
     """The turn's text as the engine returned it."""
+    finish_reason: str = "stop"
+    """The engine's finish reason for the turn."""
     reward: float | None = None
     """The environment's reward for the turn (before discount)."""
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
@@ -176,8 +178,6 @@ class Episode:
     forks: int = 0
     dropped: str | None = None
     """Why the episode was dropped (the sandbox stayed down); None when it was not."""
-    finish_reason: str = "stop"
-    """The last turn's finish reason."""
     multi_turn: bool = True
     """The environment's ``multi_turn``: False, the single-turn shape."""
 
@@ -314,13 +314,13 @@ async def play_episode(
             prompt = seg.prompt_ids + seg.token_ids
             [sample] = await pool.generate(prompt, 1, s, prefer=engine_url)
         engine_url = sample.engine_url or engine_url
-        turn = TurnRecord(len(seg.token_ids), 0, 0, sample.weight_version, sample.text)
+        turn = TurnRecord(len(seg.token_ids), 0, 0, sample.weight_version, sample.text,
+                          sample.finish_reason)  # fmt: skip
         seg.append(sample.token_ids, sample.logprobs, 1)
         turn.end = turn.observation_end = len(seg.token_ids)
         seg.turns.append(turn)
         said = conversation.model_text(sample.token_ids)
         episode.model_texts.append(said)
-        episode.finish_reason = sample.finish_reason
         kept += conversation.decode(sample.token_ids)
         messages.append({"role": "assistant", "content": said})
         if sample.finish_reason == "length" and s.max_tokens < sampling.max_tokens:
@@ -379,10 +379,12 @@ def episode_responses(
     shape one plain response, the engine's sample as it came (no loss mask, turns or episode
     fields: a single-turn trajectory as the stream always carried it).
 
-    Every segment gets the episode's reward — the outcome, plus the per-turn rewards after
-    discount (``rollout.env.turn_rewards``: turn ``k`` of ``K`` counts
-    ``turn_reward_discount^(K-1-k)``, placed on its last model token), minus
-    ``malformed_penalty`` per malformed call. ``prompt_token_ids`` is set only where a segment's
+    A segment is credited with what follows its first token: the outcome, plus the per-turn
+    rewards after discount (``rollout.env.turn_rewards``: turn ``k`` of ``K`` counts
+    ``turn_reward_discount^(K-1-k)``, placed on its last model token) of its own turns and the
+    later segments' turns, minus ``malformed_penalty`` per malformed call in those turns; the
+    first segment (and an episode that did not fork) so gets the episode's return. Each segment's
+    ``finish_reason`` is its last turn's. ``prompt_token_ids`` is set only where a segment's
     prompt is not the group's (a fork)."""
     turns = episode.turns
     k_last = len(turns) - 1
@@ -391,14 +393,19 @@ def episode_responses(
         for k, t in enumerate(turns):
             if t.reward is not None:
                 placed[id(t)] = t.reward * env_cfg.turn_reward_discount ** (k_last - k)
-    malformed = sum(c.malformed for c in episode.tool_calls)
-    reward = res.score + sum(placed.values()) - env_cfg.malformed_penalty * malformed
     components = {str(a): float(b) for a, b in (res.components or {}).items()}
+
+    def credit(first: int) -> float:
+        """The reward of segment ``first``: the outcome and its own and later turns' rewards."""
+        later = [t for s in episode.segments[first:] for t in s.turns]
+        malformed = sum(c.malformed for t in later for c in t.tool_calls)
+        turn_rewards = sum(placed[id(t)] for t in later if id(t) in placed)
+        return res.score + turn_rewards - env_cfg.malformed_penalty * malformed
 
     def response(seg: Segment, score: float, text: str, **episode_fields: Any) -> Response:
         return Response(token_ids=seg.token_ids, logprobs=seg.logprobs, reward=score,
                         correct=res.correct, format_ok=res.format_ok, reason=res.reason,
-                        finish_reason=episode.finish_reason, reward_components=components,
+                        finish_reason=seg.turns[-1].finish_reason, reward_components=components,
                         text=text, **episode_fields)  # fmt: skip
 
     if not episode.multi_turn:
@@ -410,7 +417,7 @@ def episode_responses(
         out.append(
             response(
                 seg,
-                reward,
+                credit(k),
                 conversation.decode(seg.token_ids),
                 loss_mask=seg.loss_mask,
                 turns=[

@@ -15,6 +15,9 @@ from dynamo_rl.codec import (
     response_prompt,
 )
 
+# Model tokens 0 and 3, an observation (tokens 1 and 2) between them.
+TWO_TURNS = [Turn(start=0, end=1, observation_end=3), Turn(start=3, end=4, observation_end=4)]
+
 
 def group(**response: object) -> TrajectoryGroup:
     r = Response(token_ids=[5, 6, 7, 8], logprobs=[-1.0, 0.0, 0.0, -0.5], **response)
@@ -51,6 +54,17 @@ def test_episode_fields_round_trip() -> None:
         ),
         ({"turns": [Turn(start=0, end=2, observation_end=1)]}, "out of order"),
         ({"prompt_token_ids": [3, -1]}, "negative token id"),
+        # The mask must be 1 exactly on the turns' model tokens [start, end) and 0 elsewhere.
+        (
+            {"loss_mask": [1, 1, 0, 1], "turns": TWO_TURNS},
+            r"loss_mask.*token 1 is 1.*turns' model tokens",
+        ),
+        (
+            {"loss_mask": [1, 0, 0, 0], "turns": TWO_TURNS},
+            r"loss_mask.*token 3 is 0.*turns' model tokens",
+        ),
+        ({"loss_mask": [1, 0, 0, 1]}, r"loss_mask.*token 0 is 1.*turns' model tokens"),
+        ({"turns": TWO_TURNS}, r"loss_mask.*token 1 is 1.*turns' model tokens"),
     ],
 )
 def test_bad_episode_fields_are_refused(fields: dict, reason: str) -> None:

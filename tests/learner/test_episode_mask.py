@@ -139,10 +139,11 @@ def test_step_record_counts_turns_tool_calls_and_errors_of_episodes() -> None:
     ok, bad = ToolCall(name="calculator"), ToolCall(name="calculator", error="failed")
 
     def episode(turns: list[Turn]) -> Response:
+        mask = [int(any(t.start <= k < t.end for t in turns)) for k in range(4)]  # model tokens
         return Response(
             token_ids=[5, 6, 7, 8],
             logprobs=[-1.0, 0.0, 0.0, -0.5],
-            loss_mask=[1, 0, 0, 1],
+            loss_mask=mask,
             turns=turns,
         )
 
