@@ -106,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check_data:
         return check_data(cfg, args.check_data)
 
+    from dynamo_rl.notices import Notices
     from services.rollout.datasets import DatasetError
     from services.rollout.engines import EngineError
     from services.rollout.metrics import WorkerMetrics
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     metrics = WorkerMetrics()
     try:
-        worker = build_worker(cfg, metrics)
+        worker = build_worker(cfg, metrics, Notices(cfg.run.run_dir, "rollout"))
     except (ValueError, DatasetError, OSError) as e:
         print(f"dynamo-rl rollout: {e}", file=sys.stderr)
         return 2

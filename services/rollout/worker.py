@@ -502,8 +502,11 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) -> RolloutWorker:
-    """A worker wired to the endpoints of ``cfg`` (raises ValueError naming a missing setting)."""
+def build_worker(
+    cfg: ExperimentConfig, metrics: WorkerMetrics | None = None, notices: Notices | None = None
+) -> RolloutWorker:
+    """A worker wired to the endpoints of ``cfg`` (raises ValueError naming a missing setting);
+    its warnings for the user go to ``notices`` (default: its log only)."""
     rc = cfg.rollout
     check_env_config(rc.env)
     if not rc.dataset:
@@ -519,7 +522,7 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
             "(or set rollout.discover_engines=true)"
         )
     metrics = metrics or WorkerMetrics()
-    notices = Notices(cfg.run.run_dir, "rollout")
+    notices = notices or Notices(None, "rollout")
     _records, renderer, lengths, limits = load_prompts(cfg, tokenizer_path, notices)
     if lengths.over:
         action = "truncated" if rc.prompt_len_policy.startswith("truncate") else "dropped"
