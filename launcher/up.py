@@ -10,8 +10,14 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    (``extra_info.answer``, which ``dynamo-rl data`` writes). On the built-in tasks, with
    ``up.warm_start.check_rows``, the warm start is checked per tier on train rows it never saw and
    extended while a tier stays below ``min_tier_accuracy``, at most ``max_extensions`` times, then
-   the run stops with an error (:mod:`launcher.warm_start`: the recipes and the one loop). Both
-   steps are skipped when their output already exists.
+   the run stops with an error (:mod:`launcher.warm_start`: the recipes and the one loop); its
+   steps (loss, steps/s, ETA) and checks show on the console as it trains. Both steps are
+   skipped when their output already exists. Before the warm start (or, with a model given,
+   before the services), **what it will train on** is printed: ``dynamo-rl rollout
+   --check-data`` loads the dataset exactly as the worker will and says how many rows the length
+   policy keeps and drops, each data source's scorer, the model's context and ``max_tokens``, and
+   which setting to change when more than a tenth is dropped; an unrouted data source stops the
+   run here.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM
@@ -22,13 +28,16 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 4. **Held-out accuracy before RL** (``dynamo-rl eval``), unless ``up.eval.prompts=0``.
 5. **Training.** The learner under ``torchrun`` (``up.learner_procs`` ranks) and
    ``up.rollout_workers`` rollout workers; a progress line per learner step (step, rollouts used,
-   reward, train accuracy, tokens/s, ETA) read from the learner's ``metrics.jsonl``. It ends when the
-   learner reaches ``learner.max_steps``.
+   reward, train accuracy, tokens/s, ETA; ``no signal`` when every reward was equal) read from
+   the learner's ``metrics.jsonl``. It ends when the learner reaches ``learner.max_steps``.
 6. **Held-out accuracy after RL**, on the engines that hold the last pushed weights; the summary
    prints both figures, and they go to the experiment trackers (``learner.trackers``:
    TensorBoard, wandb) as ``eval/<before|after>/accuracy`` and per data source, at the last step.
 
-Logs per service are in ``logs/``. Ctrl-C (or SIGTERM) stops every child — whole process groups,
+Logs per service are in ``logs/``. Throughout, a warning a child writes for the user (the run
+folder's ``warnings.jsonl``, :mod:`dynamo_rl.notices`: prompts dropped or truncated, refused by an
+engine, steps with no learning signal, an engine left out of a push) is printed once, on one line
+naming the service and its log (:mod:`launcher.console`). Ctrl-C (or SIGTERM) stops every child — whole process groups,
 SIGTERM then SIGKILL — and so does the end of training: nothing is left behind.
 
 **Supervision** (``up.restart``) is :class:`launcher.supervisor.Supervisor`'s, like a compose
