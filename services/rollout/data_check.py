@@ -21,14 +21,9 @@ from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.config.reward import VERIFIERS, RewardConfig, RouteTable
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.notices import Notices
+from services.rollout import datasets
 from services.rollout.build import model_context, prepare_prompts
-from services.rollout.datasets import (
-    LengthCheck,
-    PromptRecord,
-    PromptRenderer,
-    check_routes,
-    load_records,
-)
+from services.rollout.datasets import LengthCheck, PromptRecord, PromptRenderer
 
 __all__ = ["HINT_SHARE", "data_summary", "length_hint", "load_prompts", "scorer_of"]
 
@@ -66,8 +61,8 @@ def load_prompts(
     file or ``prompt_len_policy=error``."""
     rc = cfg.rollout
     assert rc.dataset is not None
-    records = load_records(rc.dataset, rc.dataset_format, rc.default_kind)
-    check_routes(records, cfg)
+    records = datasets.load_records(rc.dataset, rc.dataset_format, rc.default_kind)
+    datasets.check_routes(records, cfg)
     renderer, lengths, limits = prepare_prompts(cfg, records, tokenizer_dir)
     if lengths.over:
         hint = length_hint(cfg, lengths, tokenizer_dir)

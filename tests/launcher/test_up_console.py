@@ -10,7 +10,6 @@ no-signal warning fires at step 2. A 10-step warm start on a one-layer model, th
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, dynamo_rl_argv
+from tests.launcher.test_up_data import convert_gsm8k
 
 STEPS = 3
 WARM = 10
@@ -33,12 +33,7 @@ def test_up_console_shows_warm_start_progress_dropped_prompts_and_no_signal(
     filler = " Consider the numbers carefully." * 20  # 620 characters: past the limit
     rows = [{"question": f"What is {i} plus {i + 1}?" + (filler if i < LONG else ""),
              "answer": f"#### {10000 + 7 * i}"} for i in range(LONG + SHORT)]  # fmt: skip
-    src = tmp_path / "gsm8k_train.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = tmp_path / "train.parquet"
-    done = subprocess.run(dynamo_rl_argv("data", "gsm8k", str(src), "--out", str(data)),
-                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    data, _said = convert_gsm8k(rows, tmp_path)
 
     run_dir = tmp_path / "run"
     argv = dynamo_rl_argv(
