@@ -62,6 +62,14 @@ def lr_factor(step: int, warmup: int, schedule: str, total: int | None, floor: f
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def warn_left_out(notices: Notices, result: PushResult, version: int) -> None:
+    """A warning for the user per engine a successful push left out (pushed to the others; those
+    catch up at the next push)."""
+    for url in result.failed:
+        notices.warn(log, "engine_left_out", f"engine {url} left out of the weight push of "
+                     f"version {version}: {result.error}", url)  # fmt: skip
+
+
 class Trainer:
     """The shared machinery; subclasses implement ``next_batch`` and ``train_step``."""
 
@@ -325,14 +333,7 @@ class Trainer:
             self.weight_version = version
             if self.env.is_main:
                 self.redis.set(keys.weight_version_key(self.namespace), str(version))
-                for url in result.failed:  # pushed to the others; these catch up at the next push
-                    self.notices.warn(
-                        log,
-                        "engine_left_out",
-                        f"engine {url} left out of the "
-                        f"weight push of version {version}: {result.error}",
-                        url,
-                    )
+                warn_left_out(self.notices, result, version)
         elif self.env.is_main:
             log.warning("weight push of version %d failed: %s", version, result.error)
         return result
