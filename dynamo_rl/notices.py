@@ -2,9 +2,10 @@
 
 A service's log says everything; a few of its warnings are for the user to act on — prompts the
 length policy dropped or truncated, prompts an engine refused, steps with no learning signal,
-examples left out of the warm start, an engine left out of a weight push. Those go through
-:meth:`Notices.warn`, which logs the line as a WARNING (the service's log keeps every occurrence)
-and appends one JSON line to ``<run.dir>/warnings.jsonl`` (:data:`FILE`):
+items of a data source the reward service has no route for, examples left out of the warm start,
+an engine left out of a weight push. Those go through :meth:`Notices.warn`, which logs the line
+as a WARNING (the service's log keeps every occurrence) and appends one JSON line to
+``<run.dir>/warnings.jsonl`` (:data:`FILE`):
 
     {"t": 1733390000.0, "service": "rollout0", "kind": "prompts_over_length",
      "about": "data/train.parquet", "message": "5,427 of 7,473 prompts exceed 256 tokens: dropped"}
@@ -40,6 +41,7 @@ KINDS = {
     "prompts_over_length": "prompts dropped or truncated by rollout.prompt_len_policy",
     "prompt_refused": "a prompt an engine refused (dead-lettered, served no more)",
     "no_signal": "train steps in a row whose rewards were all equal (no learning signal)",
+    "unrouted_data": "math items of a data source with no reward route, scored by the default",
     "examples_too_long": "warm-start examples longer than learner.max_seq_len, left out",
     "engine_left_out": "an engine left out of a weight push (it catches up at the next one)",
 }

@@ -36,9 +36,10 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 
 Logs per service are in ``logs/``. Throughout, a warning a child writes for the user (the run
 folder's ``warnings.jsonl``, :mod:`dynamo_rl.notices`: prompts dropped or truncated, refused by an
-engine, steps with no learning signal, an engine left out of a push) is printed once, on one line
-naming the service and its log (:mod:`launcher.console`). Ctrl-C (or SIGTERM) stops every child — whole process groups,
-SIGTERM then SIGKILL — and so does the end of training: nothing is left behind.
+engine, steps with no learning signal, unrouted data, an engine left out of a push) is printed once, on one line
+naming the service and its log (:mod:`launcher.console`). Ctrl-C (or SIGTERM) stops every child —
+whole process groups, SIGTERM then SIGKILL — and so does the end of training: nothing is left
+behind.
 
 **Supervision** (``up.restart``) is :class:`launcher.supervisor.Supervisor`'s, like a compose
 ``restart: always`` policy: once the services are up, a service that exits — the embedded Redis
