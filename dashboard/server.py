@@ -1,8 +1,8 @@
 """The dashboard's HTTP server: two pages, one script, and three JSON routes.
 
 Routes (all GET): ``/`` charts page, ``/samples`` samples page, ``/static/dashboard.js``,
-``/api/charts`` (every chart with its lines, the held-out evaluations, the run's state and that of
-each data source; query ``prompt``: the prompt of the DynaMO per-prompt views), ``/api/samples``
+``/api/charts`` (every chart with its lines, the held-out evaluations, the services' warnings,
+the run's state and that of each data source; query ``prompt``: the prompt of the DynaMO per-prompt views), ``/api/samples``
 (filtered rows; query ``source``, ``min_reward``, ``max_reward``, ``correct``, ``reason``, ``q``,
 ``limit``), ``/healthz``. The standard library's threading server is enough: a handful of people
 poll it every few seconds, and it keeps the shared package free of another web framework.
@@ -95,6 +95,7 @@ class Dashboard:
             "state": "finished" if finished else "running",
             "charts": charts,
             "evaluations": self.run.evaluations(),
+            "warnings": self.run.warnings(),
             "prompts": self.run.prompts(),
             "prompt": chosen,
             "sources": {

@@ -15,7 +15,8 @@ start each service separately (docker-compose.yml's one-shot services).
   ``eval-before`` is skipped when its file exists: a restarted stack (``docker compose up -d``
   again, which re-runs the one-shots) would otherwise measure the trained model as "before".
   ``eval-after`` first waits for the learner to log step ``learner.max_steps`` in
-  ``<run.dir>/metrics.jsonl`` (its last push is done by then), printing each step as ``up`` does:
+  ``<run.dir>/metrics.jsonl`` (its last push is done by then), printing each step and each of the
+  services' warnings (``<run.dir>/warnings.jsonl``, :mod:`dynamo_rl.notices`) as ``up`` does:
   a service still running while training goes on, not a one-shot started after it, so that
   ``docker compose up --wait`` returns once the stack is up (it fails on a container that has
   exited unless another service waits for that one's completion).
@@ -34,7 +35,8 @@ import yaml
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
-from launcher.up import Launcher, Progress
+from launcher.console import StepProgress
+from launcher.up import Launcher
 
 __all__ = ["STAGES", "expected_paths", "main"]
 
@@ -85,7 +87,7 @@ def prepare(cfg: ExperimentConfig) -> int:
     try:
         launcher.say(f"preparing {launcher.run_dir}")
         dataset, _test = launcher.prepare_data()
-        model = launcher.prepare_model()
+        model = launcher.prepare_model(dataset)
     except RuntimeError as e:
         launcher.say(f"error: {e}")
         return 1
@@ -100,27 +102,18 @@ def prepare(cfg: ExperimentConfig) -> int:
     return 0
 
 
-class _Steps(Progress):
-    """``up``'s progress lines, remembering the last step seen."""
-
-    last = 0
-
-    def show(self, r: dict) -> None:
-        self.last = max(self.last, int(r.get("step", 0)))
-        super().show(r)
-
-
 def wait_for_learner(launcher: Launcher) -> None:
     """Until the learner's step log reaches ``learner.max_steps`` (no deadline: as long as
     training takes; the learner's container is restarted after a crash and resumes)."""
     max_steps = launcher.cfg.learner.max_steps
-    steps = _Steps(launcher.run_dir / "metrics.jsonl", max_steps, launcher.say)
+    steps = StepProgress(launcher.run_dir / "metrics.jsonl", max_steps, launcher.say)
     if max_steps is None:
         launcher.say("learner.max_steps is null: evaluating the weights the engines hold now")
         return
     launcher.say(f"waiting for the learner to reach step {max_steps}")
     while True:
         steps.poll()
+        launcher.board.poll()
         if steps.last >= max_steps:
             return
         time.sleep(POLL_S)
@@ -151,6 +144,8 @@ def evaluate(cfg: ExperimentConfig, label: str) -> int:
         return 1
     finally:
         launcher.sup.stop_all()
+    if label == "after":
+        launcher.board.poll()  # the run's warnings, also when nothing was evaluated
     if result is None:
         launcher.say("held-out evaluation off (up.eval.prompts=0)")
     return 0

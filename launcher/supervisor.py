@@ -2,8 +2,10 @@
 
 :class:`Supervisor` knows nothing of what it runs (``dynamo-rl up``'s recipe says that):
 
-- :meth:`~Supervisor.spawn` starts a child in its own process group with its log in ``logs/``;
-  :meth:`~Supervisor.run_step` runs a one-shot child to completion while supervising the rest.
+- :meth:`~Supervisor.spawn` starts a child in its own process group with its log in
+  ``logs/<name>.log`` and its name in ``DYNAMO_RL_SERVICE`` (the service it names in the run's
+  warnings, :mod:`dynamo_rl.notices`); :meth:`~Supervisor.run_step` runs a one-shot child to
+  completion while supervising the rest (and polling what the caller prints meanwhile).
 - :meth:`~Supervisor.spawn_supervised` puts a long-running child under the restart policy
   (``up.restart``, like a compose ``restart: always``): :meth:`~Supervisor.check_services`
   notices an exit, restarts the child after a delay from :class:`dynamo_rl.retry.Backoff`
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from dynamo_rl.config.up import RestartConfig
+from dynamo_rl.notices import SERVICE_ENV
 from dynamo_rl.procs import ServiceProcess
 from dynamo_rl.retry import Backoff
 
@@ -89,7 +93,8 @@ class Supervisor:
     # -- children ------------------------------------------------------------------------------
 
     def spawn(self, name: str, argv: Sequence[str]) -> ServiceProcess:
-        proc = ServiceProcess(name, argv, self.logs / f"{name}.log", env=self.env).start()
+        env = {**(self.env if self.env is not None else os.environ), SERVICE_ENV: name}
+        proc = ServiceProcess(name, argv, self.logs / f"{name}.log", env=env).start()
         self.children.append(proc)
         return proc
 
@@ -171,13 +176,20 @@ class Supervisor:
                 self.write_pids()
                 self.say(f"restarted {name} (pid {s.proc.pid}, restart {count})")
 
-    def run_step(self, name: str, argv: Sequence[str]) -> None:
-        """Run a one-shot child to completion; fail with its log tail if it fails."""
+    def run_step(
+        self, name: str, argv: Sequence[str], poll: Callable[[], object] | None = None
+    ) -> None:
+        """Run a one-shot child to completion, calling ``poll`` meanwhile and once at its end;
+        fail with its log tail if it fails."""
         proc = self.spawn(name, argv)
         assert proc.proc is not None
         while proc.proc.poll() is None:
             self.check_services()
+            if poll is not None:
+                poll()
             time.sleep(0.2)
+        if poll is not None:
+            poll()
         self.children.remove(proc)
         if proc.proc.returncode != 0:
             raise RuntimeError(

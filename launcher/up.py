@@ -10,8 +10,14 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    (``extra_info.answer``, which ``dynamo-rl data`` writes). On the built-in tasks, with
    ``up.warm_start.check_rows``, the warm start is checked per tier on train rows it never saw and
    extended while a tier stays below ``min_tier_accuracy``, at most ``max_extensions`` times, then
-   the run stops with an error (:mod:`launcher.warm_start`: the recipes and the one loop). Both
-   steps are skipped when their output already exists.
+   the run stops with an error (:mod:`launcher.warm_start`: the recipes and the one loop); its
+   steps (loss, steps/s, ETA) and checks show on the console as it trains. Both steps are
+   skipped when their output already exists. Before the warm start (or, with a model given,
+   before the services), **what it will train on** is printed: ``dynamo-rl rollout
+   --check-data`` loads the dataset exactly as the worker will and says how many rows the length
+   policy keeps and drops, each data source's scorer, the model's context and ``max_tokens``, and
+   which setting to change when more than a tenth is dropped; an unrouted data source stops the
+   run here.
 3. **Services.** Redis (an embedded ``redis-server``/Valkey with AOF in ``redis/`` unless
    ``REDIS_URL`` or ``endpoints.redis_url`` is given), the allocator, the reward service and
    ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM
@@ -22,14 +28,18 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
 4. **Held-out accuracy before RL** (``dynamo-rl eval``), unless ``up.eval.prompts=0``.
 5. **Training.** The learner under ``torchrun`` (``up.learner_procs`` ranks) and
    ``up.rollout_workers`` rollout workers; a progress line per learner step (step, rollouts used,
-   reward, train accuracy, tokens/s, ETA) read from the learner's ``metrics.jsonl``. It ends when the
-   learner reaches ``learner.max_steps``.
+   reward, train accuracy, tokens/s, ETA; ``no signal`` when every reward was equal) read from
+   the learner's ``metrics.jsonl``. It ends when the learner reaches ``learner.max_steps``.
 6. **Held-out accuracy after RL**, on the engines that hold the last pushed weights; the summary
    prints both figures, and they go to the experiment trackers (``learner.trackers``:
    TensorBoard, wandb) as ``eval/<before|after>/accuracy`` and per data source, at the last step.
 
-Logs per service are in ``logs/``. Ctrl-C (or SIGTERM) stops every child — whole process groups,
-SIGTERM then SIGKILL — and so does the end of training: nothing is left behind.
+Logs per service are in ``logs/``. Throughout, a warning a child writes for the user (the run
+folder's ``warnings.jsonl``, :mod:`dynamo_rl.notices`: prompts dropped or truncated, refused by an
+engine, steps with no learning signal, unrouted data, an engine left out of a push) is printed once, on one line
+naming the service and its log (:mod:`launcher.console`). Ctrl-C (or SIGTERM) stops every child —
+whole process groups, SIGTERM then SIGKILL — and so does the end of training: nothing is left
+behind.
 
 **Supervision** (``up.restart``) is :class:`launcher.supervisor.Supervisor`'s, like a compose
 ``restart: always`` policy: once the services are up, a service that exits — the embedded Redis
@@ -49,17 +59,19 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.notices import FILE
 from dynamo_rl.procs import ServiceProcess, free_port, start_redis
 from dynamo_rl.redis_client import redact_url
+from launcher.console import NoticeBoard, StepProgress, data_lines
 from launcher.service_table import SERVICES, cli_argv, engine_service
 from launcher.supervisor import Interrupted, Supervisor
-from launcher.warm_start import WarmStart
+from launcher.warm_start import WarmStart, step_log
 
 __all__ = ["Launcher", "main"]
 
@@ -82,9 +94,41 @@ class Launcher:
         self.env = env
         self.say = self.sup.say
         self.overrides: list[str] = []
+        # The run's warnings, and the warm start's (its sft run has its own folder).
+        sft_run = step_log(self.run_dir / "model" / "sft").parent
+        self.board = NoticeBoard([self.run_dir, sft_run], self.say, self.logs)
 
     def config_args(self) -> list[str]:
         return ["--config", str(self.run_dir / "config.yaml")]
+
+    def run_step(
+        self, name: str, argv: list[str], progress: Callable[[], object] | None = None
+    ) -> None:
+        """A one-shot child to completion (the supervisor's), the run's warnings and ``progress``
+        polled meanwhile."""
+
+        def poll() -> None:
+            self.board.poll()
+            if progress is not None:
+                progress()
+
+        self.sup.run_step(name, argv, poll)
+
+    def write_config(self, overrides: list[str]) -> ExperimentConfig:
+        """The config with ``overrides`` applied, written as the run's ``config.yaml`` (what every
+        child reads; its Redis URL without the password: the children take it from the
+        environment)."""
+        from dynamo_rl.config import apply_overrides
+
+        tree = self.cfg.model_dump(mode="json", exclude={"endpoints": {"control_token"}})
+        apply_overrides(tree, overrides)
+        resolved = ExperimentConfig.model_validate(tree)
+        import yaml
+
+        written = resolved.model_dump(mode="json", exclude={"endpoints": {"control_token"}})
+        written["endpoints"]["redis_url"] = redact_url(resolved.endpoints.redis_url)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
+        return resolved
 
     # -- stages --------------------------------------------------------------------------------
 
@@ -103,27 +147,45 @@ class Launcher:
             write_task(data, up.task_train, up.task_test, seed=self.cfg.run.seed)
         return str(data / "train.parquet"), str(data / "test.parquet")
 
-    def prepare_model(self) -> str:
+    def prepare_model(self, dataset: str) -> str:
+        """The model RL starts from (built and warm-started unless given); on the way, what the
+        run will train on is checked and printed (:meth:`check_data`)."""
         given = self.cfg.learner.model or self.cfg.engine.model
         if given:
+            self.check_data(dataset, given)
             return given
         up = self.cfg.up
         init = self.run_dir / "model" / "init"
         if not (init / "config.json").exists():
             self.say("building a tiny Qwen2 model")
             tm = up.tiny_model
-            self.sup.run_step(
+            self.run_step(
                 "init-model",
                 cli_argv("init-model", "--out", str(init), "--hidden-size", str(tm.hidden_size),
                          "--layers", str(tm.num_layers), "--heads", str(tm.num_heads),
                          "--kv-heads", str(tm.num_kv_heads), "--seed", str(self.cfg.run.seed)),
             )  # fmt: skip
+        self.check_data(dataset, str(init))
         if up.warm_start.steps == 0:
             return str(init)
         sft = self.run_dir / "model" / "sft"
         if not (sft / "config.json").exists():
-            WarmStart(self.cfg, self.run_dir, self.sup.run_step, self.say).run(init, sft)
+            WarmStart(self.cfg, self.run_dir, self.run_step, self.say).run(init, sft)
         return str(sft)
+
+    def check_data(self, dataset: str, model: str) -> None:
+        """Print what the run will train on: the rows the rollout worker keeps and drops, the data
+        sources and their scorers, the model's context and ``max_tokens`` (``dynamo-rl rollout
+        --check-data``: the worker's own loading, with ``model``'s tokenizer). An unrouted data
+        source stops the run here, before any training."""
+        out = self.run_dir / "data_check.json"
+        self.write_config([f"rollout.dataset={dataset}", f"engine.model={model}",
+                           f"learner.model={model}", f"run.dir={self.run_dir}"])  # fmt: skip
+        self.run_step(
+            "data-check", cli_argv("rollout", *self.config_args(), "--check-data", str(out))
+        )
+        for line in data_lines(json.loads(out.read_text())):
+            self.say(line)
 
     def resolve(self, dataset: str, model: str) -> ExperimentConfig:
         """Pick free ports and write the one config every child reads."""
@@ -148,18 +210,9 @@ class Launcher:
             f"learner.model={model}",
             f"run.dir={self.run_dir}",
         ]
-        from dynamo_rl.config import apply_overrides
-
-        tree = cfg.model_dump(mode="json", exclude={"endpoints": {"control_token"}})
-        apply_overrides(tree, self.overrides)
-        resolved = ExperimentConfig.model_validate(tree)
-        import yaml
-
-        written = resolved.model_dump(mode="json", exclude={"endpoints": {"control_token"}})
+        resolved = self.write_config(self.overrides)
         # A Redis password reaches the children through the environment, never the run folder.
         self.env["REDIS_URL"] = resolved.endpoints.redis_url
-        written["endpoints"]["redis_url"] = redact_url(resolved.endpoints.redis_url)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
         return resolved
 
     def start_services(self, cfg: ExperimentConfig) -> None:
@@ -215,7 +268,7 @@ class Launcher:
             return None
         out = self.run_dir / f"eval_{label}.json"
         self.say(f"held-out accuracy {label} RL ({ev.prompts} prompts x {ev.samples} samples)")
-        self.sup.run_step(
+        self.run_step(
             f"eval-{label}",
             cli_argv("eval", *self.config_args(), "--data", test_data, "--limit", str(ev.prompts),
                      "--n", str(ev.samples), "--temperature", str(ev.temperature), "--out", str(out)),
@@ -236,15 +289,17 @@ class Launcher:
             argv = SERVICES["rollout"].argv(*self.config_args(), f"rollout.worker_index={i}",
                                             f"rollout.worker_id=worker{i}")  # fmt: skip
             sup.spawn_supervised(name, argv)
-        progress = Progress(self.run_dir / "metrics.jsonl", cfg.learner.max_steps, self.say)
+        progress = StepProgress(self.run_dir / "metrics.jsonl", cfg.learner.max_steps, self.say)
         while True:
             progress.poll()
+            self.board.poll()
             learner = sup.supervised["learner"].proc
             if not learner.alive() and learner.proc and learner.proc.returncode == 0:
                 break
             sup.check_services(finished=("learner",))
             time.sleep(0.5)
         progress.poll()
+        self.board.poll()
         for name in [*workers, "learner"]:
             sup.release(name)
 
@@ -254,7 +309,7 @@ class Launcher:
             with self.sup.signals():
                 self.say(f"run folder {self.run_dir} (logs in {self.logs})")
                 dataset, test_data = self.prepare_data()
-                model = self.prepare_model()
+                model = self.prepare_model(dataset)
                 cfg = self.resolve(dataset, model)
                 self.start_services(cfg)
                 before = self.evaluate(test_data, "before")
@@ -300,6 +355,11 @@ class Launcher:
             "wall_s": round(time.monotonic() - self.sup.t0, 1),
             "restarts": dict(self.sup.restart_counts),
         }
+        self.board.poll()
+        if self.board.shown:
+            result["warnings"] = len(self.board.shown)
+            self.say(f"{len(self.board.shown)} warning(s) during the run, each shown above once "
+                     f"(all in {self.run_dir / FILE})")  # fmt: skip
         if before and after:
             result |= {"accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"]}
             self.say(
@@ -307,50 +367,6 @@ class Launcher:
                 f"({100 * (after['accuracy'] - before['accuracy']):+.1f} points)"
             )
         (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
-
-
-class Progress:
-    """Turns new lines of the learner's metrics.jsonl into one compact line per step."""
-
-    def __init__(self, path: Path, max_steps: int | None, say) -> None:
-        self.path = path
-        self.max_steps = max_steps
-        self.say = say
-        self.offset = 0
-        self.rollouts = 0
-        self.started: float | None = None
-        self.first_step: int | None = None
-
-    def poll(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path) as f:
-            f.seek(self.offset)
-            lines = f.readlines()
-            self.offset = f.tell()
-        for line in lines:
-            if not line.endswith("\n"):  # a line still being written: read it next time
-                self.offset -= len(line.encode())
-                continue
-            self.show(json.loads(line))
-
-    def show(self, r: dict[str, Any]) -> None:
-        step = int(r.get("step", 0))
-        now = time.monotonic()
-        if self.started is None:
-            self.started, self.first_step = now, step
-        self.rollouts += int(r.get("responses", 0))
-        parts = [f"step {step}" + (f"/{self.max_steps}" if self.max_steps else "")]
-        parts.append(f"rollouts {self.rollouts}")
-        for key, label in (("reward_mean", "reward"), ("accuracy_mean", "acc"),
-                           ("tokens_per_second", "tok/s")):  # fmt: skip
-            if key in r:
-                parts.append(f"{label} {r[key]:.3g}")
-        done = step - (self.first_step or 0)
-        if self.max_steps and done > 0:
-            per_step = (now - self.started) / done
-            parts.append(f"ETA {per_step * (self.max_steps - step):.0f}s")
-        self.say("  ".join(parts))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

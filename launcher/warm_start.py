@@ -13,6 +13,9 @@ Three recipes feed one loop:
   the ``rollout.env`` tools environment (:func:`tasks.products.tool_demos`). It is checked on the
   next ``check_rows`` train questions; an extension trains longer on the same rows.
 
+Each sft call's steps (step, loss, steps/s, ETA) and checks (exact match) reach the console as
+it trains (:class:`launcher.console.WarmStartProgress`, reading the sft run's step log).
+
 The loop (:meth:`WarmStart.checked`): train ``steps`` (or, with ``target_exact``, until the
 check's exact match reaches it, ``steps`` then being the most), read the per-tier greedy accuracy
 of the sft run's last evaluation (``eval_exact/<tier>``), and stop when every tier reaches
@@ -22,16 +25,17 @@ extension data, at most ``max_extensions`` times, then stop the run with an erro
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.jsonl import read_records
+from launcher.console import WarmStartProgress
 from launcher.service_table import cli_argv
 
-__all__ = ["FOCUS_SHARE", "Check", "WarmStart", "last_check", "tier_accuracy"]
+__all__ = ["FOCUS_SHARE", "Check", "WarmStart", "last_check", "step_log", "tier_accuracy"]
 
 # Share of each batch an extension of the warm start spends on the tiers not yet learned.
 FOCUS_SHARE = 0.5
@@ -52,11 +56,14 @@ class Check:
     focus: list[dict[str, Any]] | None = None
 
 
+def step_log(sft: Path) -> Path:
+    """The step log of the sft run that writes ``sft`` (its run folder is ``<sft>.run``)."""
+    return sft.with_name(sft.name + ".run") / "metrics.jsonl"
+
+
 def last_check(sft: Path) -> dict:
     """The sft run's last evaluation record."""
-    log = sft.with_name(sft.name + ".run") / "metrics.jsonl"
-    records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-    return [r for r in records if r.get("kind") == "eval"][-1]
+    return [r for r in read_records(step_log(sft), "kind") if r["kind"] == "eval"][-1]
 
 
 def tier_accuracy(sft: Path, tiers: list[str]) -> dict[str, float]:
@@ -81,13 +88,13 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 class WarmStart:
     """The warm start of one ``up`` run: ``run_step`` runs a command line as a named step (the
-    supervisor's), ``say`` prints a progress line."""
+    supervisor's; it calls its third argument while the step runs), ``say`` prints a line."""
 
     def __init__(
         self,
         cfg: ExperimentConfig,
         run_dir: Path,
-        run_step: Callable[[str, list[str]], Any],
+        run_step: Callable[[str, list[str], Callable[[], object]], Any],
         say: Callable[[str], None],
     ) -> None:
         self.cfg = cfg
@@ -115,9 +122,11 @@ class WarmStart:
         overrides: Sequence[str] = (),
         label: str = "",
     ) -> None:
-        """One ``dynamo-rl sft`` call; a later call with more steps resumes the same run."""
+        """One ``dynamo-rl sft`` call, its progress on the console; a later call with more steps
+        resumes the same run."""
         ws = self.ws
         self.say(f"supervised warm start{label}: {steps} steps on {data}")
+        progress = WarmStartProgress(step_log(sft), steps, self.say)
         self.run_step(
             "sft",
             cli_argv("sft", "--model", str(init), "--data", data,
@@ -128,6 +137,7 @@ class WarmStart:
                      f"learner.optim.weight_decay={ws.weight_decay}",
                      # The warm start renders prompts exactly as the rollout worker will.
                      f"learner.data.template={self.cfg.rollout.prompt_template}", *overrides),
+            progress.poll,
         )  # fmt: skip
 
     # -- recipes: each trains unchecked itself, or returns the Check the loop runs ---------------

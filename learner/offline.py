@@ -97,13 +97,12 @@ class OfflineTrainer(Trainer):
         limit = self.lc.max_seq_len
         kept = [e for e in examples if self.seq_len(e) <= limit]
         if len(kept) < len(examples) and self.env.is_main:
-            log.warning(
-                "%s: %d of %d examples longer than learner.max_seq_len (%d) left out",
+            self.notices.warn(
+                log, "examples_too_long",
+                f"{path}: {len(examples) - len(kept)} of {len(examples)} examples longer than "
+                f"learner.max_seq_len ({limit}) left out",
                 path,
-                len(examples) - len(kept),
-                len(examples),
-                limit,
-            )
+            )  # fmt: skip
         if not kept:
             raise ValueError(f"learner.max_seq_len: every example of {path} is longer")
         return kept

@@ -320,13 +320,12 @@ class RLTrainer(Trainer):
         k = self.lc.equal_reward_warn_steps
         warn = bool(k) and equal and self.equal_reward_streak % k == 0
         if warn and self.env.is_main:
-            log.warning(
-                "%d train steps in a row with every reward %g: no learning signal. Check that "
-                "the reward service scores this data (reward.routes for its data_source, the "
-                "answer format the prompts ask for)",
-                self.equal_reward_streak,
-                rewards[0],
-            )
+            self.notices.warn(
+                log, "no_signal",
+                f"{self.equal_reward_streak} train steps in a row with every reward "
+                f"{rewards[0]:g}: no learning signal. Check that the reward service scores this "
+                "data (reward.routes for its data_source, the answer format the prompts ask for)",
+            )  # fmt: skip
         return {
             "rewards_all_equal": equal,
             "equal_reward_streak": self.equal_reward_streak,

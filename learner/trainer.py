@@ -27,6 +27,7 @@ import torch.distributed as dist
 from dynamo_rl import keys
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.weight_control import WeightControlError, read_version, weight_protocol
+from dynamo_rl.notices import Notices
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
 from learner.engine_links import PROBE_TIMEOUT_S
@@ -59,6 +60,14 @@ def lr_factor(step: int, warmup: int, schedule: str, total: int | None, floor: f
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warn_left_out(notices: Notices, result: PushResult, version: int) -> None:
+    """A warning for the user per engine a successful push left out (pushed to the others; those
+    catch up at the next push)."""
+    for url in result.failed:
+        notices.warn(log, "engine_left_out", f"engine {url} left out of the weight push of "
+                     f"version {version}: {result.error}", url)  # fmt: skip
 
 
 class Trainer:
@@ -100,6 +109,8 @@ class Trainer:
         self.redis: Any = None
         self.metrics: LearnerMetrics | None = None
         self.steplog: StepLog | None = None
+        # Warnings the user must act on, also in the run folder (written by rank 0).
+        self.notices = Notices(self.run_dir, "learner")
         if self.env.is_main:
             from dynamo_rl.redis_client import sync_client
 
@@ -322,8 +333,7 @@ class Trainer:
             self.weight_version = version
             if self.env.is_main:
                 self.redis.set(keys.weight_version_key(self.namespace), str(version))
-                if result.failed:  # pushed to the others; these catch up at the next push
-                    log.warning("weight push of version %d: %s", version, result.error)
+                warn_left_out(self.notices, result, version)
         elif self.env.is_main:
             log.warning("weight push of version %d failed: %s", version, result.error)
         return result

@@ -30,6 +30,8 @@ class RunFolder:
     - ``samples/*.jsonl``: the rollout workers' sample logs (:mod:`dynamo_rl.sample_log`) for the
       samples page, the allocation charts and the DynaMO views;
     - ``eval_before.json``/``eval_after.json``: ``up``'s held-out evaluations;
+    - ``warnings.jsonl`` (and the warm start's, ``model/sft.run/warnings.jsonl``): the services'
+      warnings a user must act on (:mod:`dynamo_rl.notices`), each once;
     - ``summary.json``: written by ``up`` at the end, so the run reads as finished.
 
     History files are read incrementally (only what was appended since the last refresh; from the
@@ -141,6 +143,17 @@ class RunFolder:
                 "by_data_source": {k: {"accuracy": v} for k, v in eval_breakdown(result).items()},
             }
         return out
+
+    def warnings(self) -> list[dict[str, Any]]:
+        """The run's warnings, each once, oldest first: ``{"service", "kind", "message", "t"}``
+        (what ``up`` printed on its console)."""
+        if self.run_dir is None:
+            return []
+        from dynamo_rl.notices import read_notices
+
+        found = [*read_notices(self.run_dir), *read_notices(self.run_dir / "model" / "sft.run")]
+        return [{"service": n.service, "kind": n.kind, "message": n.message, "t": n.t}
+                for n in sorted(found, key=lambda n: n.t)]  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         with self._lock:

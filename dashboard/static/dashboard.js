@@ -4,8 +4,8 @@
 //
 // After each refresh the body carries data-ready="true", data-charts (charts on the page) and
 // data-charts-with-data (charts that drew at least one point or bar), data-evaluations (rows of
-// the held-out evaluation table) and data-state (running or finished); the headless-browser test
-// reads those from the DOM.
+// the held-out evaluation table), data-warnings (the services' warnings shown) and data-state
+// (running or finished); the headless-browser test reads those from the DOM.
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -158,6 +158,13 @@ function renderEvaluations(evals) {
   return [box, rows.length];
 }
 
+function renderWarnings(warnings) {
+  // The services' warnings a user must act on, each once, as up's console shows them.
+  const box = el("div", { class: "card", id: "warnings" });
+  for (const w of warnings) box.appendChild(el("div", { class: "warning" }, `${w.service}: ${w.message}`));
+  return box;
+}
+
 let chosenPrompt = "";
 
 function promptPicker(prompts, chosen) {
@@ -186,6 +193,11 @@ async function refreshCharts() {
     root.appendChild(el("h2", {}, "held-out evaluation"));
     const [evalBox, evalRows] = renderEvaluations(data.evaluations || {});
     root.appendChild(evalBox);
+    const warnings = data.warnings || [];
+    if (warnings.length > 0) {
+      root.appendChild(el("h2", {}, "warnings"));
+      root.appendChild(renderWarnings(warnings));
+    }
     const groups = {};
     for (const chart of data.charts) (groups[chart.group] ||= []).push(chart);
     let withData = 0;
@@ -218,6 +230,7 @@ async function refreshCharts() {
     status.textContent = data.state === "finished" ? `run finished · read ${when}` : `updated ${when}`;
     document.body.dataset.state = data.state;
     document.body.dataset.evaluations = String(evalRows);
+    document.body.dataset.warnings = String(warnings.length);
     document.body.dataset.charts = String(data.charts.length);
     document.body.dataset.chartsWithData = String(withData);
     document.body.dataset.ready = "true";

@@ -39,6 +39,7 @@ from dynamo_rl.contracts.reward import (
     VerifyResponse,
 )
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
+from dynamo_rl.notices import Notices
 from services.reward.base import Scorer
 from services.reward.code_scorer import CodeScorer
 from services.reward.composite import KIND as COMPOSITE
@@ -205,9 +206,14 @@ class _Guard:
         return b"".join(chunks), False
 
 
-def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastAPI:
-    """Build the app for ``cfg``; scorers start in the app's lifespan."""
+def create_app(
+    cfg: RewardConfig, metrics: RewardMetrics | None = None, notices: Notices | None = None
+) -> FastAPI:
+    """Build the app for ``cfg``; scorers start in the app's lifespan. ``notices``: where a data
+    source scored without a route is reported to the user (default: the log only)."""
     metrics = metrics or RewardMetrics()
+    notices = notices or Notices(None, "reward")
+    unrouted: set[str] = set()  # data sources already reported
     scorers: dict[str, Scorer] = {}
     for kind, cls in SCORERS.items():
         if cls.enabled(cfg):
@@ -368,6 +374,22 @@ def create_app(cfg: RewardConfig, metrics: RewardMetrics | None = None) -> FastA
         if errors:
             metrics.rejections.labels("invalid").inc()
             return _invalid(errors)
+        for item, route in zip(items, routes, strict=True):
+            # A named source with no route and no extraction of its own: the default may read
+            # none of its answers (all rewards 0). Once per source: the log is not flooded.
+            source = item.data_source
+            if (
+                route is None
+                and item.kind == "math"
+                and item.extraction is None
+                and source
+                and (source not in unrouted)
+            ):
+                unrouted.add(source)
+                notices.warn(log, "unrouted_data", f"math items of data_source {source!r} have no "
+                             "reward route (reward.routes) and name no extraction: scored by the "
+                             "default, last_boxed, which may read none of their answers",
+                             source)  # fmt: skip
         try:
             with admitted(counts):
                 results = await asyncio.gather(

@@ -100,12 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
+    from dynamo_rl.notices import Notices
     from services.reward.app import create_app
     from services.reward.metrics import RewardMetrics
 
     metrics = RewardMetrics()
     metrics.metrics.record_run(exp.run, "0")
-    app = create_app(cfg, metrics)
+    app = create_app(cfg, metrics, Notices(exp.run.run_dir, "reward"))
     log.info(
         "reward service on http://%s:%d (kinds: %s)",
         cfg.host,

@@ -1,4 +1,5 @@
-"""``dynamo-rl rollout``: run one rollout worker (dataset → allocator → engines → reward → stream).
+"""``dynamo-rl rollout``: run one rollout worker (dataset → allocator → engines → reward → stream);
+with ``--check-data FILE``, only load the dataset and write what the worker would train on.
 
 The config is parsed before anything heavy is imported, so ``--help`` and config mistakes answer at
 once. SIGTERM/SIGINT stop the worker between or inside a batch; a batch is pushed atomically
@@ -11,8 +12,12 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dynamo_rl.cli import parse_config, service_parser
+
+if TYPE_CHECKING:
+    from dynamo_rl.config import ExperimentConfig
 
 STOP_RETRY_S = 0.5
 """How often a stop signal's cancellation is repeated until the worker has ended."""
@@ -57,11 +62,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-host", dest="rollout.metrics_host", metavar="ADDR",
         help="address /metrics binds (default 127.0.0.1; 0.0.0.0 in containers)",
     )  # fmt: skip
+    parser.add_argument(
+        "--check-data", metavar="FILE",
+        help="load the dataset as the worker would, write what it will train on (rows kept and "
+        "dropped, data sources and their scorers, context, max_tokens) as JSON to FILE, and exit",
+    )  # fmt: skip
     return parser
 
 
+def check_data(cfg: ExperimentConfig, out: str) -> int:
+    """``--check-data``: the dataset summary (:func:`services.rollout.data_check.data_summary`)."""
+    import json
+    from pathlib import Path
+
+    from services.rollout.data_check import data_summary
+    from services.rollout.datasets import DatasetError
+
+    tokenizer = cfg.rollout.tokenizer or cfg.engine.model
+    if not cfg.rollout.dataset or not tokenizer:
+        print("dynamo-rl rollout: --check-data needs rollout.dataset and rollout.tokenizer (or "
+              "engine.model)", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        summary = data_summary(cfg, tokenizer)
+    except (ValueError, DatasetError, OSError) as e:
+        print(f"dynamo-rl rollout: {e}", file=sys.stderr)
+        return 2
+    Path(out).write_text(json.dumps(summary, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    _args, cfg = parse_config(build_parser(), argv)
+    args, cfg = parse_config(build_parser(), argv)
 
     import logging
     import signal
@@ -71,7 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s rollout %(name)s: %(message)s",
     )
     log = logging.getLogger("services.rollout.cli")
+    if args.check_data:
+        return check_data(cfg, args.check_data)
 
+    from dynamo_rl.notices import Notices
     from services.rollout.datasets import DatasetError
     from services.rollout.engines import EngineError
     from services.rollout.metrics import WorkerMetrics
@@ -80,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     metrics = WorkerMetrics()
     try:
-        worker = build_worker(cfg, metrics)
+        worker = build_worker(cfg, metrics, Notices(cfg.run.run_dir, "rollout"))
     except (ValueError, DatasetError, OSError) as e:
         print(f"dynamo-rl rollout: {e}", file=sys.stderr)
         return 2

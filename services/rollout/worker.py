@@ -62,16 +62,12 @@ from dynamo_rl.contracts.stream import TrajectoryWriter
 from dynamo_rl.envs import EnvContext, check_env_config, make_env
 from dynamo_rl.envs.sandbox import SandboxClient
 from dynamo_rl.keys import weight_version_key
+from dynamo_rl.notices import Notices
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
-from services.rollout.build import make_engine_factory, make_sandbox, prepare_prompts, sampling_of
-from services.rollout.datasets import (
-    PromptRecord,
-    PromptRenderer,
-    PromptSampler,
-    check_routes,
-    load_records,
-)
+from services.rollout.build import make_engine_factory, make_sandbox, sampling_of
+from services.rollout.data_check import load_prompts
+from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, check_routes
 from services.rollout.engines import Engine, EnginePool, EngineRequestError
 from services.rollout.episodes import Conversation, Episode, episode_responses
 from services.rollout.metrics import WorkerMetrics
@@ -121,8 +117,10 @@ class RolloutWorker:
         rendered: dict[str, tuple[str, list[int]]] | None = None,
         sandbox: SandboxClient | None = None,
         limits: EnvConfig | None = None,
+        notices: Notices | None = None,
     ) -> None:
         self.cfg = cfg
+        self.notices = notices or Notices(None, "rollout")
         self.namespace = namespace
         self.worker_id = worker_id
         self.sampler = sampler
@@ -343,7 +341,8 @@ class RolloutWorker:
 
     async def refuse(self, record: PromptRecord, prompt_tokens: int, reason: str) -> None:
         """Dead-letter a prompt an engine refused, count it, and serve it no more."""
-        log.warning("prompt %s refused by the engine, dead-lettered: %s", record.prompt_id, reason)
+        self.notices.warn(log, "prompt_refused", f"prompt {record.prompt_id} refused by the engine, "
+                          f"dead-lettered: {reason}")  # fmt: skip
         await self.writer.dead_letter(
             record.prompt_id, reason, data_source=record.data_source, prompt_tokens=prompt_tokens
         )
@@ -503,8 +502,11 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) -> RolloutWorker:
-    """A worker wired to the endpoints of ``cfg`` (raises ValueError naming a missing setting)."""
+def build_worker(
+    cfg: ExperimentConfig, metrics: WorkerMetrics | None = None, notices: Notices | None = None
+) -> RolloutWorker:
+    """A worker wired to the endpoints of ``cfg`` (raises ValueError naming a missing setting);
+    its warnings for the user go to ``notices`` (default: its log only)."""
     rc = cfg.rollout
     check_env_config(rc.env)
     if not rc.dataset:
@@ -520,10 +522,8 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
             "(or set rollout.discover_engines=true)"
         )
     metrics = metrics or WorkerMetrics()
-    records = load_records(rc.dataset, rc.dataset_format, rc.default_kind)
-    check_routes(records, cfg)
-    renderer, lengths, limits = prepare_prompts(cfg, records, tokenizer_path)
-    (log.warning if lengths.over else log.info)("%s: %s", rc.dataset, lengths.line())
+    notices = notices or Notices(None, "rollout")
+    _records, renderer, lengths, limits = load_prompts(cfg, tokenizer_path, notices)
     if lengths.over:
         action = "truncated" if rc.prompt_len_policy.startswith("truncate") else "dropped"
         metrics.prompts_over_length.labels(action).inc(lengths.over)
@@ -589,4 +589,5 @@ def build_worker(cfg: ExperimentConfig, metrics: WorkerMetrics | None = None) ->
         rendered=lengths.rendered,
         sandbox=make_sandbox(cfg),
         limits=limits,
+        notices=notices,
     )

@@ -10,6 +10,7 @@ screenshots in ``docs/img/`` are of a real run, not of this fixture (test_dashbo
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dynamo_rl.notices import Notices
 from dynamo_rl.procs import http_ok
 from tests.conftest import dynamo_rl_argv
 from tests.dashboard.dashboard_data import serving_service_metrics, write_metrics_log, write_stream
@@ -53,6 +55,9 @@ def chromium(tmp_path: Path, *args: str, timeout: float = 90) -> str:
     return result.stdout
 
 
+NO_SIGNAL = "5 train steps in a row with every reward 0: no learning signal"
+
+
 def body_attrs(dom: str) -> dict[str, str]:
     match = re.search(r"<body([^>]*)>", dom)
     assert match, dom[:500]
@@ -68,6 +73,8 @@ def live_dashboard(redis_url: str, tmp_path: Path, service, free_port: int):
     write_metrics_log(log, steps=60)
     # A live run's rollout worker logs what it pushes to the run folder (the DynaMO views).
     SampleLog.in_run(tmp_path / "run", "w0", 32).write(groups)
+    # ... and the learner a warning the user must act on (the page lists it).
+    Notices(tmp_path / "run", "learner").warn(logging.getLogger("test"), "no_signal", NO_SIGNAL)
     with serving_service_metrics(engines=2) as urls:
         argv = dynamo_rl_argv(
             "dashboard",
@@ -121,6 +128,7 @@ def test_charts_page_renders_every_chart_with_data(live_dashboard, tmp_path: Pat
     assert abs(int(attrs["data-charts-with-data"]) - len(with_data)) <= 1, attrs
     assert dom.count("<polyline") >= 10 and dom.count("<rect") >= 5
     assert "no data yet" not in dom
+    assert attrs["data-warnings"] == "1" and f"learner: {NO_SIGNAL}" in dom
 
     shot = tmp_path / "dashboard.png"
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,1700", base + "/")

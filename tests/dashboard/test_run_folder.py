@@ -213,3 +213,24 @@ def test_allocation_charts_count_allocations_and_the_half_solved_share_by_versio
                              {"label": "8", "value": 2.0}]  # fmt: skip
     assert half["lines"][0]["points"] == [[1.0, 6 / 10], [2.0, 8 / 16]]
     assert allocation_charts(iter([]), "t")[1]["lines"] == []
+
+
+def test_the_services_warnings_are_listed_once_each_oldest_first(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "model" / "sft.run").mkdir(parents=True)
+    note = {"service": "rollout0", "kind": "prompts_over_length", "about": "d", "message": "3 of 9"}
+    (run / "warnings.jsonl").write_text(
+        json.dumps({**note, "t": 3.0}) + "\n" + json.dumps({**note, "service": "rollout1", "t": 4.0})
+        + "\n"  # another worker said it again: one warning
+    )  # fmt: skip
+    (run / "model" / "sft.run" / "warnings.jsonl").write_text(json.dumps(
+        {"service": "sft", "kind": "examples_too_long", "about": "d", "message": "m", "t": 1.0}
+    ) + "\n")  # fmt: skip
+    board = Dashboard(log=JsonlLog(run / "metrics.jsonl"), scraper=Scraper([]), samples=None,
+                      run_name="w", run=RunFolder(run))  # fmt: skip
+    assert board.charts_payload()["warnings"] == [
+        {"service": "sft", "kind": "examples_too_long", "message": "m", "t": 1.0},
+        {"service": "rollout0", "kind": "prompts_over_length", "message": "3 of 9", "t": 3.0},
+    ]
+    assert Dashboard(log=JsonlLog(run / "x"), scraper=Scraper([]), samples=None, run_name="w",
+                     run=RunFolder(None)).charts_payload()["warnings"] == []  # fmt: skip

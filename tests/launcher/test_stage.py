@@ -83,8 +83,12 @@ def test_eval_off_is_a_clean_no_op(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("{}\n")
+    note = {"service": "rollout", "kind": "prompt_refused", "about": "", "message": "p refused"}
+    (run_dir / "warnings.jsonl").write_text(json.dumps(note) + "\n")
     r = _stage("eval-after", *_paths(run_dir), "up.eval.prompts=0")
     assert r.returncode == 0 and "evaluation off" in r.stdout, r.stdout + r.stderr
+    # Nothing evaluated, the run's warnings still shown.
+    assert "warning from rollout: p refused (more in the rollout service's log)" in r.stdout
     assert not (run_dir / "summary.json").exists()
 
 
@@ -122,6 +126,9 @@ def test_eval_after_waits_for_the_learners_last_step(tmp_path: Path) -> None:
     (run_dir / "config.yaml").write_text("{}\n")
     steps = run_dir / "metrics.jsonl"
     steps.write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    # The learner's warning, written twice (a restart): shown once, as up shows it.
+    note = {"service": "learner", "kind": "no_signal", "about": "", "message": "no learning signal"}
+    (run_dir / "warnings.jsonl").write_text(2 * (json.dumps(note) + "\n"))
     out = tmp_path / "stage.out"
     argv = dynamo_rl_argv("stage", "eval-after", *_paths(run_dir), "up.eval.prompts=4",
                           "learner.max_steps=3", "endpoints.engine_urls=[http://127.0.0.1:9]")  # fmt: skip
@@ -151,3 +158,5 @@ def test_eval_after_waits_for_the_learners_last_step(tmp_path: Path) -> None:
     text = out.read_text()
     # Then the evaluation (which fails here: no engine answers).
     assert text.index("step 3/3") < text.index("held-out accuracy after RL"), text
+    shown = "warning from learner: no learning signal (more in the learner service's log)"
+    assert text.count(shown) == 1 and text.index(shown) < text.index("held-out accuracy after RL")

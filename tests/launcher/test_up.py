@@ -101,14 +101,20 @@ def test_up_never_writes_the_redis_password(tmp_path: Path) -> None:
     try:
         server.wait_ready(lambda: bool(redis.Redis.from_url(url, socket_timeout=1).ping()), 20)
         data = tmp_path / "train.jsonl"
-        data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+        row = {"prompt": "1+1=", "answer": "2", "data_source": "arith"}
+        data.write_text(json.dumps(row) + "\n")
         run_dir = tmp_path / "run"
-        # No model there: the engine fails at start-up, after the allocator and the reward service
-        # came up against the protected Redis; up stops with an error.
+        # A model without its weights: the data check (tokenizer, context) passes, the engine fails
+        # at start-up, after the allocator and the reward service came up against the protected
+        # Redis; up stops with an error.
+        from learner.tiny_model import build_tiny_model
+
+        model = build_tiny_model(tmp_path / "no-weights", hidden_size=32, num_layers=1)
+        for weights in model.glob("*.safetensors"):
+            weights.unlink()
         argv = dynamo_rl_argv(
             "up", "--steps", "1", f"run.dir={run_dir}", f"rollout.dataset={data}",
-            f"learner.model={tmp_path / 'no-model'}", "up.eval.prompts=0",
-            "up.health_timeout_s=120",
+            f"learner.model={model}", "up.eval.prompts=0", "up.health_timeout_s=120",
         )  # fmt: skip
         env = {**os.environ, "REDIS_URL": url}
         result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
@@ -123,3 +129,21 @@ def test_up_never_writes_the_redis_password(tmp_path: Path) -> None:
     assert run_dir / "config.yaml" in written
     for path in written:
         assert password.encode() not in path.read_bytes(), f"password written to {path}"
+
+
+def test_up_stops_on_an_unrouted_data_source_before_training(tmp_path: Path) -> None:
+    """The data check (the worker's own loading) refuses a data source no reward route scores, with
+    the worker's message, before any service starts."""
+    from learner.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", hidden_size=32, num_layers=1)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2", "data_source": "mystery"}) + "\n")
+    argv = dynamo_rl_argv("up", "--steps", "1", f"run.dir={tmp_path / 'run'}",
+                          f"rollout.dataset={data}", f"learner.model={model}")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "error: data-check failed" in result.stdout
+    assert "no reward route for data_source 'mystery' (math)" in result.stdout
+    assert "Redis" not in result.stdout and "ready at" not in result.stdout

@@ -21,19 +21,26 @@ from tests.conftest import REPO, dynamo_rl_argv
 STEPS = 3
 
 
+def convert_gsm8k(rows: list[dict], folder: Path) -> tuple[Path, str]:
+    """``rows`` (GSM8K's layout) through ``dynamo-rl data gsm8k``: the parquet file and what the
+    command printed."""
+    src = folder / "gsm8k_train.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = folder / "train.parquet"
+    done = subprocess.run(dynamo_rl_argv("data", "gsm8k", str(src), "--out", str(data)),
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return data, done.stdout
+
+
 @pytest.mark.slow
 def test_up_trains_on_a_converted_gsm8k_file(tmp_path: Path, redis_url: str) -> None:
     # The answer is the final line alone: a tiny model learns "#### N" in a short warm start (with
     # a reasoning line before it, 80 steps left 1 correct sample in 192).
     rows = [{"question": f"What is {a} plus {b}?", "answer": f"#### {a + b}"}
             for a in range(1, 5) for b in range(1, 6)]  # fmt: skip
-    src = tmp_path / "gsm8k_train.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = tmp_path / "train.parquet"
-    done = subprocess.run(dynamo_rl_argv("data", "gsm8k", str(src), "--out", str(data)),
-                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "20 rows" in done.stdout
+    data, said = convert_gsm8k(rows, tmp_path)
+    assert "20 rows" in said
     assert {r["data_source"] for r in pq.read_table(data).to_pylist()} == {"openai/gsm8k"}
 
     run_dir = tmp_path / "run"

@@ -25,7 +25,7 @@ class FakeSft:
         self.checks = checks
         self.calls: list[dict[str, str]] = []
 
-    def __call__(self, name: str, argv: list[str]) -> None:
+    def __call__(self, name: str, argv: list[str], poll) -> None:
         assert name == "sft"
         flags = {argv[i]: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
         self.calls.append(flags)
@@ -36,6 +36,7 @@ class FakeSft:
         record |= {f"eval_exact/{t}": a for t, a in accuracy.items()}
         with open(run / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+        poll()  # as the supervisor does when the step ends: the check reaches the console
 
 
 def _warm_start(tmp_path: Path, config: str, checks: list[dict[str, float]], *overrides: str):
@@ -70,6 +71,10 @@ def test_arith_extends_on_a_mix_toward_the_weak_tier_and_stops_once_learned(
     assert log.count("warm start checked (greedy accuracy on 8 held-out train rows)") == 2
     assert "easy 0.10, hard 0.90" in log
     assert "supervised warm start extended for easy (below 0.5): 13 steps on" in log
+    # Each check reached the console once, as its sft call ran (the resumed run's earlier lines
+    # are not shown again).
+    assert log.count("warm start check at step 10: exact match 0.000 (easy 0.10, hard 0.90)") == 1
+    assert log.count("warm start check at step 13: exact match 0.000 (easy 0.60, hard 0.90)") == 1
     data = tmp_path / "data"
     assert [c["--data"] for c in sft.calls] == [str(data / "warm_start.parquet"),
                                                 str(data / "warm_focus1.parquet")]  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dynamo_rl.codec import TrajectoryGroup
+from dynamo_rl.notices import read_notices
 from learner.metrics import LearnerMetrics
 from learner.steplog import read_log
 from learner.tiny_model import build_tiny_model
@@ -51,3 +52,7 @@ def test_all_zero_rewards_warn_within_k_steps(redis_url: str, tmp_path: Path) ->
     assert [r["rewards_all_equal"] for r in steps] == [True, True, True, False, True]
     warnings = [x for x in log.read_text().splitlines() if "no learning signal" in x]
     assert len(warnings) == 1 and "2 train steps in a row with every reward 0" in warnings[0]
+    # ... and once in the run folder, for up's console and the dashboard (dynamo_rl.notices).
+    (notice,) = read_notices(tmp_path / "run")
+    assert (notice.service, notice.kind) == ("learner", "no_signal")
+    assert notice.message.startswith("2 train steps in a row with every reward 0: no learning")

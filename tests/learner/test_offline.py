@@ -227,3 +227,21 @@ def test_dpo_two_ranks_lifts_reward_accuracy_on_held_out_pairs(tmp_path: Path) -
     ipo = train_records(ipo_dir)
     assert ipo[0]["loss"] == pytest.approx(1.0, abs=1e-5)
     assert ipo[-1]["loss"] < ipo[0]["loss"]
+
+
+def test_sft_examples_too_long_are_one_warning_for_the_user(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    rows = [{"prompt": "1+1=" + (" pad" * 40 if i % 2 else ""), "response": "2"} for i in range(8)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run([sys.executable, "-m", "dynamo_rl.cli", "sft", "--model", str(tiny_model), "--data",
+         str(data), "--out", str(tmp_path / "sft"), "--steps", "2", "--batch-size", "4",
+         "learner.max_seq_len=64"], tmp_path / "sft.log")  # fmt: skip
+    from dynamo_rl.notices import read_notices
+
+    (notice,) = read_notices(tmp_path / "sft.run")
+    assert (notice.kind, notice.about) == ("examples_too_long", str(data))
+    assert (
+        notice.message == f"{data}: 4 of 8 examples longer than learner.max_seq_len (64) left out"
+    )

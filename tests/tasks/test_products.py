@@ -111,9 +111,9 @@ def test_products_warm_start_is_checked_on_unseen_questions_and_extended(tmp_pat
     ]  # fmt: skip
     out = io.StringIO()
     launcher = Launcher(load_config(str(REPO / "configs" / "agent_tools.yaml"), overrides), out)
-    launcher.prepare_data()
+    dataset, _test = launcher.prepare_data()
     with pytest.raises(RuntimeError, match="after 5 steps and 1 extensions"):
-        launcher.prepare_model()
+        launcher.prepare_model(dataset)
     log = out.getvalue()
     assert log.count("warm start checked (greedy exact match on 8 rows") == 2
     assert "warm start extended (below 0.5): 5 steps" in log

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.config.reward import RewardConfig, unrouted
 from dynamo_rl.contracts.stream import TrajectoryReader
 from dynamo_rl.keys import dead_letter_stream, trajectory_stream
+from dynamo_rl.notices import Notices, read_notices
 from services.rollout.build import load_tokenizer, model_context, prompt_limit
+from services.rollout.data_check import length_hint, scorer_of
 from services.rollout.datasets import (
     DatasetError,
     PromptRenderer,
@@ -72,9 +75,12 @@ def config(redis_url: str, engine: str, reward: str, allocator: str, dataset: Pa
 
 
 @pytest.fixture
-def make_worker(redis_url, engine, reward, allocator, dataset, model):
+def make_worker(redis_url, engine, reward, allocator, dataset, model, tmp_path):
+    """Workers whose warnings for the user go to ``tmp_path``'s notices (as a run folder's)."""
+
     def make(*extra: str) -> RolloutWorker:
-        return build_worker(config(redis_url, engine, reward, allocator, dataset, model, *extra))
+        cfg = config(redis_url, engine, reward, allocator, dataset, model, *extra)
+        return build_worker(cfg, notices=Notices(tmp_path, "rollout"))
 
     return make
 
@@ -147,12 +153,21 @@ def test_check_prompt_lengths_counts_and_applies_each_policy(model: Path, datase
 
 
 def test_worker_drops_long_prompts_at_load_and_trains_on_the_rest(
-    make_worker, redis_url, caplog: pytest.LogCaptureFixture
+    make_worker, redis_url, caplog: pytest.LogCaptureFixture, dataset: Path, tmp_path: Path
 ) -> None:
     with caplog.at_level(logging.INFO):
         worker = make_worker()
     assert f"2 of 6 prompts exceed {LIMIT} tokens: dropped" in caplog.text
     assert metric(worker, "dynamo_rollout_prompts_over_length_total", {"action": "dropped"}) == 2
+    # A warning for the user, once, with the setting to change (a third of the rows is dropped).
+    (notice,) = read_notices(tmp_path)
+    assert (notice.kind, notice.about) == ("prompts_over_length", str(dataset))
+    assert notice.message == (
+        f"{dataset}: 2 of 6 prompts exceed {LIMIT} tokens: dropped; 33% of the prompts are "
+        f"dropped: to keep them, lower rollout.sampling.max_tokens ({MAX_TOKENS}; prompts get the "
+        f"model's context of {CONTEXT} tokens minus it) or use a model with a longer context, or "
+        "set rollout.prompt_len_policy=truncate_left"
+    )
     assert run(worker, 2) == 2
     groups = trained(redis_url)
     assert len(groups) == 8  # two batches of the four prompts that fit
@@ -181,7 +196,7 @@ def test_worker_refuses_the_dataset_under_error(make_worker) -> None:
 
 
 def test_a_prompt_the_engine_refuses_is_dead_lettered_and_the_run_goes_on(
-    make_worker, redis_url
+    make_worker, redis_url, tmp_path: Path
 ) -> None:
     # No limit at load: the engine itself refuses the long prompts (HTTP 422, over its context).
     worker = make_worker("rollout.max_prompt_len=100000")
@@ -204,6 +219,10 @@ def test_a_prompt_the_engine_refuses_is_dead_lettered_and_the_run_goes_on(
         assert payload["data_source"] == "arith" and payload["prompt_tokens"] > CONTEXT
     assert metric(worker, "dynamo_rollout_prompts_refused_total") == 2
     assert worker.refused == 2
+    # One warning for the user (the log has both prompts).
+    assert [n.kind for n in read_notices(tmp_path)] == ["prompt_refused"]
+    assert re.match(r"prompt arith-[45] refused by the engine, dead-lettered: .*HTTP 422",
+                    read_notices(tmp_path)[0].message)  # fmt: skip
 
 
 # -- routes ----------------------------------------------------------------------------------------
@@ -247,6 +266,55 @@ def test_worker_refuses_an_unrouted_data_source_before_it_starts(
     assert done.returncode == 2, done.stderr[-2000:]
     assert "no reward route for data_source 'mystery/set'" in done.stderr
     assert "Traceback" not in done.stderr
+    # The data check (up's, before training) refuses it the same way.
+    done = subprocess.run([*argv, "--check-data", str(tmp_path / "summary.json")],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "no reward route for data_source 'mystery/set'" in done.stderr
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_the_data_check_says_what_the_worker_will_train_on(
+    dataset: Path, model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "summary.json"
+    argv = dynamo_rl_argv("rollout", "--check-data", str(out), f"rollout.dataset={dataset}",
+                          f"engine.model={model}", f"rollout.sampling.max_tokens={MAX_TOKENS}",
+                          f"run.dir={tmp_path / 'run'}")  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(out.read_text())
+    assert summary == {
+        "dataset": str(dataset), "rows": 6, "kept": 4, "over": 2, "limit": LIMIT,
+        "policy": "drop", "line": f"2 of 6 prompts exceed {LIMIT} tokens: dropped",
+        "context": CONTEXT, "max_tokens": MAX_TOKENS, "max_prompt_len": None,
+        "hint": summary["hint"],
+        "sources": [{"data_source": "arith", "kind": "math", "rows": 6,
+                     "scorer": "math, last_boxed (reward.routes.arith)"}],
+    }  # fmt: skip
+    assert summary["hint"].startswith("33% of the prompts are dropped: to keep them, lower ")
+    # A check, not a worker: no warning in the run folder (the worker writes it when it starts).
+    assert not (tmp_path / "run" / "warnings.jsonl").exists()
+    renderer, records = PromptRenderer(load_tokenizer(str(model))), load_records(dataset)
+    fits = load_config(None, ["rollout.max_prompt_len=10000"], env={})
+    lengths = check_prompt_lengths(records, renderer, 10000, "drop")
+    assert length_hint(fits, lengths, str(model)) is None
+    policy = "rollout.prompt_len_policy=truncate_left"
+    cfg = load_config(None, ["rollout.max_prompt_len=100", policy], env={})
+    lengths = check_prompt_lengths(records, renderer, 100, "truncate_left")
+    assert length_hint(cfg, lengths, str(model)) == (
+        "33% of the prompts are truncated: to keep them whole, raise rollout.max_prompt_len (100)"
+    )
+
+
+def test_the_scorer_of_each_source_is_its_route_or_composite_spec() -> None:
+    cfg = load_config(None, ["reward.composite.mine.components=[{kind: math}]",
+                             "reward.routes.apps*={kind: code, scoring: all_or_nothing}"],
+                      env={}).reward  # fmt: skip
+    assert scorer_of(cfg, "openai/gsm8k", "math") == "math, gsm8k (reward.routes.openai/gsm8k)"
+    assert scorer_of(cfg, "apps-x", "code") == "code, all_or_nothing (reward.routes.apps*)"
+    assert scorer_of(cfg, "mine", "math") == "composite reward.composite.mine"
+    assert scorer_of(cfg, "chat", "judge") == "judge"
+    assert scorer_of(cfg, "openai/gsm8k", "code") == "code, no route"
 
 
 # -- eval ------------------------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""A dataset as the rollout worker loads it, and what it will train on.
+
+- :func:`load_prompts` is the worker's one way in: the rows (``rollout.dataset``), refused when a
+  data source has no reward route (:func:`~services.rollout.datasets.check_routes`), rendered and
+  checked against the length limit (:func:`~services.rollout.build.prepare_prompts`). Prompts the
+  length policy dropped or truncated are a warning the user must act on (a notice,
+  :mod:`dynamo_rl.notices`), with the setting to change when it is more than
+  :data:`HINT_SHARE` of the rows.
+- :func:`data_summary` is what ``dynamo-rl rollout --check-data FILE`` writes (and ``dynamo-rl
+  up`` prints before training): rows kept and dropped, the data sources and their scorers, the
+  model's context and ``max_tokens``, that hint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.config.reward import VERIFIERS, RewardConfig, RouteTable
+from dynamo_rl.config.rollout import EnvConfig
+from dynamo_rl.notices import Notices
+from services.rollout import datasets
+from services.rollout.build import model_context, prepare_prompts
+from services.rollout.datasets import LengthCheck, PromptRecord, PromptRenderer
+
+__all__ = ["HINT_SHARE", "data_summary", "length_hint", "load_prompts", "scorer_of"]
+
+log = logging.getLogger(__name__)
+
+HINT_SHARE = 0.1
+"""Past this share of the rows dropped or truncated, the warning names the setting to change."""
+
+
+def length_hint(cfg: ExperimentConfig, lengths: LengthCheck, tokenizer_dir: str) -> str | None:
+    """Which setting keeps more of the prompts, when the length policy touched more than
+    :data:`HINT_SHARE` of them (None otherwise)."""
+    if not lengths.total or lengths.over / lengths.total <= HINT_SHARE:
+        return None
+    rc = cfg.rollout
+    share = f"{100 * lengths.over / lengths.total:.0f}% of the prompts"
+    if rc.max_prompt_len is not None:
+        limit = f"raise rollout.max_prompt_len ({rc.max_prompt_len})"
+    else:
+        context = model_context(tokenizer_dir)
+        limit = (f"lower rollout.sampling.max_tokens ({rc.sampling.max_tokens}; prompts get the "
+                 f"model's context of {context} tokens minus it) or use a model with a longer "
+                 "context")  # fmt: skip
+    if rc.prompt_len_policy == "drop":
+        return (f"{share} are dropped: to keep them, {limit}, or set "
+                "rollout.prompt_len_policy=truncate_left")  # fmt: skip
+    return f"{share} are truncated: to keep them whole, {limit}"
+
+
+def load_prompts(
+    cfg: ExperimentConfig, tokenizer_dir: str, notices: Notices
+) -> tuple[list[PromptRecord], PromptRenderer, LengthCheck, EnvConfig]:
+    """The dataset's rows, the renderer, the prompts kept and ``rollout.env`` resolved (see the
+    module's docstring); raises ValueError naming an unrouted data source, DatasetError for a bad
+    file or ``prompt_len_policy=error``."""
+    rc = cfg.rollout
+    assert rc.dataset is not None
+    records = datasets.load_records(rc.dataset, rc.dataset_format, rc.default_kind)
+    datasets.check_routes(records, cfg)
+    renderer, lengths, limits = prepare_prompts(cfg, records, tokenizer_dir)
+    if lengths.over:
+        hint = length_hint(cfg, lengths, tokenizer_dir)
+        message = f"{rc.dataset}: {lengths.line()}" + (f"; {hint}" if hint else "")
+        notices.warn(log, "prompts_over_length", message, about=rc.dataset)
+    else:
+        log.info("%s: %s", rc.dataset, lengths.line())
+    return records, renderer, lengths, limits
+
+
+def scorer_of(reward: RewardConfig, data_source: str, kind: str) -> str:
+    """How the reward service scores the rows of ``data_source`` (words for a summary)."""
+    if data_source in reward.composite:
+        return f"composite reward.composite.{data_source}"
+    if kind not in VERIFIERS:
+        return kind
+    found = RouteTable(reward.routes).find(data_source)
+    if found is None or found[1].kind != kind:
+        return f"{kind}, no route"
+    key, route = found
+    how = (route.extraction or "last_boxed") if kind == "math" else (route.scoring or "fraction")
+    return f"{kind}, {how} (reward.routes.{key})"
+
+
+def data_summary(cfg: ExperimentConfig, tokenizer_dir: str) -> dict[str, Any]:
+    """What the worker will train on (``dynamo-rl rollout --check-data``'s file)."""
+    rc = cfg.rollout
+    records, _renderer, lengths, _limits = load_prompts(
+        cfg, tokenizer_dir, Notices(None, "rollout")
+    )
+    rows = Counter((r.data_source, r.kind) for r in records)
+    return {
+        "dataset": rc.dataset,
+        "rows": lengths.total,
+        "kept": len(lengths.records),
+        "over": lengths.over,
+        "limit": lengths.limit,
+        "policy": rc.prompt_len_policy,
+        "line": lengths.line(),
+        "context": model_context(tokenizer_dir),
+        "max_tokens": rc.sampling.max_tokens,
+        "max_prompt_len": rc.max_prompt_len,
+        "hint": length_hint(cfg, lengths, tokenizer_dir),
+        "sources": [
+            {"data_source": s, "kind": k, "rows": n, "scorer": scorer_of(cfg.reward, s, k)}
+            for (s, k), n in sorted(rows.items())
+        ],
+    }
