@@ -9,7 +9,9 @@ TCP, read a real Redis stream, checkpoint to one shared run folder, and rank 0 a
 - Two agents train what one agent's two processes train, to the 1-vs-2-rank test's tolerance.
 - SIGKILL of node 1's agent mid-run: both agents exit (as the Job's pods fail); restarted, they
   resume from the last checkpoint and every stream entry is trained exactly once.
-- A node that never arrives: node 0 fails at the rendezvous timeout, naming the nodes missing.
+- A node that never arrives: the other agent fails once the manifest's rendezvous timeout has
+  passed, instead of hanging: node 0 says how many nodes came (torch's ``1/2 clients joined``),
+  node 1 names node 0's address.
 """
 
 from __future__ import annotations
