@@ -85,7 +85,7 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def _substitute(text: str, env: Mapping[str, str]) -> str:
+def substitute(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes-style ``$(VAR)`` expansion (unknown variables stay as they are)."""
     return re.sub(
         r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), text
@@ -98,7 +98,7 @@ def config_of(
     """The config the command builds: the experiment file (``experiment`` for the mounted path),
     the env, the overrides, and the flags whose dest is a config key (the ones the deploy files
     use)."""
-    args = [_substitute(a, env) for a in cmd.args]
+    args = [substitute(a, env) for a in cmd.args]
     config = flag_value(args, "--config")
     path: Path | None = None
     if config is not None:
@@ -145,7 +145,7 @@ def listen_ports(
     cmd: DynamoCommand, env: Mapping[str, str], experiment: Path = EXPERIMENT
 ) -> dict[str, int]:
     """Kind of port ("port", "metrics_port") -> the port number the command binds."""
-    args = [_substitute(a, env) for a in cmd.args]
+    args = [substitute(a, env) for a in cmd.args]
     sub = cmd.subcommand
     if sub == "dashboard":
         return {"port": int(flag_value(args, "--port") or 8265)}

@@ -51,6 +51,7 @@ from dynamo_rl import keys
 from dynamo_rl.codec import decode_entry
 from dynamo_rl.procs import free_port
 from tests.conftest import REPO
+from tests.reliability.helpers import audit_stream
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
@@ -388,21 +389,9 @@ def _check_sandbox(probe: dict) -> None:
 
 
 def _check_stream(stack: Stack) -> None:
-    committed: list[str] = []
-    for folder in sorted((stack.run_dir / "checkpoints").glob("step_*")):
-        if (folder / "COMMITTED").exists():
-            state = json.loads((folder / "trainer_state.json").read_text())
-            committed += state["extra"]["consumed"]
-    assert committed and len(committed) == len(set(committed)), "an entry was trained twice"
     client = redis.Redis(port=stack.redis_port)
-    stream, group = keys.trajectory_stream(NAME), keys.learner_group(NAME)
-    info = {g["name"].decode(): g for g in client.xinfo_groups(stream)}[group]
-    assert info["pending"] == 0
-    last = tuple(map(int, info["last-delivered-id"].decode().split("-")))
-    entries = client.xrange(stream)
-    read = {eid.decode() for eid, _ in entries if tuple(map(int, eid.decode().split("-"))) <= last}
-    assert set(committed) == read, "an entry the learner read was lost (or one never read trained)"
-    assert client.xlen(keys.dead_letter_stream(NAME)) == 0
+    audit_stream(stack.run_dir, client, NAME)
+    entries = client.xrange(keys.trajectory_stream(NAME))
     for _eid, fields in entries:
         group_ = decode_entry(fields)
         assert len(group_.responses) == group_.allocated_n, "a half-written group"

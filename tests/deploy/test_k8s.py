@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import base64
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dynamo_rl.config import load_config
 from tests.conftest import REPO
@@ -26,50 +24,26 @@ from tests.deploy.commands import (
     listen_ports,
 )
 from tests.deploy.k8s_models import validate
+from tests.deploy.k8s_render import K8S, KUBECTL, TOKEN, kustomize, objects, operator_tree, render
 
-K8S = REPO / "deploy" / "k8s"
-KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="needs kubectl (for kubectl kustomize)")
 OVERLAYS = ("cpu", "gpu", "vllm")
 # Not the bare overlay names: conftest skips every test with a "gpu" keyword on CPU machines.
 OVERLAY_IDS = ("cpu-overlay", "gpu-overlay", "vllm-overlay")
 # What runs the engine Deployment in each overlay (the vllm overlay: vLLM servers, engine.kind=vllm).
 ENGINE_COMMAND = {"cpu": "engine", "gpu": "engine", "vllm": "vllm-server"}
-TOKEN = "t" * 64
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
-
-
-def kustomize(root: Path, overlay: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(KUBECTL), "kustomize", str(root / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of deploy/k8s with the tokens file an operator writes before the first render."""
-    root = tmp_path_factory.mktemp("k8s") / "k8s"
-    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("tokens.env"))
-    (root / "base" / "tokens.env").write_text(f"DYNAMO_CONTROL_TOKEN={TOKEN}\n")
-    return root
+    return operator_tree(tmp_path_factory.mktemp("k8s") / "k8s")
 
 
 @pytest.fixture(scope="module")
 def rendered(tree: Path) -> dict[str, list[dict[str, Any]]]:
-    out = {}
-    for overlay in OVERLAYS:
-        result = kustomize(tree, overlay)
-        assert result.returncode == 0, result.stderr
-        out[overlay] = [d for d in yaml.safe_load_all(result.stdout) if d]
-    return out
-
-
-def objects(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+    return {overlay: render(tree, overlay) for overlay in OVERLAYS}
 
 
 def pod_templates(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -345,6 +319,9 @@ def test_learner_is_an_indexed_job_with_a_rendezvous(rendered, overlay: str) -> 
     assert "job-completion-index" in node_rank["valueFrom"]["fieldRef"]["fieldPath"]
     port = next(a.split("=", 1)[1] for a in args if a.startswith("--master-port="))
     assert int(port) in {p["containerPort"] for p in c["ports"]}
+    # Pod 0 waits for the other nodes this long, then fails (tests/learner/test_two_nodes.py).
+    assert "--rdzv-conf=timeout=$(LEARNER_RDZV_TIMEOUT)" in args
+    assert int(env["LEARNER_RDZV_TIMEOUT"]) >= 60
 
 
 def test_overlays_differ_where_they_should(rendered) -> None:

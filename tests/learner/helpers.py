@@ -98,3 +98,34 @@ def base_overrides(model: Path, run_dir: Path, redis_url: str, name: str) -> lis
         "learner.stream.wait_timeout_s=30",
         "learner.checkpoint.export_every=0",
     ]
+
+
+# DynaMO recipe pieces (modulation, clip-higher, dual-clip) plus a KL term, so the reference model
+# and every loss term are in the comparisons between layouts.
+RECIPE = [
+    "learner.train_batch_size=4",
+    "learner.ppo_epochs=2",
+    "learner.algorithm.modulation.enabled=true",
+    "learner.algorithm.policy_loss.clip_high=0.28",
+    "learner.algorithm.policy_loss.dual_clip=10",
+    "learner.algorithm.kl.coef=0.01",
+    "learner.checkpoint.every=2",
+]
+# The same batch every step, with DynaMO-like uneven group sizes: two mini-batches of two groups
+# (5 and 8 responses) over micro-batches of 2. With 2 ranks the first mini-batch splits 2 + 3 rows,
+# so rank 0 runs an empty micro-batch to keep the collectives in step, and every layout sees the
+# same micro-batches (DynaMO modulation is per micro-batch).
+FIXED_SIZES = [2, 3, 4, 4]
+FIXED_LAYOUT = ["learner.micro_batch_size=2", "learner.mini_batch_size=2"]
+LAYOUT_TOLERANCE = 1e-4  # how far two layouts of the same ranks' work may differ (float sums)
+
+
+def assert_same_training(a: list[dict], b: list[dict], tol: float = LAYOUT_TOLERANCE) -> None:
+    """Two runs' step records agree step by step: loss terms, gradient norm, modulation."""
+    import pytest
+
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        for key in ("loss", "grad_norm", "kl", "entropy", "beta_stab_mean", "beta_comp_mean"):
+            assert x[key] == pytest.approx(y[key], abs=tol), (x["step"], key)
+        assert x["update_losses"] == pytest.approx(y["update_losses"], abs=tol)

@@ -16,6 +16,10 @@ from dynamo_rl import keys
 from learner.steplog import read_log
 from learner.tiny_model import build_tiny_model
 from tests.learner.helpers import (
+    FIXED_LAYOUT,
+    FIXED_SIZES,
+    RECIPE,
+    assert_same_training,
     base_overrides,
     make_groups,
     run_learner,
@@ -31,28 +35,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("model") / "m", hidden_size=32, num_layers=2)
 
 
-# DynaMO recipe pieces (modulation, clip-higher, dual-clip) plus a KL term, so the reference model
-# and every loss term are in the comparison.
-RECIPE = [
-    "learner.train_batch_size=4",
-    "learner.ppo_epochs=2",
-    "learner.algorithm.modulation.enabled=true",
-    "learner.algorithm.policy_loss.clip_high=0.28",
-    "learner.algorithm.policy_loss.dual_clip=10",
-    "learner.algorithm.kl.coef=0.01",
-    "learner.checkpoint.every=2",
-]
-
-
 def test_two_ranks_match_one_rank_and_the_loss_falls(
     tiny_model: Path, redis_url: str, tmp_path: Path
 ) -> None:
-    # The same batch every step, with DynaMO-like uneven group sizes. Two mini-batches of two
-    # groups (5 and 8 responses) over micro-batches of 2: with 2 ranks the first mini-batch splits
-    # 2 + 3 rows, so rank 0 runs an empty micro-batch to keep the collectives in step, and both
-    # layouts see the same micro-batches (DynaMO modulation is per micro-batch).
-    fixed = make_groups(4, sizes=[2, 3, 4, 4])
-    layout = ["learner.micro_batch_size=2", "learner.mini_batch_size=2"]
+    fixed = make_groups(4, sizes=FIXED_SIZES)  # the same batch every step (helpers.FIXED_SIZES)
+    layout = FIXED_LAYOUT
     records = {}
     for nproc in (2, 1):
         name = f"fixed{nproc}"
@@ -72,11 +59,8 @@ def test_two_ranks_match_one_rank_and_the_loss_falls(
             client.xpending(keys.trajectory_stream(name), keys.learner_group(name))["pending"] == 0
         )
         client.close()
-    two, one = records[2], records[1]
-    for a, b in zip(two, one, strict=True):
-        for key in ("loss", "grad_norm", "kl", "entropy", "beta_stab_mean", "beta_comp_mean"):
-            assert a[key] == pytest.approx(b[key], abs=1e-4), (a["step"], key)
-        assert a["update_losses"] == pytest.approx(b["update_losses"], abs=1e-4)
+    two = records[2]
+    assert_same_training(two, records[1])
     losses = [r["loss"] for r in two]
     assert losses[-1] < losses[0] - 0.05, losses
     assert all(r["responses"] == 13 and r["groups"] == 4 for r in two)

@@ -11,9 +11,11 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dynamo_rl import keys
 from tests.conftest import REPO, dynamo_rl_argv
 
 # Hypothesis examples per fuzzed operation: small in CI, larger by hand
@@ -72,6 +74,33 @@ def process_tree(pid: int) -> list[int]:
             for child in (task / "children").read_text().split():
                 out += process_tree(int(child))
     return out
+
+
+def _stream_id(eid: bytes | str) -> tuple[int, int]:
+    text = eid.decode() if isinstance(eid, bytes) else eid
+    ms, seq = text.split("-")
+    return int(ms), int(seq)
+
+
+def audit_stream(run_dir: Path, client: Any, namespace: str) -> list[str]:
+    """Exactly once, from the learner's own durable record: every stream entry the learner's group
+    read is listed by exactly one committed checkpoint of ``run_dir`` (``consumed`` in
+    ``trainer_state.json``, all checkpoints kept: ``learner.checkpoint.keep``), nothing is pending
+    and nothing was dead-lettered. Returns the committed ids in commit order."""
+    committed: list[str] = []
+    for folder in sorted((run_dir / "checkpoints").glob("step_*")):
+        if (folder / "COMMITTED").exists():
+            state = json.loads((folder / "trainer_state.json").read_text())
+            committed += state["extra"]["consumed"]
+    assert committed and len(committed) == len(set(committed)), "an entry was trained twice"
+    stream, group = keys.trajectory_stream(namespace), keys.learner_group(namespace)
+    info = {g["name"].decode(): g for g in client.xinfo_groups(stream)}[group]
+    assert info["pending"] == 0
+    last = _stream_id(info["last-delivered-id"])
+    read = {eid.decode() for eid, _ in client.xrange(stream) if _stream_id(eid) <= last}
+    assert set(committed) == read, "an entry the learner read was lost (or one never read trained)"
+    assert client.xlen(keys.dead_letter_stream(namespace)) == 0
+    return committed
 
 
 class UpRun:
