@@ -29,11 +29,14 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.reward import ItemResult
+
+if TYPE_CHECKING:
+    from services.rollout.pipeline import Seeds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +96,7 @@ async def evaluate(
     from services.rollout.engines import EnginePool, EngineRequestError
     from services.rollout.episodes import Conversation
     from services.rollout.eval_metrics import PromptOutcome, summarize
-    from services.rollout.pipeline import Seeds, generate_group, verify_groups
+    from services.rollout.pipeline import generate_group, verify_groups
     from services.rollout.reward_client import RewardClient
 
     rc = cfg.rollout
@@ -126,7 +129,7 @@ async def evaluate(
                     new_env=lambda seed: make_env(EnvContext(limits, sandbox, seed=seed)),
                     conversation=conversation, sampling=sampling, limits=limits,
                     max_per_request=rc.max_n_per_request,
-                    seeds=Seeds(cfg.run.seed, ("eval", record.prompt_id), bare_first_chunk=True),
+                    seeds=prompt_seeds(cfg.run.seed, record.prompt_id),
                 )  # fmt: skip
             except EngineRequestError as e:  # bad input, as in the worker: left out, counted
                 return str(e)
@@ -217,6 +220,14 @@ async def evaluate(
         "metrics": summarize(outcomes, ks, resamples=bootstrap, seed=cfg.run.seed)["metrics"],
         "example_prompt": lengths.rendered[records[0].prompt_id][0],  # as sent
     }
+
+
+def prompt_seeds(seed: int | None, prompt_id: str) -> Seeds:
+    """The seeds of a prompt's episodes: its own, from ``run.seed`` and its id; the first request
+    seeded as eval always seeded it (:attr:`~services.rollout.pipeline.Seeds.bare_first_chunk`)."""
+    from services.rollout.pipeline import Seeds
+
+    return Seeds(seed, ("eval", prompt_id), bare_first_chunk=True)
 
 
 def episode_summary(stats: list[dict[str, Any]], env: str) -> dict[str, Any]:
