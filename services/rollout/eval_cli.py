@@ -29,14 +29,11 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.reward import ItemResult
-
-if TYPE_CHECKING:
-    from services.rollout.pipeline import Seeds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +93,7 @@ async def evaluate(
     from services.rollout.engines import EnginePool, EngineRequestError
     from services.rollout.episodes import Conversation
     from services.rollout.eval_metrics import PromptOutcome, summarize
-    from services.rollout.pipeline import generate_group, verify_groups
+    from services.rollout.pipeline import Seeds, generate_group, verify_groups
     from services.rollout.reward_client import RewardClient
 
     rc = cfg.rollout
@@ -129,7 +126,7 @@ async def evaluate(
                     new_env=lambda seed: make_env(EnvContext(limits, sandbox, seed=seed)),
                     conversation=conversation, sampling=sampling, limits=limits,
                     max_per_request=rc.max_n_per_request,
-                    seeds=prompt_seeds(cfg.run.seed, record.prompt_id),
+                    seeds=Seeds(cfg.run.seed, ("eval", record.prompt_id)),
                 )  # fmt: skip
             except EngineRequestError as e:  # bad input, as in the worker: left out, counted
                 return str(e)
@@ -222,14 +219,6 @@ async def evaluate(
     }
 
 
-def prompt_seeds(seed: int | None, prompt_id: str) -> Seeds:
-    """The seeds of a prompt's episodes: its own, from ``run.seed`` and its id; the first request
-    seeded as eval always seeded it (:attr:`~services.rollout.pipeline.Seeds.bare_first_chunk`)."""
-    from services.rollout.pipeline import Seeds
-
-    return Seeds(seed, ("eval", prompt_id), bare_first_chunk=True)
-
-
 def episode_summary(stats: list[dict[str, Any]], env: str) -> dict[str, Any]:
     """What the evaluated episodes did: turns per episode, the share that called a tool, tool
     calls per episode, the share of calls that failed, episodes dropped."""
@@ -305,7 +294,7 @@ async def evaluate_all(
             **dataclasses.asdict(sampling),
             "n": n,
             "max_n_per_request": rc.max_n_per_request,
-            "seeds": "per prompt: run.seed, 'eval', prompt id (and request chunk)",
+            "seeds": "per prompt: run.seed, 'eval', prompt id, request chunk",
         },
         "prompt_template": {
             "setting": rc.prompt_template,

@@ -74,17 +74,10 @@ class Seeds:
 
     base: int | None
     parts: tuple[object, ...]
-    bare_first_chunk: bool = False
-    """Chunk 0's seed leaves the chunk out: ``request_seed(base, *parts)``. Eval sets it to keep
-    the seeds its committed figures were sampled with (chunk 0 was seeded so before eval shared
-    this pipeline): the quickstart's accuracies "before RL" (``accuracy_before`` in
-    ``benchmarks/results/quickstart_seeds_*.json``, ``docs/benchmarks.md``), which reproduce
-    exactly on CPU and would change with any other seed. The worker leaves it False."""
 
     def chunk(self, i: int) -> int | None:
         """First-turn request ``i`` of the prompt."""
-        extra = () if self.bare_first_chunk and i == 0 else (i,)
-        return request_seed(self.base, *self.parts, *extra)
+        return request_seed(self.base, *self.parts, i)
 
     def episode(self, j: int) -> int | None:
         """Episode ``j``'s environment."""

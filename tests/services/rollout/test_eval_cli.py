@@ -205,21 +205,3 @@ def test_episode_summary_counts_calls_errors_and_turns() -> None:
         "dropped": 1,
     }
     assert episode_summary([], "tools")["tool_error_rate"] == 0.0
-
-
-def test_eval_seeds_a_prompt_as_its_committed_figures_were_sampled() -> None:
-    """Eval's first request of a prompt is seeded without its chunk index, as before eval shared
-    the worker's pipeline: the quickstart's accuracy before RL (``accuracy_before`` in
-    benchmarks/results/quickstart_seeds_*.json) reproduces only with these seeds."""
-    from services.rollout.eval_cli import prompt_seeds
-    from services.rollout.pipeline import Seeds, request_seed
-
-    seeds = prompt_seeds(5, "q1")
-    # Pinned: any other value changes every sample eval draws.
-    assert seeds.chunk(0) == request_seed(5, "eval", "q1") == 42579900
-    assert [seeds.chunk(i) for i in (1, 2)] == [request_seed(5, "eval", "q1", i) for i in (1, 2)]
-    assert seeds.episode(3) == request_seed(5, "eval", "q1", 3)
-    assert seeds.turn(3, 1) == request_seed(5, "eval", "q1", 3, 1)
-    # The worker's chunks all carry their index.
-    assert Seeds(5, ("w", 0, "q1")).chunk(0) == request_seed(5, "w", 0, "q1", 0)
-    assert prompt_seeds(None, "q1").chunk(0) is None  # no run.seed: unseeded
