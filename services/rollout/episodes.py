@@ -245,7 +245,6 @@ class Opening:
     messages: list[Message]
     text: str
     prompt_ids: list[int]
-    multi_turn: bool
 
 
 async def open_episode(
@@ -259,9 +258,9 @@ async def open_episode(
     messages = list(await env.reset(row))
     if not env.multi_turn and rendered is not None:
         text, ids = rendered
-        return Opening(messages, text, list(ids), False)
+        return Opening(messages, text, list(ids))
     text = conversation.text(messages)
-    return Opening(messages, text, conversation.prompt_ids(text), env.multi_turn)
+    return Opening(messages, text, conversation.prompt_ids(text))
 
 
 async def run_episode(
@@ -300,7 +299,7 @@ async def play_episode(
     messages = list(opening.messages)
     kept = opening.text
     seg = Segment(list(opening.prompt_ids))
-    episode = Episode([seg], multi_turn=opening.multi_turn)
+    episode = Episode([seg], multi_turn=env.multi_turn)
     engine_url: str | None = None
     calls = 0
     for turn_index in range(limits.max_turns):

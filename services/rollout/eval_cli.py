@@ -126,7 +126,7 @@ async def evaluate(
                     new_env=lambda seed: make_env(EnvContext(limits, sandbox, seed=seed)),
                     conversation=conversation, sampling=sampling, limits=limits,
                     max_per_request=rc.max_n_per_request,
-                    seeds=Seeds(cfg.run.seed, ("eval", record.prompt_id), bare_first_chunk=True),
+                    seeds=Seeds(cfg.run.seed, ("eval", record.prompt_id)),
                 )  # fmt: skip
             except EngineRequestError as e:  # bad input, as in the worker: left out, counted
                 return str(e)
@@ -294,7 +294,7 @@ async def evaluate_all(
             **dataclasses.asdict(sampling),
             "n": n,
             "max_n_per_request": rc.max_n_per_request,
-            "seeds": "per prompt: run.seed, 'eval', prompt id (and request chunk)",
+            "seeds": "per prompt: run.seed, 'eval', prompt id, request chunk",
         },
         "prompt_template": {
             "setting": rc.prompt_template,

@@ -74,13 +74,10 @@ class Seeds:
 
     base: int | None
     parts: tuple[object, ...]
-    bare_first_chunk: bool = False
-    """Chunk 0's seed leaves the chunk out (eval's: the same draws as one request)."""
 
     def chunk(self, i: int) -> int | None:
         """First-turn request ``i`` of the prompt."""
-        extra = () if self.bare_first_chunk and i == 0 else (i,)
-        return request_seed(self.base, *self.parts, *extra)
+        return request_seed(self.base, *self.parts, i)
 
     def episode(self, j: int) -> int | None:
         """Episode ``j``'s environment."""
