@@ -1,6 +1,6 @@
 # DynaMO-RL, CPU image. One image for every role; the role is the command:
 #   dynamo-rl allocator | reward | engine | rollout | dashboard | task
-#   torchrun ... -m dynamo_rl.cli learner
+#   torchrun ... -m dynamo_rl.cli learner   (k8s: python -m learner.node ..., torchrun per node)
 # Runs as the unprivileged uid 10001. bubblewrap is here for the reward service's code sandbox
 # (see docs/deploy.md for what the container runtime must allow for it).
 # Build: docker build -t dynamo-rl:latest .          (CUDA: docker build -f Dockerfile.cuda ...)

@@ -1,7 +1,7 @@
 """What the deployment files ask our image to run, checked against the real command line.
 
 - :func:`dynamo_command` finds the ``dynamo-rl`` subcommand in a container's argv (directly, or
-  behind ``torchrun ... -m dynamo_rl.cli``);
+  behind ``torchrun ... -m dynamo_rl.cli`` or its per-node form ``python -m learner.node ...``);
 - :func:`check_command` checks it is a real subcommand, that every ``--flag`` is one its ``--help``
   lists, and that the config it would build (the experiment file, the environment, the
   ``KEY=VALUE`` overrides) validates;
@@ -44,6 +44,10 @@ ENDPOINTS: dict[str, dict[str, set[str]]] = {
 }
 
 
+# The launchers that start ``-m dynamo_rl.cli`` ranks: torchrun, and torchrun run by learner.node.
+LAUNCHERS = (["torchrun"], ["python", "-m", "learner.node"])
+
+
 @dataclass
 class DynamoCommand:
     subcommand: str
@@ -55,7 +59,7 @@ def dynamo_command(argv: Sequence[str]) -> DynamoCommand | None:
     argv = list(argv)
     if argv and argv[0] == "dynamo-rl" and len(argv) > 1:
         return DynamoCommand(argv[1], argv[2:])
-    if argv and argv[0] == "torchrun":
+    if any(argv[: len(launcher)] == launcher for launcher in LAUNCHERS):
         for i in range(len(argv) - 2):
             if argv[i] == "-m" and argv[i + 1] == "dynamo_rl.cli":
                 return DynamoCommand(argv[i + 2], argv[i + 3 :])

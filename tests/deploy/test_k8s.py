@@ -311,6 +311,8 @@ def test_learner_is_an_indexed_job_with_a_rendezvous(rendered, overlay: str) -> 
     assert int(env["LEARNER_NODES"]) == spec["completions"]
     rdzv = objects(docs, "Service")[pod["subdomain"]]["spec"]
     assert rdzv["clusterIP"] == "None" and rdzv["publishNotReadyAddresses"] is True
+    # torchrun, run by the wrapper that names a node missing at the rendezvous (learner/node.py).
+    assert c["command"] == ["python", "-m", "learner.node"]
     args = c["args"]
     master = next(a.split("=", 1)[1] for a in args if a.startswith("--master-addr="))
     assert master == f"learner-0.{pod['subdomain']}"  # pod 0's stable DNS name

@@ -10,8 +10,8 @@ TCP, read a real Redis stream, checkpoint to one shared run folder, and rank 0 a
 - SIGKILL of node 1's agent mid-run: both agents exit (as the Job's pods fail); restarted, they
   resume from the last checkpoint and every stream entry is trained exactly once.
 - A node that never arrives: the other agent fails once the manifest's rendezvous timeout has
-  passed, instead of hanging: node 0 says how many nodes came (torch's ``1/2 clients joined``),
-  node 1 names node 0's address.
+  passed, instead of hanging, and its last line names who is missing (``learner.node``): node 0
+  names node rank 1, node 1 names node 0 and its address.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Job:
             env[e["name"]] = e.get("value", filled.get(e["name"]))
         env.update(LEARNER_NODES=str(NODES), **pod_env)
         argv = [substitute(a, env) for a in c["command"] + c["args"]]
-        assert argv[0] == "torchrun", argv
+        assert argv[:3] == ["python", "-m", "learner.node"], argv
         master = next(a.split("=", 1)[1] for a in argv if a.startswith("--master-addr="))
         assert f"learner.push.master_address={master}" in argv  # engines join rank 0's group there
         argv = [a.replace(master, LOOPBACK) for a in argv]
@@ -91,7 +91,7 @@ class Job:
         config = argv.index("--config") + 1
         assert argv[config] == CONFIG_MOUNT, argv
         argv[config] = str(self.experiment)
-        argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:], *overrides]
+        argv = [sys.executable, *argv[1:], *overrides]
         return argv, {**learner_env(), **env}
 
 
@@ -292,19 +292,37 @@ def test_node_one_killed_both_agents_exit_and_resume_exactly_once(
 
 
 @pytest.mark.parametrize(
-    ("alone", "error"),
+    ("alone", "torch_error", "error"),
     [
-        (0, "1/2 clients joined"),  # torch's words: pod 0 counts the nodes that came
-        (1, "while trying to connect to (127.0.0.1, {port})"),  # pod 1 names pod 0's address
+        # Pod 0: node 1 never came (torch's own words count the nodes that came, not which).
+        (
+            0,
+            "1/2 clients joined",
+            "learner node rank 0: node rank(s) 1 of 2 never joined the rendezvous at "
+            "127.0.0.1:{port} within {timeout} s (--rdzv-conf timeout)",
+        ),
+        # Pod 1: node 0 never answered at its address.
+        (
+            1,
+            "while trying to connect to (127.0.0.1, {port})",
+            "learner node rank 1: node rank 0 never answered at 127.0.0.1:{port} "
+            "(--master-addr, --master-port) within {timeout} s (--rdzv-conf timeout)",
+        ),
     ],
     ids=["node1-never-arrives", "node0-never-arrives"],
 )
 def test_a_node_that_never_arrives_fails_the_other_at_the_rendezvous_timeout(
-    alone: int, error: str, job: Job, tiny_model: Path, redis_url: str, tmp_path: Path
+    alone: int,
+    torch_error: str,
+    error: str,
+    job: Job,
+    tiny_model: Path,
+    redis_url: str,
+    tmp_path: Path,
 ) -> None:
     """One agent alone: it fails once the manifest's rendezvous timeout (``LEARNER_RDZV_TIMEOUT``,
-    here shortened as an operator would patch it) has passed, saying who is missing; it does not
-    hang, and no rank starts."""
+    here shortened as an operator would patch it) has passed, torch's error followed by a last line
+    naming who is missing; it does not hang, and no rank starts."""
     timeout_s, port, name = 10, free_port(), "alone"
     pod_env = {"REDIS_URL": redis_url, "LEARNER_RDZV_TIMEOUT": str(timeout_s)}
     overrides = base_overrides(tiny_model, tmp_path / name, redis_url, name)
@@ -314,8 +332,10 @@ def test_a_node_that_never_arrives_fails_the_other_at_the_rendezvous_timeout(
                             check=False)  # fmt: skip
     took = time.monotonic() - start
     out = result.stdout + result.stderr
-    print(f"node {alone} alone: exit {result.returncode} after {took:.1f} s")
+    print(f"node {alone} alone: exit {result.returncode} after {took:.1f} s: {out.strip()[-400:]}")
     assert result.returncode != 0, out[-3000:]
     assert timeout_s <= took < timeout_s + 60, (took, out[-3000:])
-    assert error.format(port=port) in out, out[-3000:]
+    assert torch_error.format(port=port) in out, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(error.format(port=port, timeout=timeout_s)), out[-3000:]
     assert not (tmp_path / name / "metrics.jsonl").exists()  # no rank ever started
