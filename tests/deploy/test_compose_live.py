@@ -273,7 +273,8 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         # 4. `docker kill`: a manual stop to Docker, which leaves the container down whatever
         # its restart policy; `docker compose up -d --wait` (what a user runs) brings it back, and
         # it resumes. The sandbox probe runs meanwhile (tens of seconds): the learner stays down.
-        stack.docker("kill", stack.container("learner"))
+        killed = stack.container("learner")
+        stack.docker("kill", killed)
         _wait("the learner to stop", lambda: stack.inspect("learner", "{{.State.Status}}") ==
               "exited", 60, lambda: stack.logs("learner"))  # fmt: skip
 
@@ -327,7 +328,14 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
         )
         assert summary["accuracy_before"] == before["accuracy"]
         learner_log = stack.compose("logs", "--no-color", "learner")
-        assert learner_log.count("resumed from") == 2, learner_log[-3000:]
+        # Both restarts resumed (the logs of one container; a container `up` recreated would have
+        # lost its predecessor's, which the message says, with the steps the learner logged).
+        assert learner_log.count("resumed from") == 2, (
+            f"container recreated by up: {stack.container('learner') != killed}; restarts "
+            f"{stack.inspect('learner', '{{.RestartCount}}')}; steps {[r['step'] for r in records]}"
+            f"; resumes {[ln for ln in learner_log.splitlines() if 'resumed from' in ln]}\n"
+            + learner_log[-3000:]
+        )
         # It trains a warm-started model (the failure: a fresh one, every reward 0, loss 0,
         # grad norm 0), pushing weights to the engine.
         assert all(r["reward_mean"] > 0 for r in records[:3]), "reward 0: a fresh model?"
