@@ -32,7 +32,7 @@ from pathlib import Path
 
 from dynamo_rl.jsonl import read_records
 
-__all__ = ["FILE", "KINDS", "SERVICE_ENV", "Notice", "Notices", "read_notices"]
+__all__ = ["FILE", "KINDS", "SERVICE_ENV", "Notice", "Notices", "notice_of", "read_notices"]
 
 FILE = "warnings.jsonl"
 SERVICE_ENV = "DYNAMO_RL_SERVICE"
@@ -99,7 +99,12 @@ def read_notices(path: str | Path) -> list[Notice]:
         p = p / FILE
     out: dict[tuple[str, str], Notice] = {}
     for r in read_records(p, "kind"):
-        n = Notice(str(r.get("service", "?")), str(r["kind"]), str(r.get("about", "")),
-                   str(r.get("message", "")), float(r.get("t", 0.0)))  # fmt: skip
+        n = notice_of(r)
         out.setdefault(n.key, n)
     return list(out.values())
+
+
+def notice_of(r: dict) -> Notice:
+    """One line of ``warnings.jsonl`` (a record with a ``kind``) as a :class:`Notice`."""
+    return Notice(str(r.get("service", "?")), str(r["kind"]), str(r.get("about", "")),
+                  str(r.get("message", "")), float(r.get("t", 0.0)))  # fmt: skip

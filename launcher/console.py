@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_rl.jsonl import Tail
-from dynamo_rl.notices import FILE, Notice, read_notices
+from dynamo_rl.notices import FILE, Notice, notice_of
 
 __all__ = [
     "QUIET_S",
@@ -127,18 +127,19 @@ def notice_line(n: Notice, logs: Path | None = None) -> str:
 
 
 class NoticeBoard:
-    """Prints each new notice of the watched run folders once (:func:`notice_line`)."""
+    """Prints each new notice of the watched run folders once (:func:`notice_line`), reading only
+    what was appended since the last poll."""
 
     def __init__(self, folders: Sequence[Path], say: Say, logs: Path | None = None) -> None:
-        self.files = [Path(f) / FILE for f in folders]
+        self.tails = [Tail(Path(f) / FILE, "kind") for f in folders]
         self.say = say
         self.logs = logs
         self.shown: set[tuple[str, str]] = set()
 
     def poll(self) -> list[Notice]:
         new = []
-        for path in self.files:
-            for n in read_notices(path):
+        for tail in self.tails:
+            for n in map(notice_of, tail.read()):
                 if n.key not in self.shown:
                     self.shown.add(n.key)
                     new.append(n)
