@@ -85,7 +85,7 @@ def _validate_episode(i: int, r: Response) -> None:
             raise TrajectoryDecodeError(
                 f"response {i}: {len(r.loss_mask)} loss_mask values for {n} tokens"
             )
-        if any(m not in (0, 1) for m in r.loss_mask):
+        if not set(r.loss_mask) <= {0, 1}:
             raise TrajectoryDecodeError(f"response {i}: loss_mask values must be 0 or 1")
     if any(t < 0 for t in r.prompt_token_ids):
         raise TrajectoryDecodeError(f"response {i}: prompt_token_ids: negative token id")
@@ -110,6 +110,8 @@ def _check_mask_on_turns(i: int, r: Response) -> None:
     for t in r.turns:
         model[t.start : t.end] = [1] * (t.end - t.start)
     mask = response_loss_mask(r)
+    if list(mask) == model:
+        return
     for j, (m, want) in enumerate(zip(mask, model, strict=True)):
         if m != want:
             raise TrajectoryDecodeError(
