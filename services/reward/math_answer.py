@@ -38,6 +38,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from dynamo_rl.contracts.reward import Extraction as ExtractionMode
+from services.reward.qa_answer import score_qa
 
 _BOX = re.compile(r"\\(?:boxed|fbox)")
 _MARKER = re.compile(r"(?<![A-Za-z])answer[ \t*_]*(?:is[ \t*_]*)?[:：]", re.IGNORECASE)
@@ -121,7 +122,7 @@ def answer_line(text: str) -> str | None:
 
 def extract_last_boxed(text: str) -> str | None:
     """The ``last_boxed`` mode's answer text: the last box, else the answer line."""
-    return extract(text, "last_boxed")[0]
+    return last_boxed(text) or answer_line(text)
 
 
 _DELIMITED = re.compile(r"\$|\\\(|\\\[")
@@ -204,10 +205,10 @@ def score_gsm8k(response: str, ground_truth: str, flexible: bool) -> dict[str, A
     """The ``gsm8k`` / ``gsm8k_flexible`` modes (no math-verify: plain numbers)."""
     gold = extract_gsm8k(ground_truth) if "####" in ground_truth else _gsm8k_number(ground_truth)
     if not gold:
-        return bad_ground_truth(f"no number in the ground truth {ground_truth[:200]!r}")
+        return _bad_ground_truth(f"no number in the ground truth {ground_truth[:200]!r}")
     answer = extract_gsm8k(response, flexible)
     if answer is None:
-        return no_answer("no number in the response" if flexible else "no '#### N' line")
+        return _no_answer("no number in the response" if flexible else "no '#### N' line")
     return verdict(_same_number(answer, gold), answer)
 
 
@@ -220,8 +221,6 @@ def score_plain(response: str, ground_truth: str, mode: str) -> dict[str, Any] |
     if mode in ("gsm8k", "gsm8k_flexible"):
         return score_gsm8k(response, ground_truth, flexible=mode == "gsm8k_flexible")
     if mode == "qa_exact_match":
-        from services.reward.qa_answer import score_qa  # it builds its verdicts with this module's
-
         return score_qa(response, ground_truth)
     return None
 
@@ -242,7 +241,7 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     gold = parse(_boxed(ground_truth), extraction_config=config, parsing_timeout=None)
     if not gold:
-        return bad_ground_truth(
+        return _bad_ground_truth(
             f"math-verify could not parse the ground truth {ground_truth[:200]!r}"
         )
     if mode == "whole_response" and reads_as_math_verify(response):
@@ -250,13 +249,13 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
     if mode in EXTRACTING:
         answer, missing = extract(response, mode)
         if answer is None:
-            return no_answer(missing)
+            return _no_answer(missing)
         pred = parse(_boxed(answer), extraction_config=config, parsing_timeout=None)
     else:
         pred = parse(response, extraction_config=config, parsing_timeout=None)
         answer = str(pred[-1]) if pred else None
         if not pred:
-            return no_answer("math-verify found no answer")
+            return _no_answer("math-verify found no answer")
     if not pred:
         return {
             "correct": False,
@@ -280,11 +279,9 @@ def verdict(correct: bool, answer: str) -> dict[str, Any]:
     }
 
 
-def bad_ground_truth(detail: str) -> dict[str, Any]:
-    """The verdict when the ground truth cannot be read."""
+def _bad_ground_truth(detail: str) -> dict[str, Any]:
     return {"correct": False, "format_ok": False, "reason": "bad_ground_truth", "detail": detail}
 
 
-def no_answer(detail: str) -> dict[str, Any]:
-    """The verdict when the response holds no answer to compare."""
+def _no_answer(detail: str) -> dict[str, Any]:
     return {"correct": False, "format_ok": False, "reason": "no_answer", "detail": detail}
