@@ -225,8 +225,7 @@ class CodeScorer(Scorer):
         else:
             cases = [(c.stdin, functools.partial(_check_stdio, c.stdout)) for c in item.tests.cases]
         given = len(cases)
-        if item.first_cases is not None:
-            cases = cases[: item.first_cases]
+        cases = cases[: item.first_cases]  # None: all
         program, compiled = self.runner.prepare(item.language, code)
         if program is None:
             assert compiled is not None

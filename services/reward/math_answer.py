@@ -39,6 +39,7 @@ from typing import Any
 
 from dynamo_rl.contracts.reward import Extraction as ExtractionMode
 from services.reward.qa_answer import score_qa
+from services.reward.verdicts import bad_ground_truth, no_answer, verdict
 
 _BOX = re.compile(r"\\(?:boxed|fbox)")
 _MARKER = re.compile(r"(?<![A-Za-z])answer[ \t*_]*(?:is[ \t*_]*)?[:：]", re.IGNORECASE)
@@ -122,7 +123,7 @@ def answer_line(text: str) -> str | None:
 
 def extract_last_boxed(text: str) -> str | None:
     """The ``last_boxed`` mode's answer text: the last box, else the answer line."""
-    return last_boxed(text) or answer_line(text)
+    return extract(text, "last_boxed")[0]
 
 
 _DELIMITED = re.compile(r"\$|\\\(|\\\[")
@@ -205,10 +206,10 @@ def score_gsm8k(response: str, ground_truth: str, flexible: bool) -> dict[str, A
     """The ``gsm8k`` / ``gsm8k_flexible`` modes (no math-verify: plain numbers)."""
     gold = extract_gsm8k(ground_truth) if "####" in ground_truth else _gsm8k_number(ground_truth)
     if not gold:
-        return _bad_ground_truth(f"no number in the ground truth {ground_truth[:200]!r}")
+        return bad_ground_truth(f"no number in the ground truth {ground_truth[:200]!r}")
     answer = extract_gsm8k(response, flexible)
     if answer is None:
-        return _no_answer("no number in the response" if flexible else "no '#### N' line")
+        return no_answer("no number in the response" if flexible else "no '#### N' line")
     return verdict(_same_number(answer, gold), answer)
 
 
@@ -241,7 +242,7 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     gold = parse(_boxed(ground_truth), extraction_config=config, parsing_timeout=None)
     if not gold:
-        return _bad_ground_truth(
+        return bad_ground_truth(
             f"math-verify could not parse the ground truth {ground_truth[:200]!r}"
         )
     if mode == "whole_response" and reads_as_math_verify(response):
@@ -249,13 +250,13 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
     if mode in EXTRACTING:
         answer, missing = extract(response, mode)
         if answer is None:
-            return _no_answer(missing)
+            return no_answer(missing)
         pred = parse(_boxed(answer), extraction_config=config, parsing_timeout=None)
     else:
         pred = parse(response, extraction_config=config, parsing_timeout=None)
         answer = str(pred[-1]) if pred else None
         if not pred:
-            return _no_answer("math-verify found no answer")
+            return no_answer("math-verify found no answer")
     if not pred:
         return {
             "correct": False,
@@ -265,23 +266,3 @@ def score_math(response: str, ground_truth: str, mode: ExtractionMode) -> dict[s
             "answer": answer,
         }
     return verdict(bool(verify(gold, pred, timeout_seconds=None)), answer)
-
-
-def verdict(correct: bool, answer: str) -> dict[str, Any]:
-    """The verdict on an answer that was found and compared with the ground truth (``answer``: the
-    extracted text)."""
-    return {
-        "correct": correct,
-        "format_ok": True,
-        "reason": "ok" if correct else "wrong_answer",
-        "detail": f"answer {answer[:200]!r}",
-        "answer": answer,
-    }
-
-
-def _bad_ground_truth(detail: str) -> dict[str, Any]:
-    return {"correct": False, "format_ok": False, "reason": "bad_ground_truth", "detail": detail}
-
-
-def _no_answer(detail: str) -> dict[str, Any]:
-    return {"correct": False, "format_ok": False, "reason": "no_answer", "detail": detail}

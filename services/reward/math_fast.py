@@ -53,7 +53,8 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from services.reward.math_answer import extract, score_plain, verdict
+from services.reward.math_answer import extract, score_plain
+from services.reward.verdicts import verdict
 
 MAX_DIGITS = 15
 """Digits of a canonical number (math-verify's numeric comparison works to 15 significant

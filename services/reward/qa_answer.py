@@ -18,6 +18,8 @@ import re
 import string
 from typing import Any
 
+from services.reward.verdicts import bad_ground_truth, no_answer, verdict
+
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -46,16 +48,11 @@ def score_qa(response: str, ground_truth: str) -> dict[str, Any]:
     """The verdict (``correct``, ``format_ok``, ``reason``, ``detail`` and ``answer``)."""
     accepted = {normalize(t) for t in targets(ground_truth)} - {""}
     if not accepted:
-        return {"correct": False, "format_ok": False, "reason": "bad_ground_truth",
-                "detail": f"no answer left after normalising {ground_truth[:200]!r}"}  # fmt: skip
+        return bad_ground_truth(f"no answer left after normalising {ground_truth[:200]!r}")
     found = _ANSWER.findall(response)
     if not found or not normalize(found[-1]):
-        why = "an empty <answer></answer>" if found else "no <answer>...</answer>"
-        return {"correct": False, "format_ok": False, "reason": "no_answer", "detail": why}
+        return no_answer("an empty <answer></answer>" if found else "no <answer>...</answer>")
     answer = found[-1].strip()
     if max(response.count("<answer>"), response.count("</answer>")) > MAX_TAGS:
-        return {"correct": False, "format_ok": True, "reason": "wrong_answer", "answer": answer,
-                "detail": f"more than {MAX_TAGS} answer tags"}  # fmt: skip
-    correct = normalize(answer) in accepted
-    return {"correct": correct, "format_ok": True, "reason": "ok" if correct else "wrong_answer",
-            "detail": f"answer {answer[:200]!r}", "answer": answer}  # fmt: skip
+        return {**verdict(False, answer), "detail": f"more than {MAX_TAGS} answer tags"}
+    return verdict(normalize(answer) in accepted, answer)
