@@ -213,7 +213,6 @@ def create_app(
     source scored without a route is reported to the user (default: the log only)."""
     metrics = metrics or RewardMetrics()
     notices = notices or Notices(None, "reward")
-    unrouted: set[str] = set()  # data sources already reported
     scorers: dict[str, Scorer] = {}
     for kind, cls in SCORERS.items():
         if cls.enabled(cfg):
@@ -375,17 +374,8 @@ def create_app(
             metrics.rejections.labels("invalid").inc()
             return _invalid(errors)
         for item, route in zip(items, routes, strict=True):
-            # A named source with no route and no extraction of its own: the default may read
-            # none of its answers (all rewards 0). Once per source: the log is not flooded.
-            source = item.data_source
-            if (
-                route is None
-                and item.kind == "math"
-                and item.extraction is None
-                and source
-                and (source not in unrouted)
-            ):
-                unrouted.add(source)
+            source = data_routes.first_unrouted(item) if route is None else None
+            if source is not None:
                 notices.warn(log, "unrouted_data", f"math items of data_source {source!r} have no "
                              "reward route (reward.routes) and name no extraction: scored by the "
                              "default, last_boxed, which may read none of their answers",

@@ -15,6 +15,7 @@ import pytest
 
 from dynamo_rl.config import ConfigError, load_config
 from dynamo_rl.config.reward import DEFAULT_ROUTES, RewardConfig
+from dynamo_rl.contracts.reward import CodeItem, MathItem
 from services.reward.routes import Routes
 from services.rollout.datasets import DatasetError, record_from_row, reward_item
 from tests.services.reward.conftest import RewardServer, configured_reward_server
@@ -190,3 +191,21 @@ def test_route_config_defaults_merge_and_lookup() -> None:
         load_config(overrides=["reward.routes.apps.extraction=gsm8k"])
     with pytest.raises(ConfigError, match=r"reward\.routes\.x"):
         load_config(overrides=["reward.routes.x={kind: poem}"])
+
+
+def test_first_unrouted_names_each_uncovered_math_source_once() -> None:
+    routes = Routes(RewardConfig().routes)
+
+    def math(source: str | None, extraction: str | None = None) -> MathItem:
+        return routes.apply(MathItem(id="0", kind="math", data_source=source, response="r",
+                                     ground_truth="1", extraction=extraction))  # fmt: skip
+
+    assert routes.first_unrouted(math("my_set")) == "my_set"
+    assert routes.first_unrouted(math("my_set")) is None  # once per source
+    assert routes.first_unrouted(math("other_set")) == "other_set"
+    assert routes.first_unrouted(math("aime_2024")) is None  # a route fills the extraction in
+    assert routes.first_unrouted(math("third_set", "answer_line")) is None  # the item names one
+    assert routes.first_unrouted(math(None)) is None  # no name to report
+    code = CodeItem(id="1", kind="code", data_source="fourth_set", response="",
+                    tests={"type": "stdio", "cases": [{"stdin": "", "stdout": ""}]})  # fmt: skip
+    assert routes.first_unrouted(routes.apply(code)) is None  # code has no extraction to miss
