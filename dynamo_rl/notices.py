@@ -30,9 +30,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynamo_rl.jsonl import read_records
+from dynamo_rl.jsonl import Tail, read_records
 
-__all__ = ["FILE", "KINDS", "SERVICE_ENV", "Notice", "Notices", "notice_of", "read_notices"]
+__all__ = [
+    "FILE",
+    "KINDS",
+    "SERVICE_ENV",
+    "Notice",
+    "NoticeTail",
+    "Notices",
+    "notice_of",
+    "read_notices",
+]
 
 FILE = "warnings.jsonl"
 SERVICE_ENV = "DYNAMO_RL_SERVICE"
@@ -108,3 +117,22 @@ def notice_of(r: dict) -> Notice:
     """One line of ``warnings.jsonl`` (a record with a ``kind``) as a :class:`Notice`."""
     return Notice(str(r.get("service", "?")), str(r["kind"]), str(r.get("about", "")),
                   str(r.get("message", "")), float(r.get("t", 0.0)))  # fmt: skip
+
+
+class NoticeTail:
+    """The notices of some run folders' ``warnings.jsonl``, each warning once (its first
+    occurrence), read incrementally: :meth:`poll` reads only what was appended since the last
+    poll and returns the warnings not seen before; :attr:`seen` holds every one so far."""
+
+    def __init__(self, folders: list[Path]) -> None:
+        self.tails = [Tail(Path(f) / FILE, "kind") for f in folders]
+        self.seen: dict[tuple[str, str], Notice] = {}
+
+    def poll(self) -> list[Notice]:
+        new = []
+        for tail in self.tails:
+            for n in map(notice_of, tail.read()):
+                if n.key not in self.seen:
+                    self.seen[n.key] = n
+                    new.append(n)
+        return new

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_rl.jsonl import Tail
-from dynamo_rl.notices import FILE, Notice, notice_of
+from dynamo_rl.notices import Notice, NoticeTail
 
 __all__ = [
     "QUIET_S",
@@ -131,19 +131,14 @@ class NoticeBoard:
     what was appended since the last poll."""
 
     def __init__(self, folders: Sequence[Path], say: Say, logs: Path | None = None) -> None:
-        self.tails = [Tail(Path(f) / FILE, "kind") for f in folders]
+        self.notices = NoticeTail(list(folders))
         self.say = say
         self.logs = logs
-        self.shown: set[tuple[str, str]] = set()
 
     def poll(self) -> list[Notice]:
-        new = []
-        for tail in self.tails:
-            for n in map(notice_of, tail.read()):
-                if n.key not in self.shown:
-                    self.shown.add(n.key)
-                    new.append(n)
-                    self.say(notice_line(n, self.logs))
+        new = self.notices.poll()
+        for n in new:
+            self.say(notice_line(n, self.logs))
         return new
 
 

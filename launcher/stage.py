@@ -35,6 +35,7 @@ import yaml
 
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.run_layout import init_model, warm_start_model
 from launcher.console import StepProgress
 from launcher.up import Launcher
 
@@ -48,7 +49,7 @@ POLL_S = 2.0
 def expected_paths(cfg: ExperimentConfig) -> dict[str, str]:
     """Config key -> the path ``prepare`` writes it to (what the experiment must name)."""
     run_dir = Path(cfg.run.run_dir).resolve()
-    model = str(run_dir / "model" / ("sft" if cfg.up.warm_start.steps else "init"))
+    model = str(warm_start_model(run_dir) if cfg.up.warm_start.steps else init_model(run_dir))
     return {
         "rollout.dataset": str(run_dir / "data" / "train.parquet"),
         "engine.model": model,

@@ -68,10 +68,11 @@ from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.notices import FILE
 from dynamo_rl.procs import ServiceProcess, free_port, start_redis
 from dynamo_rl.redis_client import redact_url
+from dynamo_rl.run_layout import init_model, sft_run_dir, warm_start_model
 from launcher.console import NoticeBoard, StepProgress, data_lines
 from launcher.service_table import SERVICES, cli_argv, engine_service
 from launcher.supervisor import Interrupted, Supervisor
-from launcher.warm_start import WarmStart, step_log
+from launcher.warm_start import WarmStart
 
 __all__ = ["Launcher", "main"]
 
@@ -95,7 +96,7 @@ class Launcher:
         self.say = self.sup.say
         self.overrides: list[str] = []
         # The run's warnings, and the warm start's (its sft run has its own folder).
-        sft_run = step_log(self.run_dir / "model" / "sft").parent
+        sft_run = sft_run_dir(warm_start_model(self.run_dir))
         self.board = NoticeBoard([self.run_dir, sft_run], self.say, self.logs)
 
     def config_args(self) -> list[str]:
@@ -155,7 +156,7 @@ class Launcher:
             self.check_data(dataset, given)
             return given
         up = self.cfg.up
-        init = self.run_dir / "model" / "init"
+        init = init_model(self.run_dir)
         if not (init / "config.json").exists():
             self.say("building a tiny Qwen2 model")
             tm = up.tiny_model
@@ -168,7 +169,7 @@ class Launcher:
         self.check_data(dataset, str(init))
         if up.warm_start.steps == 0:
             return str(init)
-        sft = self.run_dir / "model" / "sft"
+        sft = warm_start_model(self.run_dir)
         if not (sft / "config.json").exists():
             WarmStart(self.cfg, self.run_dir, self.run_step, self.say).run(init, sft)
         return str(sft)

@@ -32,6 +32,7 @@ from typing import Any
 
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.jsonl import read_records
+from dynamo_rl.run_layout import sft_run_dir
 from launcher.console import WarmStartProgress
 from launcher.service_table import cli_argv
 
@@ -58,7 +59,7 @@ class Check:
 
 def step_log(sft: Path) -> Path:
     """The step log of the sft run that writes ``sft`` (its run folder is ``<sft>.run``)."""
-    return sft.with_name(sft.name + ".run") / "metrics.jsonl"
+    return sft_run_dir(sft) / "metrics.jsonl"
 
 
 def last_check(sft: Path) -> dict:

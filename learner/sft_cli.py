@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dynamo_rl.cli import EXIT_CONFIG, parse_config, service_parser
+from dynamo_rl.run_layout import sft_run_dir
 
 if TYPE_CHECKING:
     from dynamo_rl.config import ExperimentConfig
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lc = cfg.learner
     defaults: list[str] = []
     if _unset(cfg.run, "dir"):
-        defaults.append(f"run.dir={out.with_name(out.name + '.run')}")
+        defaults.append(f"run.dir={sft_run_dir(out)}")
     if _unset(lc, "metrics_port"):
         defaults.append("learner.metrics_port=null")
     if _unset(lc.push, "every"):

@@ -10,6 +10,8 @@ from typing import Any
 
 from dashboard.sources.metrics import Snapshot
 from dashboard.sources.samples import SampleFilter, allocation_charts, sample_rows
+from dynamo_rl.notices import NoticeTail
+from dynamo_rl.run_layout import sft_run_dir, warm_start_model
 
 __all__ = ["RunFolder"]
 
@@ -30,7 +32,7 @@ class RunFolder:
     - ``samples/*.jsonl``: the rollout workers' sample logs (:mod:`dynamo_rl.sample_log`) for the
       samples page, the allocation charts and the DynaMO views;
     - ``eval_before.json``/``eval_after.json``: ``up``'s held-out evaluations;
-    - ``warnings.jsonl`` (and the warm start's, ``model/sft.run/warnings.jsonl``): the services'
+    - ``warnings.jsonl`` (and the warm start's, ``model/sft.run/warnings.jsonl``, read incrementally): the services'
       warnings a user must act on (:mod:`dynamo_rl.notices`), each once;
     - ``summary.json``: written by ``up`` at the end, so the run reads as finished.
 
@@ -50,6 +52,7 @@ class RunFolder:
         self._history: dict[Path, tuple[int, int, list[Snapshot]]] = {}
         self._samples: tuple[tuple[tuple[str, int, float], ...], list[dict[str, Any]]] = ((), [])
         self._lock = threading.Lock()
+        self._notices: NoticeTail | None = None  # the warnings read so far
 
     # -- metric histories ----------------------------------------------------------------------
 
@@ -149,11 +152,14 @@ class RunFolder:
         (what ``up`` printed on its console)."""
         if self.run_dir is None:
             return []
-        from dynamo_rl.notices import read_notices
-
-        found = [*read_notices(self.run_dir), *read_notices(self.run_dir / "model" / "sft.run")]
+        with self._lock:
+            if self._notices is None:
+                sft_run = sft_run_dir(warm_start_model(self.run_dir))
+                self._notices = NoticeTail([self.run_dir, sft_run])
+            self._notices.poll()
+            found = sorted(self._notices.seen.values(), key=lambda n: n.t)
         return [{"service": n.service, "kind": n.kind, "message": n.message, "t": n.t}
-                for n in sorted(found, key=lambda n: n.t)]  # fmt: skip
+                for n in found]  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         with self._lock:

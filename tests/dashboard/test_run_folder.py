@@ -232,5 +232,10 @@ def test_the_services_warnings_are_listed_once_each_oldest_first(tmp_path: Path)
         {"service": "sft", "kind": "examples_too_long", "message": "m", "t": 1.0},
         {"service": "rollout0", "kind": "prompts_over_length", "message": "3 of 9", "t": 3.0},
     ]
+    # A warning appended later shows on the next request, beside those read before.
+    with open(run / "warnings.jsonl", "a") as f:
+        f.write(json.dumps({**note, "kind": "engine_left_out", "about": "e", "t": 2.0}) + "\n")
+    assert [w["kind"] for w in board.charts_payload()["warnings"]] == [
+        "examples_too_long", "engine_left_out", "prompts_over_length"]  # fmt: skip
     assert Dashboard(log=JsonlLog(run / "x"), scraper=Scraper([]), samples=None, run_name="w",
                      run=RunFolder(None)).charts_payload()["warnings"] == []  # fmt: skip
