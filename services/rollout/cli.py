@@ -78,13 +78,8 @@ def check_data(cfg: ExperimentConfig, out: str) -> int:
     from services.rollout.data_check import data_summary
     from services.rollout.datasets import DatasetError
 
-    tokenizer = cfg.rollout.tokenizer or cfg.engine.model
-    if not cfg.rollout.dataset or not tokenizer:
-        print("dynamo-rl rollout: --check-data needs rollout.dataset and rollout.tokenizer (or "
-              "engine.model)", file=sys.stderr)  # fmt: skip
-        return 2
     try:
-        summary = data_summary(cfg, tokenizer)
+        summary = data_summary(cfg)
     except (ValueError, DatasetError, OSError) as e:
         print(f"dynamo-rl rollout: {e}", file=sys.stderr)
         return 2

@@ -25,7 +25,14 @@ from services.rollout import datasets
 from services.rollout.build import model_context, prepare_prompts
 from services.rollout.datasets import LengthCheck, PromptRecord, PromptRenderer
 
-__all__ = ["HINT_SHARE", "data_summary", "length_hint", "load_prompts", "scorer_of"]
+__all__ = [
+    "HINT_SHARE",
+    "data_inputs",
+    "data_summary",
+    "length_hint",
+    "load_prompts",
+    "scorer_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,19 @@ def length_hint(cfg: ExperimentConfig, lengths: LengthCheck, tokenizer_dir: str)
         return (f"{share} are dropped: to keep them, {limit}, or set "
                 "rollout.prompt_len_policy=truncate_left")  # fmt: skip
     return f"{share} are truncated: to keep them whole, {limit}"
+
+
+def data_inputs(cfg: ExperimentConfig) -> tuple[str, str]:
+    """``rollout.dataset`` and the tokenizer directory (``rollout.tokenizer``, else
+    ``engine.model``); ValueError naming the setting that is missing."""
+    if not cfg.rollout.dataset:
+        raise ValueError("rollout.dataset is not set: give a JSONL or verl parquet file")
+    tokenizer = cfg.rollout.tokenizer or cfg.engine.model
+    if not tokenizer:
+        raise ValueError(
+            "set rollout.tokenizer (or engine.model) to the model's tokenizer directory"
+        )
+    return cfg.rollout.dataset, tokenizer
 
 
 def load_prompts(
@@ -87,9 +107,11 @@ def scorer_of(reward: RewardConfig, data_source: str, kind: str) -> str:
     return f"{kind}, {how} (reward.routes.{key})"
 
 
-def data_summary(cfg: ExperimentConfig, tokenizer_dir: str) -> dict[str, Any]:
-    """What the worker will train on (``dynamo-rl rollout --check-data``'s file)."""
+def data_summary(cfg: ExperimentConfig) -> dict[str, Any]:
+    """What the worker will train on (``dynamo-rl rollout --check-data``'s file); raises what
+    :func:`data_inputs` and :func:`load_prompts` raise."""
     rc = cfg.rollout
+    _dataset, tokenizer_dir = data_inputs(cfg)
     records, _renderer, lengths, _limits = load_prompts(
         cfg, tokenizer_dir, Notices(None, "rollout")
     )

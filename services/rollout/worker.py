@@ -66,7 +66,7 @@ from dynamo_rl.notices import Notices
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
 from services.rollout.build import make_engine_factory, make_sandbox, sampling_of
-from services.rollout.data_check import load_prompts
+from services.rollout.data_check import data_inputs, load_prompts
 from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, check_routes
 from services.rollout.engines import Engine, EnginePool, EngineRequestError
 from services.rollout.episodes import Conversation, Episode, episode_responses
@@ -509,13 +509,7 @@ def build_worker(
     its warnings for the user go to ``notices`` (default: its log only)."""
     rc = cfg.rollout
     check_env_config(rc.env)
-    if not rc.dataset:
-        raise ValueError("rollout.dataset is not set: give a JSONL or verl parquet file")
-    tokenizer_path = rc.tokenizer or cfg.engine.model
-    if not tokenizer_path:
-        raise ValueError(
-            "set rollout.tokenizer (or engine.model) to the model's tokenizer directory"
-        )
+    _dataset, tokenizer_path = data_inputs(cfg)
     if not cfg.endpoints.engine_urls and not rc.discover_engines:
         raise ValueError(
             "endpoints.engine_urls is empty: give at least one engine base URL "

@@ -298,6 +298,10 @@ def test_the_data_check_says_what_the_worker_will_train_on(
     fits = load_config(None, ["rollout.max_prompt_len=10000"], env={})
     lengths = check_prompt_lengths(records, renderer, 10000, "drop")
     assert length_hint(fits, lengths, str(model)) is None
+    # Without a tokenizer the check names the setting, as the worker does.
+    argv = dynamo_rl_argv("rollout", "--check-data", str(out), f"rollout.dataset={dataset}")
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and "set rollout.tokenizer (or engine.model)" in done.stderr
     policy = "rollout.prompt_len_policy=truncate_left"
     cfg = load_config(None, ["rollout.max_prompt_len=100", policy], env={})
     lengths = check_prompt_lengths(records, renderer, 100, "truncate_left")
