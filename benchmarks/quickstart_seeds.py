@@ -36,6 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import machine_info  # noqa: E402
 from sample_efficiency import paired  # noqa: E402 - the seed-paired t interval, shared
 
 CONFIG = REPO / "configs" / "quickstart.yaml"
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": args.method,
         "quick": args.quick,
         "cpus": os.cpu_count(),
+        "machine": machine_info(),
         "note": "through the real services; not bit-reproducible (batch composition depends on "
                 "timing); wall times on a machine shared with other jobs (load_average_1m)",
         "gain_points": {"min": min(gains), "max": max(gains),

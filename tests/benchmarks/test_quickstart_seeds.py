@@ -56,6 +56,11 @@ def test_quick_sweep_runs_up_and_writes_the_gains(qs, tmp_path: Path) -> None:
         100 * (summary["accuracy_after"] - summary["accuracy_before"]), 2
     )
     assert doc["gain_points"]["min"] == doc["gain_points"]["max"] == run["gain_points"]
+    # The machine it ran on: the same code gives other figures on another CPU.
+    import torch
+
+    assert doc["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert doc["machine"]["torch"] == torch.__version__ and doc["machine"]["cpu_model"]
     # The warm start was checked per tier on held-out train rows after its 20 steps.
     assert run["warm_start"]["steps"] == 20
     assert set(run["warm_start"]["checks"][-1]["greedy_accuracy"]) == {
