@@ -117,11 +117,13 @@ def policy_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             yield hf, param
 
 
-def full_policy_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Full float32 CPU state dict of the policy on rank 0 (empty elsewhere); a collective."""
-    sd = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+def full_policy_state(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """Full float32 CPU state dict of the policy on rank 0 (empty elsewhere); a collective.
+    ``trainable_only``: the parameters that train (a LoRA policy's adapters), nothing frozen."""
+    options = StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
     )
+    sd = get_model_state_dict(model, options=options)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in sd.items():
         hf = hf_name(name)

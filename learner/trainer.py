@@ -13,10 +13,12 @@ stream entries of the committed steps there).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,13 @@ from dynamo_rl.notices import Notices
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
 from learner.engine_links import PROBE_TIMEOUT_S
+from learner.lora import (
+    adapter_tensors,
+    adapters_disabled,
+    add_adapters,
+    merge_adapters,
+    write_adapter,
+)
 from learner.metrics import LearnerMetrics
 from learner.model import (
     PolicyModel,
@@ -83,10 +92,15 @@ class Trainer:
         assert self.lc.model is not None  # checked by the command line before torch
         self.dtype = compute_dtype(self.lc.dtype, self.env.device)
         policy = load_policy(self.lc.model, value_head=self.lc.critic.enabled)
+        # LoRA: adapters injected before sharding; only they (and a value head) will train.
+        self.lora = self.lc.lora if self.lc.lora.enabled else None
+        if self.lora is not None:
+            add_adapters(policy.lm, self.lora, self.lc.model)
         self.hf_config = policy.lm.config
         self.vocab_size = int(policy.lm.get_input_embeddings().weight.shape[0])
         self.pad_id = _pad_id(self.hf_config)
         self.model: PolicyModel = shard(policy, self.env.device, self.dtype)
+        self.ref: PolicyModel | None = None
         self.model.train()
         o = self.lc.optim
         self.optimizer = torch.optim.AdamW(
@@ -102,7 +116,9 @@ class Trainer:
             lambda s: lr_factor(s, o.warmup_steps, o.schedule, total, o.min_lr_ratio),
         )
         ck = self.lc.checkpoint
-        self.ckpt = CheckpointManager(ck.dir or self.run_dir / "checkpoints", keep=ck.keep)
+        self.ckpt = CheckpointManager(
+            ck.dir or self.run_dir / "checkpoints", keep=ck.keep, trainable_only=bool(self.lora)
+        )
         self.step = 0
         self.weight_version = 0
         self.checkpoints_written = 0
@@ -137,6 +153,28 @@ class Trainer:
             self.steplog = StepLog(self.run_dir / "metrics.jsonl", trackers)
             self.metrics.metrics.record_run(cfg.run, "0")
         self.transport = self._make_transport()
+
+    # --- the reference policy (KL terms, DPO) ------------------------------------------------
+
+    def load_reference(self) -> None:
+        """A frozen copy of the start model, sharded like the policy; with LoRA none: the policy
+        with its adapters disabled is the start model (:meth:`as_reference`)."""
+        if self.lora is not None:
+            return
+        ref = load_policy(self.lc.model or "")
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        self.ref = shard(ref, self.env.device, self.dtype)
+        self.ref.eval()
+
+    @contextlib.contextmanager
+    def as_reference(self) -> Iterator[PolicyModel]:
+        """The model to run as the reference policy (call under ``torch.no_grad``)."""
+        if self.ref is not None:
+            yield self.ref
+            return
+        with adapters_disabled(self.model):
+            yield self.model
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -240,12 +278,31 @@ class Trainer:
         return path
 
     def export(self, out: Path) -> Path | None:
-        """Collective: gather the full policy and write it as an HF folder on rank 0."""
+        """Collective: gather the full policy and write it as an HF folder on rank 0. With LoRA:
+        the adapters alone, as a peft adapter folder (and, with ``lora.merged_export``, the
+        merged weights in its ``merged/``)."""
+        if self.lora is not None:
+            return self.export_adapter(out, merged=self.lora.merged_export)
         state = full_policy_state(self.model)
         path = None
         if self.env.is_main:
             path = export_hf(state, self.hf_config, self.lc.model or "", out)
             log.info("exported %s", path)
+        dist.barrier()
+        return path
+
+    def export_adapter(self, out: Path, merged: bool = False) -> Path | None:
+        """Collective: the adapters as a peft folder on rank 0 (only they are gathered)."""
+        assert self.lora is not None
+        base = self.lc.model or ""
+        tensors = adapter_tensors(full_policy_state(self.model, trainable_only=True))
+        full = full_policy_state(self.model) if merged else {}
+        path = None
+        if self.env.is_main:
+            path = write_adapter(tensors, self.lora, base, out)
+            if merged:
+                export_hf(merge_adapters(full, self.lora), self.hf_config, base, out / "merged")
+            log.info("exported adapter %s", path)
         dist.barrier()
         return path
 
