@@ -36,6 +36,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from learner.model import trainable_entries
+
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -142,8 +144,9 @@ class CheckpointManager:
         return json.loads((path / "trainer_state.json").read_text())
 
     def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        sd = get_model_state_dict(model, options=self.options)
         return {
-            "model": get_model_state_dict(model, options=self.options),
+            "model": trainable_entries(model, sd) if self.options.ignore_frozen_params else sd,
             "optim": get_optimizer_state_dict(model, optimizer),
         }
 

@@ -20,6 +20,7 @@ import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -117,6 +118,13 @@ def policy_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             yield hf, param
 
 
+def trainable_entries(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a model state dict that are parameters that train. ``ignore_frozen_params``
+    alone keeps a tied weight's second name (``lm_head.weight`` tied to a frozen embedding)."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in names}
+
+
 def full_policy_state(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """Full float32 CPU state dict of the policy on rank 0 (empty elsewhere); a collective.
     ``trainable_only``: the parameters that train (a LoRA policy's adapters), nothing frozen."""
@@ -124,6 +132,8 @@ def full_policy_state(model: nn.Module, trainable_only: bool = False) -> dict[st
         full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
     )
     sd = get_model_state_dict(model, options=options)
+    if trainable_only:
+        sd = trainable_entries(model, sd)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in sd.items():
         hf = hf_name(name)

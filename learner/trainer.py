@@ -28,11 +28,11 @@ import torch.distributed as dist
 
 from dynamo_rl import keys
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.contracts.weight_control import WeightControlError, read_version, weight_protocol
+from dynamo_rl.contracts.weight_control import WeightControlError, weight_protocol
 from dynamo_rl.notices import Notices
+from learner.adapter_push import AdapterPush
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
-from learner.engine_links import PROBE_TIMEOUT_S
 from learner.lora import (
     adapter_tensors,
     adapters_disabled,
@@ -226,6 +226,7 @@ class Trainer:
                 if result is not None:
                     record["push_ok"] = result.ok
                     record["push_seconds"] = result.seconds
+                    record["push_bytes"] = result.bytes
                     record["push_gb_per_s"] = result.gb_per_s
                     record["push_gather_seconds"] = result.gather_seconds
                     record["push_send_seconds"] = result.send_seconds
@@ -312,6 +313,9 @@ class Trainer:
         p = self.lc.push
         rc = self.cfg.rollout
         protocol = weight_protocol(rc.weight_api, pause_mode=rc.vllm_pause_mode)
+        if self.lora is not None:  # only the adapters move, whatever push.transport says
+            return AdapterPush(self._adapter_for_push, prefix=self.lora.name, protocol=protocol,
+                               timeout_s=p.timeout_s, headers=headers)  # fmt: skip
         disk = DiskPush(
             self._export_for_push, timeout_s=p.timeout_s, headers=headers, protocol=protocol
         )
@@ -341,6 +345,10 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
         return str(path) if path else None
 
+    def _adapter_for_push(self, version: int) -> str | None:
+        path = self.export_adapter(self.run_dir / "push" / f"adapter_v{version:06d}")
+        return str(path) if path else None
+
     def engines(self) -> list[str]:
         if not self.env.is_main:
             return []
@@ -354,11 +362,10 @@ class Trainer:
         listed: a push could not reach them either."""
         if not self.weight_version:
             return []
-        protocol, headers = self.transport.protocol, self.transport.headers
         behind = []
         for url in self.engines():
             try:
-                version = read_version(protocol, url, headers=headers, timeout_s=PROBE_TIMEOUT_S)
+                version = self.transport.served_version(url)
             except WeightControlError:
                 continue
             if version < self.weight_version:
