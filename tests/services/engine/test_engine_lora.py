@@ -166,3 +166,35 @@ def test_a_restarted_engine_serves_the_base_until_the_adapter_is_pushed_again(
     learner = learner_logprobs(policy, PROMPT, choice["token_ids"])
     engine_lp = torch.tensor(choice["logprobs"]["token_logprobs"])
     assert float((engine_lp - learner).abs().max()) < LEARNER_TOLERANCE
+
+
+@pytest.mark.parametrize("engine_api", ["openai", "sglang"])
+def test_rollout_clients_name_the_newest_adapter_and_stamp_its_version(
+    engine: dict, model_dir: Path, one_rank: None, tmp_path: Path, engine_api: str
+) -> None:
+    import asyncio
+
+    from services.rollout.engines import Sampling, make_engine
+
+    url = engine["url"]
+    lc = LoraConfig(enabled=True, rank=4, alpha=8.0, name=f"c{engine_api}")
+    policy = lora_policy(model_dir, lc, 5)
+    push = adapter_push(policy, model_dir, tmp_path, lc)
+    base = reference_greedy(load_reference(model_dir), PROMPT, 6)
+
+    async def sample() -> tuple[int, list]:
+        client = make_engine(url, engine_api=engine_api, adapter=lc.name)
+        try:
+            return await client.weight_version(), await client.generate(
+                PROMPT, 1, Sampling(max_tokens=6, temperature=0.0)
+            )
+        finally:
+            await client.aclose()
+
+    version, samples = asyncio.run(sample())  # no adapter of this name yet: the base
+    assert version == 0 and samples[0].token_ids == base
+    assert push.push(policy, 41, [url]).ok
+    version, samples = asyncio.run(sample())
+    assert version == 41 and samples[0].weight_version == 41
+    want = greedy(url, f"c{engine_api}-v41", 6)["choices"][0]["token_ids"]
+    assert samples[0].token_ids == want != base
