@@ -115,7 +115,7 @@ def worker(args: argparse.Namespace) -> int:
             r = push.push(model, version, [args.url])
             if not r.ok:
                 raise SystemExit(f"{args.variant}: push {version} failed: {r.error}")
-            pushes.append({"bytes": r.bytes, "seconds": r.seconds})
+            pushes.append({"bytes": r.bytes, "seconds": r.seconds, "gather": r.gather_seconds})
     finally:
         push.close()
     best = min(pushes[1:] or pushes, key=lambda r: r["seconds"])
@@ -124,6 +124,7 @@ def worker(args: argparse.Namespace) -> int:
         "params": sum(p.numel() for p in model.parameters()),
         "loaded_mb": loaded_mb, "peak_mb": peak_mb, "optimizer_bytes": opt_bytes,
         "step_s": step_s, "push_bytes": best["bytes"], "push_s": best["seconds"],
+        "push_gather_s": best["gather"],
     }  # fmt: skip
     Path(args.out).write_text(json.dumps(record))
     dist.destroy_process_group()
@@ -186,6 +187,7 @@ def main() -> int:
         ("optimizer state (bytes)", "optimizer_bytes", "{:,.0f}"),
         ("push bytes", "push_bytes", "{:,.0f}"),
         ("push seconds", "push_s", "{:.4f}"),
+        ("  of which gather (+ LoRA: write)", "push_gather_s", "{:.4f}"),
         ("train step seconds", "step_s", "{:.3f}"),
     ]
     for r in (full, lora):

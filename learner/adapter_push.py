@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import httpx
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -65,11 +66,18 @@ class AdapterPush:
         self.protocol = protocol
         self.headers = headers or {}
         self.timeout_s = timeout_s
+        self.clients: dict[str, httpx.Client] = {}  # kept open: a new one per call costs ~0.1 s
+
+    def _client(self, url: str) -> httpx.Client:
+        if url not in self.clients:
+            self.clients[url] = httpx.Client()
+        return self.clients[url]
 
     def served_version(self, url: str) -> int:
         """The newest of this learner's adapter versions ``url`` serves (0: the base alone)."""
         timeout = min(PROBE_TIMEOUT_S, self.timeout_s)
-        return read_adapter_version(url, self.prefix, headers=self.headers, timeout_s=timeout)
+        return read_adapter_version(self.protocol, url, self.prefix, headers=self.headers,
+                                    timeout_s=timeout, client=self._client(url))  # fmt: skip
 
     def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult:
         t0 = time.perf_counter()
@@ -103,16 +111,22 @@ class AdapterPush:
     def _load(self, url: str, name: str, path: str) -> None:
         """Load ``name`` on ``url``, then unload this learner's versions older than the
         ``KEEP_VERSIONS`` newest it serves."""
-        send(self.protocol, url, self.protocol.load_adapter(name, path), headers=self.headers,
-             timeout_s=self.timeout_s)  # fmt: skip
-        body = send(self.protocol, url, ADAPTERS_CALL, headers=self.headers,
-                    timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))  # fmt: skip
-        versions = {n: adapter_version(n, self.prefix) for n in served_adapters(body, url)}
+        call = functools.partial(
+            send,
+            self.protocol,
+            url,
+            headers=self.headers,
+            timeout_s=self.timeout_s,
+            client=self._client(url),
+        )
+        call(self.protocol.load_adapter(name, path))
+        versions = {
+            n: adapter_version(n, self.prefix) for n in served_adapters(call(ADAPTERS_CALL), url)
+        }
         newest = sorted({v for v in versions.values() if v is not None}, reverse=True)
         for served, v in versions.items():
             if v is not None and v not in newest[:KEEP_VERSIONS]:
-                send(self.protocol, url, self.protocol.unload_adapter(served),
-                     headers=self.headers, timeout_s=self.timeout_s)  # fmt: skip
+                call(self.protocol.unload_adapter(served))
 
     def _prune_folders(self, root: Path) -> None:
         folders = sorted(root.glob("adapter_v*"))
@@ -120,4 +134,6 @@ class AdapterPush:
             shutil.rmtree(old, ignore_errors=True)
 
     def close(self) -> None:
-        pass
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()

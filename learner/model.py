@@ -125,15 +125,31 @@ def trainable_entries(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]
     return {k: v for k, v in state.items() if k in names}
 
 
+def trainable_policy_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full CPU values of the policy parameters that train, on rank 0 (empty elsewhere); a
+    collective that gathers those parameters alone (a state-dict gather would gather the frozen
+    ones too before leaving them out)."""
+    import torch.distributed as dist
+
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        hf = hf_name(name)
+        if not param.requires_grad or hf is None:
+            continue
+        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+        if main:
+            out[hf] = full.detach().to("cpu", torch.float32)
+    return out
+
+
 def full_policy_state(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """Full float32 CPU state dict of the policy on rank 0 (empty elsewhere); a collective.
     ``trainable_only``: the parameters that train (a LoRA policy's adapters), nothing frozen."""
-    options = StateDictOptions(
-        full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
-    )
-    sd = get_model_state_dict(model, options=options)
     if trainable_only:
-        sd = trainable_entries(model, sd)
+        return trainable_policy_state(model)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(model, options=options)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in sd.items():
         hf = hf_name(name)

@@ -502,11 +502,13 @@ def send(
     *,
     headers: Mapping[str, str] | None = None,
     timeout_s: float = 600.0,
+    client: httpx.Client | None = None,
 ) -> Any:
-    """Send ``call`` to the engine at ``url`` (blocking); the answer's body, checked."""
+    """Send ``call`` to the engine at ``url`` (blocking); the answer's body, checked. ``client``:
+    a kept-open client (a new one per call costs tens of milliseconds)."""
     target = url.rstrip("/") + call.path
     try:
-        response = httpx.request(
+        response = (client or httpx).request(
             call.method, target, json=call.body, params=call.params or None,
             headers=dict(headers or {}), timeout=timeout_s,
         )  # fmt: skip
@@ -530,19 +532,14 @@ def read_version(
 
 
 def read_adapter_version(
+    protocol: WeightProtocol,
     url: str,
     prefix: str,
     *,
     headers: Mapping[str, str] | None = None,
     timeout_s: float = 10.0,
+    client: httpx.Client | None = None,
 ) -> int:
     """The newest version of ``prefix``'s adapters the engine serves (0: none; blocking)."""
-    try:
-        response = httpx.get(
-            url.rstrip("/") + ADAPTERS_CALL.path, headers=dict(headers or {}), timeout=timeout_s
-        )
-    except httpx.HTTPError as e:
-        raise WeightControlError(f"{url}{ADAPTERS_CALL.path}: {type(e).__name__}: {e}") from e
-    body = _body(response)
-    _status_error(ADAPTERS_CALL, response.status_code, body, url.rstrip("/"))
+    body = send(protocol, url, ADAPTERS_CALL, headers=headers, timeout_s=timeout_s, client=client)
     return newest_adapter(served_adapters(body, url), prefix)
