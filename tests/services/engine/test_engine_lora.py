@@ -128,6 +128,17 @@ def test_old_versions_are_unloaded_and_refused_by_name(
     assert r.status_code == 422 and "policy-v11" in r.text and "policy-v13" in r.text
     r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "policy-v11"})
     assert r.status_code == 404 and "not loaded" in r.text
+    # Version 14 goes into the layers version 11 left (a free slot): it serves its own weights.
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.mul_(-2.0)
+    assert push.push(policy, 14, [url]).ok
+    choice = greedy(url, "policy-v14")["choices"][0]
+    learner = learner_logprobs(policy, PROMPT, choice["token_ids"])
+    engine_lp = torch.tensor(choice["logprobs"]["token_logprobs"])
+    assert float((engine_lp - learner).abs().max()) < LEARNER_TOLERANCE
+    assert choice["token_ids"] != greedy(url, "policy-v13")["choices"][0]["token_ids"]
 
 
 def test_an_adapter_of_another_rank_or_base_is_refused_naming_both(
