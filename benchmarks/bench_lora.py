@@ -142,10 +142,8 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=64, help="tokens per sequence (half response)")
     ap.add_argument("--quick", action="store_true", help="a ~4M-parameter model")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--variant", choices=("full", "lora"), help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
-    ap.add_argument("--url", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    for hidden in ("--variant", "--model", "--url", "--out"):  # the driver's call of a variant
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)

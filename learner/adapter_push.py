@@ -24,6 +24,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
@@ -32,23 +33,25 @@ from torch import nn
 
 from dynamo_rl.contracts.weight_control import (
     ADAPTERS_CALL,
+    Call,
     WeightProtocol,
     adapter_name,
     adapter_version,
-    read_adapter_version,
+    newest_adapter,
     send,
     served_adapters,
 )
-from learner.engine_links import PROBE_TIMEOUT_S, Job
-from learner.push import PushResult
+from learner.engine_links import PROBE_TIMEOUT_S
+from learner.push import DiskPush, PushResult
 
 log = logging.getLogger(__name__)
 
 KEEP_VERSIONS = 2  # the new adapter and the one before it stay loaded (and on disk)
 
 
-class AdapterPush:
-    """Write the adapters as a peft folder; have every engine load it under a versioned name."""
+class AdapterPush(DiskPush):
+    """Write the adapters as a peft folder; have every engine load it under a versioned name (a
+    disk push whose folder is the adapters and whose load is the adapter route)."""
 
     name = "adapter"
 
@@ -61,72 +64,55 @@ class AdapterPush:
         timeout_s: float,
         headers: dict[str, str] | None = None,
     ) -> None:
-        self.export = export  # collective: writes the adapter folder on rank 0, its path there
+        super().__init__(export, timeout_s=timeout_s, headers=headers, protocol=protocol)
         self.prefix = prefix
-        self.protocol = protocol
-        self.headers = headers or {}
-        self.timeout_s = timeout_s
         self.clients: dict[str, httpx.Client] = {}  # kept open: a new one per call costs ~0.1 s
 
-    def _client(self, url: str) -> httpx.Client:
+    def _send(self, url: str, call: Call, timeout_s: float | None = None) -> Any:
         if url not in self.clients:
             self.clients[url] = httpx.Client()
-        return self.clients[url]
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        return send(self.protocol, url, call, headers=self.headers, timeout_s=timeout,
+                    client=self.clients[url])  # fmt: skip
 
     def served_version(self, url: str) -> int:
         """The newest of this learner's adapter versions ``url`` serves (0: the base alone)."""
-        timeout = min(PROBE_TIMEOUT_S, self.timeout_s)
-        return read_adapter_version(self.protocol, url, self.prefix, headers=self.headers,
-                                    timeout_s=timeout, client=self._client(url))  # fmt: skip
+        body = self._send(url, ADAPTERS_CALL, min(PROBE_TIMEOUT_S, self.timeout_s))
+        return newest_adapter(served_adapters(body, url), self.prefix)
 
     def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult:
         t0 = time.perf_counter()
         path = self.export(version)
-        t_gather = time.perf_counter() - t0
+        t_export = time.perf_counter() - t0
         failed: dict[str, str] = {}
         nbytes = 0
         if dist.get_rank() == 0:
             assert path is not None
             nbytes = (Path(path) / "adapter_model.safetensors").stat().st_size
             name = adapter_name(self.prefix, version)
-            loads = {url: Job(functools.partial(self._load, url, name, path)) for url in engines}
-            for url, job in loads.items():
-                if not job.wait(self.timeout_s + 5):
-                    failed[url] = "no answer to load_adapter"
-                elif job.error:
-                    failed[url] = job.error if url in job.error else f"{url}: {job.error}"
+            failed = self._load_everywhere(engines, functools.partial(self._load, name=name,
+                                                                       path=path))  # fmt: skip
             self._prune_folders(Path(path).parent)
-        t_send = time.perf_counter() - t0 - t_gather
+        t_load = time.perf_counter() - t0 - t_export
         ok = torch.tensor([0 if len(failed) == len(engines) or not engines else 1])
         if dist.get_world_size() > 1:
             dist.broadcast(ok, 0)
-        error = "; ".join(failed.values()) if failed else ""
-        if not engines:
-            error = "no engines to push to"
+        error = "; ".join(failed.values()) if engines else "no engines to push to"
         return PushResult(
             bool(ok.item()), len(engines), nbytes, time.perf_counter() - t0, error,
-            gather_seconds=t_gather, send_seconds=t_send, failed=tuple(failed),
+            gather_seconds=t_export, send_seconds=t_load, failed=tuple(failed),
         )  # fmt: skip
 
     def _load(self, url: str, name: str, path: str) -> None:
         """Load ``name`` on ``url``, then unload this learner's versions older than the
         ``KEEP_VERSIONS`` newest it serves."""
-        call = functools.partial(
-            send,
-            self.protocol,
-            url,
-            headers=self.headers,
-            timeout_s=self.timeout_s,
-            client=self._client(url),
-        )
-        call(self.protocol.load_adapter(name, path))
-        versions = {
-            n: adapter_version(n, self.prefix) for n in served_adapters(call(ADAPTERS_CALL), url)
-        }
+        self._send(url, self.protocol.load_adapter(name, path))
+        served = served_adapters(self._send(url, ADAPTERS_CALL), url)
+        versions = {n: adapter_version(n, self.prefix) for n in served}
         newest = sorted({v for v in versions.values() if v is not None}, reverse=True)
-        for served, v in versions.items():
+        for other, v in versions.items():
             if v is not None and v not in newest[:KEEP_VERSIONS]:
-                call(self.protocol.unload_adapter(served))
+                self._send(url, self.protocol.unload_adapter(other))
 
     def _prune_folders(self, root: Path) -> None:
         folders = sorted(root.glob("adapter_v*"))

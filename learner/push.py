@@ -319,25 +319,28 @@ class DiskPush:
                 except WeightControlError as e:
                     error = str(e)
                 else:
-                    error = "; ".join(self._load_everywhere(engines, call))
+                    load = functools.partial(self._send, call=call)
+                    error = "; ".join(self._load_everywhere(engines, load).values())
         ok = torch.tensor([0 if error else 1])
         if dist.get_world_size() > 1:
             dist.broadcast(ok, 0)
         return PushResult(bool(ok.item()), len(engines), 0, time.perf_counter() - t0, error)
 
-    def _load_everywhere(self, engines: Sequence[str], call: Call) -> list[str]:
-        """The load call to every engine at once; the errors, each naming its engine."""
-        loads = {
-            u: Job(functools.partial(send, self.protocol, u, call, headers=self.headers,
-                                     timeout_s=self.timeout_s))
-            for u in engines
-        }  # fmt: skip
-        errors = []
-        for u, load in loads.items():
-            if not load.wait(self.timeout_s + 5):
-                errors.append(f"{u}: no answer")
-            elif load.error:
-                errors.append(load.error if u in load.error else f"{u}: {load.error}")
+    def _send(self, url: str, call: Call) -> Any:
+        return send(self.protocol, url, call, headers=self.headers, timeout_s=self.timeout_s)
+
+    def _load_everywhere(
+        self, engines: Sequence[str], load: Callable[[str], Any]
+    ) -> dict[str, str]:
+        """``load(url)`` for every engine at once, each on its thread; the engines that failed,
+        with errors naming them."""
+        loads = {u: Job(functools.partial(load, u)) for u in engines}
+        errors = {}
+        for u, job in loads.items():
+            if not job.wait(self.timeout_s + 5):
+                errors[u] = f"{u}: no answer"
+            elif job.error:
+                errors[u] = job.error if u in job.error else f"{u}: {job.error}"
         return errors
 
     def served_version(self, url: str) -> int:

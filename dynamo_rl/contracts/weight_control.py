@@ -529,17 +529,3 @@ def read_version(
     """The engine's weight version (blocking)."""
     body = send(protocol, url, protocol.version_call, headers=headers, timeout_s=timeout_s)
     return protocol.parse_version(body, url)
-
-
-def read_adapter_version(
-    protocol: WeightProtocol,
-    url: str,
-    prefix: str,
-    *,
-    headers: Mapping[str, str] | None = None,
-    timeout_s: float = 10.0,
-    client: httpx.Client | None = None,
-) -> int:
-    """The newest version of ``prefix``'s adapters the engine serves (0: none; blocking)."""
-    body = send(protocol, url, ADAPTERS_CALL, headers=headers, timeout_s=timeout_s, client=client)
-    return newest_adapter(served_adapters(body, url), prefix)

@@ -13,16 +13,7 @@ import torch
 from learner.steplog import read_log
 from learner.tiny_model import build_tiny_model
 from tasks.arith import write_preferences, write_task
-from tests.learner.helpers import (
-    FIXED_LAYOUT,
-    FIXED_SIZES,
-    RECIPE,
-    assert_same_training,
-    base_overrides,
-    make_groups,
-    run_learner,
-    write_groups,
-)
+from tests.learner import helpers as h
 
 pytestmark = pytest.mark.slow
 
@@ -44,12 +35,12 @@ def checkpoint_keys(step_dir: Path) -> list[str]:
 def test_rl_with_lora_trains_adapters_only_and_resumes_exactly(
     tiny_model: Path, redis_url: str, tmp_path: Path
 ) -> None:
-    fixed = make_groups(4, sizes=FIXED_SIZES)
-    extra = [*RECIPE, *FIXED_LAYOUT, *LORA]
+    fixed = h.make_groups(4, sizes=h.FIXED_SIZES)
+    extra = [*h.RECIPE, *h.FIXED_LAYOUT, *LORA]
     # Uninterrupted: 4 steps.
-    write_groups(redis_url, "full", fixed * 4)
+    h.write_groups(redis_url, "full", fixed * 4)
     full = tmp_path / "full"
-    run_learner(1, [*base_overrides(tiny_model, full, redis_url, "full"), *extra,
+    h.run_learner(1, [*h.base_overrides(tiny_model, full, redis_url, "full"), *extra,
                     "learner.max_steps=4"], tmp_path / "full.log")  # fmt: skip
     records = read_log(full / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -77,14 +68,14 @@ def test_rl_with_lora_trains_adapters_only_and_resumes_exactly(
 
     # Interrupted after the step-2 checkpoint, then resumed to step 4: the same training.
     part = tmp_path / "part"
-    overrides = [*base_overrides(tiny_model, part, redis_url, "part"), *extra]
-    write_groups(redis_url, "part", fixed * 2)
-    run_learner(1, [*overrides, "learner.max_steps=2"], tmp_path / "part.log")
-    write_groups(redis_url, "part", fixed * 2)
-    run_learner(1, [*overrides, "learner.max_steps=4"], tmp_path / "part.log")
+    overrides = [*h.base_overrides(tiny_model, part, redis_url, "part"), *extra]
+    h.write_groups(redis_url, "part", fixed * 2)
+    h.run_learner(1, [*overrides, "learner.max_steps=2"], tmp_path / "part.log")
+    h.write_groups(redis_url, "part", fixed * 2)
+    h.run_learner(1, [*overrides, "learner.max_steps=4"], tmp_path / "part.log")
     resumed = read_log(part / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    assert_same_training(resumed, records, tol=RESUME_TOLERANCE)
+    h.assert_same_training(resumed, records, tol=RESUME_TOLERANCE)
 
 
 def test_sft_and_dpo_train_lora_adapters(tmp_path: Path) -> None:
