@@ -23,6 +23,7 @@ against the model this engine serves.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,9 @@ class Adapters:
             self.free.remove((slot, shape))
             self._rename(slot, name)
         else:
-            inject_adapter_in_model(config, self.model, adapter_name=name)
+            with warnings.catch_warnings():  # "multiple adapters in the model": what we serve
+                warnings.filterwarnings("ignore", "Already found a `peft_config`")
+                inject_adapter_in_model(config, self.model, adapter_name=name)
         self.shapes[name] = shape
         modules = dict(self.model.named_modules())
         with torch.no_grad():
