@@ -70,6 +70,7 @@ IDS = torch.tensor([[5, 40, 41, 42, 77, 78, 100, 101, 3], [9, 9, 60, 61, 62, 63,
         ("target_modules", [], "name at least one module"),
         ("target_modules", ["all-linear", "q_proj"], "all-linear stands alone"),
         ("dropout", 1.0, "less than 1"),
+        ("name", "my policy", "should match pattern"),  # an adapter name engines serve
     ],
 )
 def test_bad_lora_settings_name_the_field_and_what_is_allowed(
