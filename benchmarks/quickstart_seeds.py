@@ -8,6 +8,9 @@ seed, through the real services, and its held-out accuracy before and after RL.
     .venv/bin/python benchmarks/quickstart_seeds.py --method dynamo-prompt-mean
                                                  # DynaMO with learner.algorithm.agg=prompt-mean
     .venv/bin/python benchmarks/quickstart_seeds.py --quick          # smoke run (tiny settings)
+    .venv/bin/python benchmarks/quickstart_seeds.py --config configs/quickstart_lora.yaml \
+        --seeds 0,1,2 --runs runs/quickstart-lora-seeds --out benchmarks/results/quickstart_lora_seeds.json
+                                                 # the LoRA policy's quickstart
 
 Each run goes to ``<runs>/<method>-seed<N>`` with ``up``'s output in ``up.log`` there; a run whose
 ``summary.json`` exists is read, not run again (so an interrupted sweep continues). Written to
@@ -118,9 +121,11 @@ def run_dir_of(runs: Path, method: str, seed: int) -> Path:
     return runs / f"{method}-seed{seed}"
 
 
-def start(run_dir: Path, method: str, seed: int, quick: bool) -> subprocess.Popen:
+def start(
+    run_dir: Path, method: str, seed: int, quick: bool, config: Path = CONFIG
+) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "dynamo_rl.cli", "up", "--config", str(CONFIG),
+    argv = [sys.executable, "-m", "dynamo_rl.cli", "up", "--config", str(config),
             f"run.seed={seed}", f"run.dir={run_dir}", *METHODS[method],
             *(QUICK if quick else [])]  # fmt: skip
     log = open(run_dir / "up.log", "w")  # noqa: SIM115 - closed with the process
@@ -149,7 +154,9 @@ def result_of(run_dir: Path, method: str, seed: int, load: list[float]) -> dict:
     return out
 
 
-def sweep(seeds: list[int], method: str, runs: Path, jobs: int, quick: bool) -> list[dict]:
+def sweep(
+    seeds: list[int], method: str, runs: Path, jobs: int, quick: bool, config: Path = CONFIG
+) -> list[dict]:
     todo = [s for s in seeds if not (run_dir_of(runs, method, s) / "summary.json").exists()]
     running: dict[int, subprocess.Popen] = {}
     load: dict[int, list[float]] = {s: [] for s in seeds}
@@ -157,7 +164,7 @@ def sweep(seeds: list[int], method: str, runs: Path, jobs: int, quick: bool) -> 
         while todo and len(running) < jobs:
             seed = todo.pop(0)
             print(f"seed {seed}: starting {run_dir_of(runs, method, seed)}", flush=True)
-            running[seed] = start(run_dir_of(runs, method, seed), method, seed, quick)
+            running[seed] = start(run_dir_of(runs, method, seed), method, seed, quick, config)
         for seed, proc in list(running.items()):
             load[seed].append(round(os.getloadavg()[0], 1))
             if proc.poll() is not None:
@@ -219,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", default="0,1,2,3,4", help="run.seed values (default 0,1,2,3,4)")
     p.add_argument("--method", choices=sorted(METHODS), default="dynamo")
+    p.add_argument("--config", default=str(CONFIG.relative_to(REPO)),
+                   help="the experiment up runs (default configs/quickstart.yaml)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=2, help="runs at the same time (default 2)")
     p.add_argument("--runs", default="runs/quickstart-seeds", help="folder of the run folders")
     p.add_argument("--out", help="result JSON (see above for the default)")
@@ -231,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         REPO / "benchmarks" / "results" / "quickstart_seeds.json")  # fmt: skip
     out = Path(args.out or default_out)
     runs = Path(args.runs).resolve()
-    results = sweep(seeds, args.method, runs, max(1, args.jobs), args.quick)
+    config = (REPO / args.config).resolve()
+    results = sweep(seeds, args.method, runs, max(1, args.jobs), args.quick, config)
     gains = [r["gain_points"] for r in results]
     for r in results:
         checks = r["warm_start"].get("checks", [])
@@ -242,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gain: {min(gains):+.2f} .. {max(gains):+.2f} points over {len(gains)} seeds "
           f"(mean {sum(gains) / len(gains):+.2f})")  # fmt: skip
     doc = {
-        "command": f"dynamo-rl up --config configs/quickstart.yaml run.seed=N "
+        "command": f"dynamo-rl up --config {args.config} run.seed=N "
                    f"{' '.join(METHODS[args.method])}".strip(),
         "method": args.method,
         "quick": args.quick,

@@ -214,6 +214,20 @@ CHARTS: tuple[Chart, ...] = (
         "s",
         (_learner("push", "push_seconds"),),
     ),
+    Chart(
+        "push_size",
+        "Weight push size (a LoRA policy: its adapters)",
+        "throughput",
+        "bytes",
+        (_learner("push", "push_bytes"),),
+    ),
+    Chart(
+        "policy_version",
+        "Policy version pushed (a LoRA policy: the adapter's <name>-v<version>)",
+        "throughput",
+        "version",
+        (_learner("learner", "weight_version"),),
+    ),
     # --- health -----------------------------------------------------------------------------
     Chart(
         "queue",

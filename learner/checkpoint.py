@@ -3,7 +3,8 @@ JSON trainer state and per-rank RNG states.
 
 Layout, one folder per step (``step_000010/``)::
 
-    __0_0.distcp ...        model + optimizer shards (DCP, resharding-safe)
+    __0_0.distcp ...        model + optimizer shards (DCP, resharding-safe); with LoRA the
+                            model part is the adapters alone (the base is learner.model)
     trainer_state.json      step, weight version, scheduler, consumed entry ids, extras
     rng_rank{r}.pt          that rank's torch (and CUDA) RNG state
     COMMITTED               written last; a folder without it is ignored (a crash mid-save)
@@ -28,11 +29,14 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from learner.model import trainable_entries
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +45,15 @@ MARKER = "COMMITTED"
 
 
 class CheckpointManager:
-    def __init__(self, root: str | Path, keep: int) -> None:
+    """``trainable_only``: the model part holds only the parameters that train (a LoRA policy's
+    adapters; the frozen base is reloaded from ``learner.model`` at every start)."""
+
+    def __init__(self, root: str | Path, keep: int, trainable_only: bool = False) -> None:
         self.root = Path(root)
         self.keep = keep
+        self.options = StateDictOptions(
+            ignore_frozen_params=trainable_only, strict=not trainable_only
+        )
 
     def dir_for(self, step: int) -> Path:
         return self.root / f"step_{step:06d}"
@@ -102,10 +112,7 @@ class CheckpointManager:
         if rank == 0 and path.exists():  # a folder left by a crash mid-save
             shutil.rmtree(path)
         dist.barrier()
-        state = {
-            "model": get_model_state_dict(model),
-            "optim": get_optimizer_state_dict(model, optimizer),
-        }
+        state = self._state(model, optimizer)
         dcp.save(state, checkpoint_id=str(path))
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
@@ -124,12 +131,9 @@ class CheckpointManager:
         self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
         """Collective: restore model, optimizer and this rank's RNG; returns the trainer state."""
-        state = {
-            "model": get_model_state_dict(model),
-            "optim": get_optimizer_state_dict(model, optimizer),
-        }
+        state = self._state(model, optimizer)
         dcp.load(state, checkpoint_id=str(path))
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=self.options)
         set_optimizer_state_dict(model, optimizer, state["optim"])
         rng_path = path / f"rng_rank{dist.get_rank()}.pt"
         if rng_path.exists():  # absent when the world size changed: seeds stay as they are
@@ -138,6 +142,13 @@ class CheckpointManager:
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
         return json.loads((path / "trainer_state.json").read_text())
+
+    def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        sd = get_model_state_dict(model, options=self.options)
+        return {
+            "model": trainable_entries(model, sd) if self.options.ignore_frozen_params else sd,
+            "optim": get_optimizer_state_dict(model, optimizer),
+        }
 
     def _prune(self) -> None:
         found = self.committed()

@@ -34,6 +34,7 @@ GAUGES: dict[str, str] = {
     "value_loss": "critic value loss (PPO with GAE)",
     "push_seconds": "seconds of the last weight push",
     "push_gb_per_s": "throughput of the last weight push in GB/s",
+    "push_bytes": "bytes the last weight push moved (a LoRA policy: its adapters alone)",
     "weight_version": "weight version after the last push",
     "step": "last completed train step",
     "episode_turns_mean": "multi-turn samples: mean model turns (rollout.env)",

@@ -20,6 +20,7 @@ import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -117,11 +118,38 @@ def policy_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             yield hf, param
 
 
-def full_policy_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Full float32 CPU state dict of the policy on rank 0 (empty elsewhere); a collective."""
-    sd = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+def trainable_entries(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a model state dict that are parameters that train. ``ignore_frozen_params``
+    alone keeps a tied weight's second name (``lm_head.weight`` tied to a frozen embedding)."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in names}
+
+
+def trainable_policy_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full CPU values of the policy parameters that train, on rank 0 (empty elsewhere); a
+    collective that gathers those parameters alone (a state-dict gather would gather the frozen
+    ones too before leaving them out)."""
+    import torch.distributed as dist
+
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        hf = hf_name(name)
+        if not param.requires_grad or hf is None:
+            continue
+        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+        if main:
+            out[hf] = full.detach().to("cpu", torch.float32)
+    return out
+
+
+def full_policy_state(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """Full float32 CPU state dict of the policy on rank 0 (empty elsewhere); a collective.
+    ``trainable_only``: the parameters that train (a LoRA policy's adapters), nothing frozen."""
+    if trainable_only:
+        return trainable_policy_state(model)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(model, options=options)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in sd.items():
         hf = hf_name(name)

@@ -22,7 +22,8 @@ of held-out rows greedy decoding would answer exactly (every response token the 
 reference prefix), and ``eval_exact/<value>`` per value of ``learner.data.group_key``.
 
 dpo: sequence log-probabilities (sums over response tokens) of the chosen and the rejected
-response under the policy and under a frozen reference (the start model, sharded the same way,
+response under the policy and under a frozen reference (the start model, sharded the same way —
+with LoRA the policy with its adapters disabled —
 evaluated once per batch without gradients) → ``learner.algorithms.dpo_loss``. Metrics: loss,
 reward accuracy, chosen/rejected rewards β(π − ref), margin, and ``kl``: the mean per-token
 log-ratio log π − log π_ref on the pairs' response tokens (a k1 estimate on the data, not on
@@ -41,7 +42,7 @@ from dynamo_rl.config import ExperimentConfig
 from learner import algorithms as A
 from learner.batch import MicroBatch, Sample, collate, micro_splits, num_micro, rank_share
 from learner.dist import all_reduce_sum
-from learner.model import PolicyModel, load_policy, shard
+from learner.model import PolicyModel
 from learner.offline_data import DataOrder, PrefExample, SftExample, load_examples
 from learner.push import PushResult
 from learner.trainer import Trainer
@@ -299,11 +300,7 @@ class DPOTrainer(OfflineTrainer):
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         super().__init__(cfg)
-        ref = load_policy(self.lc.model or "")
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        self.ref = shard(ref, self.env.device, self.dtype)
-        self.ref.eval()
+        self.load_reference()
 
     @staticmethod
     def seq_len(example: PrefExample) -> int:
@@ -322,8 +319,8 @@ class DPOTrainer(OfflineTrainer):
             seqs = [(examples[i].prompt, examples[i].chosen) for i in rows]
             seqs += [(examples[i].prompt, examples[i].rejected) for i in rows]
             mb = self.collate(seqs)
-            with torch.no_grad():
-                ref_tok = self.seq_logp(self.ref, mb)
+            with torch.no_grad(), self.as_reference() as ref:
+                ref_tok = self.seq_logp(ref, mb)
             pol_tok = self.seq_logp(self.model, mb)
             if not rows:
                 if train:

@@ -32,6 +32,8 @@ Two transports behind one small interface (:class:`WeightTransport`):
   The push succeeds when at least one engine took the new version; the engines left out catch up
   at the next push (a new group, the full weights) — :attr:`PushResult.failed` names them.
 - :class:`DiskPush` — the fallback: a Hugging Face export that engines load from disk.
+- :class:`learner.adapter_push.AdapterPush` — a LoRA policy's: the adapters alone, as a peft
+  folder each engine loads under a versioned name.
 
 This module holds the push's timeline; rank 0's groups and HTTP calls per engine (steps 1, 2, 4
 and 5) are :class:`learner.engine_links.EngineLinks`, the gather is :mod:`learner.gather`.
@@ -59,10 +61,12 @@ from dynamo_rl.contracts.weight_control import (
     SGLangWeights,
     WeightControlError,
     WeightProtocol,
+    read_version,
     send,
 )
 from dynamo_rl.contracts.weight_layout import Bucket, flat_buckets
 from learner.engine_links import (
+    PROBE_TIMEOUT_S,
     EngineFailed,
     EngineLinks,
     Job,
@@ -104,7 +108,19 @@ class WeightTransport(Protocol):
 
     def push(self, model: nn.Module, version: int, engines: Sequence[str]) -> PushResult: ...
 
+    def served_version(self, url: str) -> int:
+        """The version the engine at ``url`` serves now (WeightControlError when it does not
+        answer)."""
+        ...
+
     def close(self) -> None: ...
+
+
+def served_weight_version(transport: WeightTransport, url: str) -> int:
+    """An engine's weight version read through the transport's protocol (the full-weight
+    transports' :meth:`WeightTransport.served_version`)."""
+    return read_version(transport.protocol, url, headers=transport.headers,
+                        timeout_s=PROBE_TIMEOUT_S)  # fmt: skip
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -265,6 +281,9 @@ class DistributedPush:
             paused_seconds=t_paused if is_main else 0.0, failed=tuple(failed),
         )  # fmt: skip
 
+    def served_version(self, url: str) -> int:
+        return served_weight_version(self, url)
+
     def close(self) -> None:
         self.engines.close()
 
@@ -300,26 +319,32 @@ class DiskPush:
                 except WeightControlError as e:
                     error = str(e)
                 else:
-                    error = "; ".join(self._load_everywhere(engines, call))
+                    load = functools.partial(self._send, call=call)
+                    error = "; ".join(self._load_everywhere(engines, load).values())
         ok = torch.tensor([0 if error else 1])
         if dist.get_world_size() > 1:
             dist.broadcast(ok, 0)
         return PushResult(bool(ok.item()), len(engines), 0, time.perf_counter() - t0, error)
 
-    def _load_everywhere(self, engines: Sequence[str], call: Call) -> list[str]:
-        """The load call to every engine at once; the errors, each naming its engine."""
-        loads = {
-            u: Job(functools.partial(send, self.protocol, u, call, headers=self.headers,
-                                     timeout_s=self.timeout_s))
-            for u in engines
-        }  # fmt: skip
-        errors = []
-        for u, load in loads.items():
-            if not load.wait(self.timeout_s + 5):
-                errors.append(f"{u}: no answer")
-            elif load.error:
-                errors.append(load.error if u in load.error else f"{u}: {load.error}")
+    def _send(self, url: str, call: Call) -> Any:
+        return send(self.protocol, url, call, headers=self.headers, timeout_s=self.timeout_s)
+
+    def _load_everywhere(
+        self, engines: Sequence[str], load: Callable[[str], Any]
+    ) -> dict[str, str]:
+        """``load(url)`` for every engine at once, each on its thread; the engines that failed,
+        with errors naming them."""
+        loads = {u: Job(functools.partial(load, u)) for u in engines}
+        errors = {}
+        for u, job in loads.items():
+            if not job.wait(self.timeout_s + 5):
+                errors[u] = f"{u}: no answer"
+            elif job.error:
+                errors[u] = job.error if u in job.error else f"{u}: {job.error}"
         return errors
+
+    def served_version(self, url: str) -> int:
+        return served_weight_version(self, url)
 
     def close(self) -> None:
         pass

@@ -51,7 +51,7 @@ from learner.batch import (
     uniform_group,
 )
 from learner.dist import all_gather_object, all_reduce_sum, broadcast_object
-from learner.model import PolicyModel, load_policy, shard
+from learner.model import PolicyModel
 from learner.objective import (
     ObjectiveInputs,
     kl_shaped_token_rewards,
@@ -108,13 +108,8 @@ class RLTrainer(Trainer):
         self.adv_name = getattr(adv, "registry_name", adv.type)
         self.estimator = A.ADVANTAGE_ESTIMATORS[self.adv_name]
         self.agg = loss_aggregation(algo)
-        self.ref: PolicyModel | None = None
         if self.lc.needs_reference:
-            ref = load_policy(self.lc.model or "")
-            for p in ref.parameters():
-                p.requires_grad_(False)
-            self.ref = shard(ref, self.env.device, self.dtype)
-            self.ref.eval()
+            self.load_reference()
         self.kl_ctl = AdaptiveKL(algo.kl.in_reward_coef, algo.kl.target, algo.kl.horizon)
         self.reader: TrajectoryReader | None = None
         self.uncommitted: list[str] = []  # stream ids consumed since the last checkpoint
@@ -366,9 +361,9 @@ class RLTrainer(Trainer):
                     mb.extra["old_entropy"] = entropy
                     if values is not None:
                         mb.extra["old_values"] = values
-                    if self.ref is not None:
-                        ref_logp, _, _ = self._forward(self.ref, mb)
-                        mb.extra["ref_logp"] = ref_logp
+                    if self.lc.needs_reference:
+                        with self.as_reference() as ref:
+                            mb.extra["ref_logp"] = self._forward(ref, mb)[0]
 
     def _advantages(
         self, samples: list[Sample], plan: list[list[MicroBatch]]

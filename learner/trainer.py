@@ -13,10 +13,12 @@ stream entries of the committed steps there).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,18 @@ import torch.distributed as dist
 
 from dynamo_rl import keys
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.contracts.weight_control import WeightControlError, read_version, weight_protocol
+from dynamo_rl.contracts.weight_control import WeightControlError, weight_protocol
 from dynamo_rl.notices import Notices
+from learner.adapter_push import AdapterPush
 from learner.checkpoint import CheckpointManager
 from learner.dist import DistEnv, broadcast_object, init_distributed
-from learner.engine_links import PROBE_TIMEOUT_S
+from learner.lora import (
+    adapter_tensors,
+    adapters_disabled,
+    add_adapters,
+    merge_adapters,
+    write_adapter,
+)
 from learner.metrics import LearnerMetrics
 from learner.model import (
     PolicyModel,
@@ -83,10 +92,15 @@ class Trainer:
         assert self.lc.model is not None  # checked by the command line before torch
         self.dtype = compute_dtype(self.lc.dtype, self.env.device)
         policy = load_policy(self.lc.model, value_head=self.lc.critic.enabled)
+        # LoRA: adapters injected before sharding; only they (and a value head) will train.
+        self.lora = self.lc.lora if self.lc.lora.enabled else None
+        if self.lora is not None:
+            add_adapters(policy.lm, self.lora, self.lc.model)
         self.hf_config = policy.lm.config
         self.vocab_size = int(policy.lm.get_input_embeddings().weight.shape[0])
         self.pad_id = _pad_id(self.hf_config)
         self.model: PolicyModel = shard(policy, self.env.device, self.dtype)
+        self.ref: PolicyModel | None = None
         self.model.train()
         o = self.lc.optim
         self.optimizer = torch.optim.AdamW(
@@ -102,7 +116,9 @@ class Trainer:
             lambda s: lr_factor(s, o.warmup_steps, o.schedule, total, o.min_lr_ratio),
         )
         ck = self.lc.checkpoint
-        self.ckpt = CheckpointManager(ck.dir or self.run_dir / "checkpoints", keep=ck.keep)
+        self.ckpt = CheckpointManager(
+            ck.dir or self.run_dir / "checkpoints", keep=ck.keep, trainable_only=bool(self.lora)
+        )
         self.step = 0
         self.weight_version = 0
         self.checkpoints_written = 0
@@ -137,6 +153,28 @@ class Trainer:
             self.steplog = StepLog(self.run_dir / "metrics.jsonl", trackers)
             self.metrics.metrics.record_run(cfg.run, "0")
         self.transport = self._make_transport()
+
+    # --- the reference policy (KL terms, DPO) ------------------------------------------------
+
+    def load_reference(self) -> None:
+        """A frozen copy of the start model, sharded like the policy; with LoRA none: the policy
+        with its adapters disabled is the start model (:meth:`as_reference`)."""
+        if self.lora is not None:
+            return
+        ref = load_policy(self.lc.model or "")
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        self.ref = shard(ref, self.env.device, self.dtype)
+        self.ref.eval()
+
+    @contextlib.contextmanager
+    def as_reference(self) -> Iterator[PolicyModel]:
+        """The model to run as the reference policy (call under ``torch.no_grad``)."""
+        if self.ref is not None:
+            yield self.ref
+            return
+        with adapters_disabled(self.model):
+            yield self.model
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -188,6 +226,7 @@ class Trainer:
                 if result is not None:
                     record["push_ok"] = result.ok
                     record["push_seconds"] = result.seconds
+                    record["push_bytes"] = result.bytes
                     record["push_gb_per_s"] = result.gb_per_s
                     record["push_gather_seconds"] = result.gather_seconds
                     record["push_send_seconds"] = result.send_seconds
@@ -240,12 +279,31 @@ class Trainer:
         return path
 
     def export(self, out: Path) -> Path | None:
-        """Collective: gather the full policy and write it as an HF folder on rank 0."""
+        """Collective: gather the full policy and write it as an HF folder on rank 0. With LoRA:
+        the adapters alone, as a peft adapter folder (and, with ``lora.merged_export``, the
+        merged weights in its ``merged/``)."""
+        if self.lora is not None:
+            return self.export_adapter(out, merged=self.lora.merged_export)
         state = full_policy_state(self.model)
         path = None
         if self.env.is_main:
             path = export_hf(state, self.hf_config, self.lc.model or "", out)
             log.info("exported %s", path)
+        dist.barrier()
+        return path
+
+    def export_adapter(self, out: Path, merged: bool = False) -> Path | None:
+        """Collective: the adapters as a peft folder on rank 0 (only they are gathered)."""
+        assert self.lora is not None
+        base = self.lc.model or ""
+        tensors = adapter_tensors(full_policy_state(self.model, trainable_only=True))
+        full = full_policy_state(self.model) if merged else {}
+        path = None
+        if self.env.is_main:
+            path = write_adapter(tensors, self.lora, base, out)
+            if merged:
+                export_hf(merge_adapters(full, self.lora), self.hf_config, base, out / "merged")
+            log.info("exported adapter %s", path)
         dist.barrier()
         return path
 
@@ -255,6 +313,9 @@ class Trainer:
         p = self.lc.push
         rc = self.cfg.rollout
         protocol = weight_protocol(rc.weight_api, pause_mode=rc.vllm_pause_mode)
+        if self.lora is not None:  # only the adapters move, whatever push.transport says
+            return AdapterPush(self._adapter_for_push, prefix=self.lora.name, protocol=protocol,
+                               timeout_s=p.timeout_s, headers=headers)  # fmt: skip
         disk = DiskPush(
             self._export_for_push, timeout_s=p.timeout_s, headers=headers, protocol=protocol
         )
@@ -284,6 +345,10 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
         return str(path) if path else None
 
+    def _adapter_for_push(self, version: int) -> str | None:
+        path = self.export_adapter(self.run_dir / "push" / f"adapter_v{version:06d}")
+        return str(path) if path else None
+
     def engines(self) -> list[str]:
         if not self.env.is_main:
             return []
@@ -297,11 +362,10 @@ class Trainer:
         listed: a push could not reach them either."""
         if not self.weight_version:
             return []
-        protocol, headers = self.transport.protocol, self.transport.headers
         behind = []
         for url in self.engines():
             try:
-                version = read_version(protocol, url, headers=headers, timeout_s=PROBE_TIMEOUT_S)
+                version = self.transport.served_version(url)
             except WeightControlError:
                 continue
             if version < self.weight_version:

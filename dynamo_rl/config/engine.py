@@ -86,6 +86,10 @@ class EngineConfig(Section):
     advertise_url: str | None = None
     """Base URL others reach this engine at, as registered in Redis
     (default: ``http://HOST:PORT`` with the bound port)."""
+    max_lora_rank: Annotated[int, Field(ge=1)] = 64
+    """Largest LoRA rank an adapter load (``learner.lora``) may bring; a larger one is refused
+    naming both. A vLLM server gets it as ``--max-lora-rank`` (vLLM accepts 1, 8, 16, 32, 64,
+    128, 256, 320, 512)."""
     weight_update_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Timeout of the weight-update process group (forming it and each broadcast)."""
     vllm: VLLMServerConfig = VLLMServerConfig()

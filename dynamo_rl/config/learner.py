@@ -327,6 +327,50 @@ class DpoConfig(Section):
     """Conservative DPO's label smoothing ε (sigmoid only)."""
 
 
+class LoraConfig(Section):
+    """LoRA adapters (built with ``peft``) on the policy: only they are trained, optimised,
+    checkpointed, exported and pushed; the base weights stay frozen, shared by the engines, and
+    serve as the KL reference (the policy with its adapters disabled)."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of every weight."""
+    rank: Annotated[int, Field(ge=1)] = 16
+    """Rank r of each adapter (A: r × in, B: out × r)."""
+    alpha: Annotated[float, Field(gt=0)] = 32.0
+    """Scale α: the update is (α / r)·B·A."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input while training (sft, dpo; rl needs 0: the old-log-prob
+    pass and the engines sample without it)."""
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    """Names (last path component) of the linear modules that get adapters, or ``all-linear``
+    (every linear layer but the LM head). A comma-separated string is accepted."""
+    init: Literal["default", "gaussian"] = "default"
+    """Initialisation: default (A Kaiming-uniform, B zero: the adapted policy starts as the
+    base) or gaussian (A normal, B zero)."""
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.]+$")] = "policy"
+    """Name the engines serve the adapter under, with its version: ``<name>-v<version>``."""
+    merged_export: bool = False
+    """Also write merged full weights (base + (α / r)·B·A) next to each adapter export."""
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _modules_from_text(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("target_modules")
+    @classmethod
+    def _check_modules(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("learner.lora.target_modules: name at least one module, or all-linear")
+        if "all-linear" in value and len(value) > 1:
+            raise ValueError(
+                f"learner.lora.target_modules: all-linear stands alone (got {', '.join(value)})"
+            )
+        return value
+
+
 class WandbConfig(Section):
     """The ``wandb`` tracker (``learner.trackers``)."""
 
@@ -369,6 +413,7 @@ class LearnerConfig(Section):
     push: PushConfig = PushConfig()
     data: DataConfig = DataConfig()
     dpo: DpoConfig = DpoConfig()
+    lora: LoraConfig = LoraConfig()
     equal_reward_warn_steps: Annotated[int, Field(ge=0)] = 5
     """rl: warn (log, ``dynamo_learner_equal_reward_steps_total``, ``equal_reward_streak`` in the
     step log) when this many steps in a row trained on rewards that were all equal (all 0 or all
@@ -450,6 +495,12 @@ class LearnerConfig(Section):
                 f"learner.data.eval_path set (the rows whose exact match it reads); got mode "
                 f"{self.mode!r}, eval_path {self.data.eval_path!r}"
             )
+        if self.lora.enabled and self.mode == "rl" and self.lora.dropout > 0:
+            raise ValueError(
+                f"learner.lora.dropout must be 0 in learner.mode 'rl' (got {self.lora.dropout}): "
+                "the old-log-prob pass and the engines sample without dropout; it applies to "
+                "the sft and dpo modes"
+            )
         cosine = self.optim.schedule == "cosine"
         if cosine and self.optim.total_steps is None and self.max_steps is None:
             raise ValueError(
@@ -460,5 +511,6 @@ class LearnerConfig(Section):
 
     @property
     def needs_reference(self) -> bool:
-        """A frozen reference model is loaded only when some KL term uses it."""
+        """A reference policy is needed only when some KL term uses it (with LoRA it is the
+        policy with its adapters disabled, no second copy)."""
         return self.algorithm.kl.coef > 0 or self.algorithm.kl.in_reward_coef > 0

@@ -250,6 +250,9 @@ class GenerateRequest(EngineRequest):
     logprob_start_len: int | None = None
     stream: Literal[False] = False
     rid: str | list[str] | None = None
+    lora_path: str | None = None
+    """The LoRA adapter to sample with, by the name it was loaded under (SGLang's field); null:
+    the base model."""
 
     @field_validator("text", mode="plain")
     @classmethod

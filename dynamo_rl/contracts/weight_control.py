@@ -24,6 +24,12 @@ says which.
   ``/update_weights_from_disk`` (:class:`UpdateWeightsFromDiskRequest`), answered with an
   :class:`UpdateAnswer`; ``GET /get_weight_version`` (:class:`WeightVersionAnswer`, an integer).
   An engine swaps weights between batches itself, so before/after are empty.
+- LoRA adapters (``learner.lora``), both kinds: ``load_adapter`` / ``unload_adapter``
+  (:class:`LoadLoraAdapterRequest`, :class:`UnloadLoraAdapterRequest`; SGLang's
+  ``/load_lora_adapter``, vLLM's ``/v1/load_lora_adapter``) serve a peft adapter folder under a
+  versioned name (:func:`adapter_name`: ``<name>-v<version>``); ``GET /v1/models``
+  (:data:`ADAPTERS_CALL`, :func:`served_adapters`) lists what an engine serves, the newest
+  version (:func:`newest_adapter`) is the adapter version it is at.
 - :class:`VLLMWeights` — vLLM's weight-transfer API (``VLLM_SERVER_DEV_MODE=1`` and
   ``--weight-transfer-config '{"backend": "gloo"}'`` — the project's plugin, CPU — or ``"nccl"``):
   ``/init_weight_transfer_engine`` (:class:`VLLMInitRequest`; gloo: ``bucket_bytes``,
@@ -156,11 +162,59 @@ class VLLMFinishRequest(EngineRequest):
     weight_version: str
 
 
-# ---- weight control -------------------------------------------------------------------------
-
-
 class WeightControlError(RuntimeError):
     """An engine refused or failed a weight-control call, or answered outside the protocol."""
+
+
+# ---- LoRA adapters (both engine kinds) ------------------------------------------------------
+
+
+class LoadLoraAdapterRequest(EngineRequest):
+    """``POST /load_lora_adapter`` (SGLang) and ``/v1/load_lora_adapter`` (vLLM, with
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and ``--enable-lora``): serve the peft adapter
+    folder at ``lora_path`` (``adapter_config.json``, ``adapter_model.safetensors``), read as it
+    is, on top of the shared base weights under ``lora_name``, which requests then name (the
+    OpenAI ``model`` field; SGLang's ``lora_path`` of ``/generate``)."""
+
+    lora_name: Annotated[str, Field(min_length=1)]
+    lora_path: Annotated[str, Field(min_length=1)]
+
+
+class UnloadLoraAdapterRequest(EngineRequest):
+    """``POST /unload_lora_adapter`` (SGLang) and ``/v1/unload_lora_adapter`` (vLLM)."""
+
+    lora_name: Annotated[str, Field(min_length=1)]
+
+
+def adapter_name(prefix: str, version: int) -> str:
+    """The versioned name an adapter push serves: ``<learner.lora.name>-v<version>``."""
+    return f"{prefix}-v{int(version)}"
+
+
+def adapter_version(name: str, prefix: str | None = None) -> int | None:
+    """The version in a versioned adapter name (of ``prefix`` when given); None otherwise."""
+    head, sep, tail = name.rpartition("-v")
+    if not sep or not head or not tail.isdigit() or (prefix is not None and head != prefix):
+        return None
+    return int(tail)
+
+
+def served_adapters(body: Any, url: str = "") -> list[str]:
+    """The adapter names a ``GET /v1/models`` answer lists: every entry but the first (the base
+    model, listed first by vLLM and the embedded engine)."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list) or not data:
+        raise WeightControlError(f"{url}/v1/models: no model list in {str(body)[:200]}")
+    return [str(m.get("id")) for m in data[1:] if isinstance(m, dict) and m.get("id")]
+
+
+def newest_adapter(names: Sequence[str], prefix: str) -> int:
+    """The newest version of ``prefix``'s adapters among ``names``; 0 when none is loaded."""
+    versions = [v for v in (adapter_version(n, prefix) for n in names) if v is not None]
+    return max(versions, default=0)
+
+
+# ---- weight control -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -176,6 +230,11 @@ class Call:
     @classmethod
     def post(cls, path: str, request: EngineRequest | None = None, **params: str) -> Call:
         return cls("POST", path, None if request is None else request.body(), params)
+
+
+ADAPTERS_CALL = Call("GET", "/v1/models")
+"""Lists the served base model and adapters (:func:`served_adapters`): vLLM and the embedded
+engine list every loaded adapter after the base."""
 
 
 def _check_tensors(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Any]) -> None:
@@ -217,6 +276,10 @@ class WeightProtocol(Protocol):
     def recover(self) -> list[Call]: ...
 
     def update_from_disk(self, model_path: str, weight_version: int) -> Call: ...
+
+    def load_adapter(self, name: str, path: str) -> Call: ...
+
+    def unload_adapter(self, name: str) -> Call: ...
 
     def check(self, call: Call, status: int, body: Any, url: str) -> None: ...
 
@@ -299,6 +362,14 @@ class SGLangWeights:
             "/update_weights_from_disk",
             UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=weight_version),
         )
+
+    def load_adapter(self, name: str, path: str) -> Call:
+        return Call.post(
+            "/load_lora_adapter", LoadLoraAdapterRequest(lora_name=name, lora_path=path)
+        )
+
+    def unload_adapter(self, name: str) -> Call:
+        return Call.post("/unload_lora_adapter", UnloadLoraAdapterRequest(lora_name=name))
 
     def check(self, call: Call, status: int, body: Any, url: str) -> None:
         _status_error(call, status, body, url)
@@ -394,6 +465,14 @@ class VLLMWeights:
             "learner.push.transport=distributed"
         )
 
+    def load_adapter(self, name: str, path: str) -> Call:
+        return Call.post(
+            "/v1/load_lora_adapter", LoadLoraAdapterRequest(lora_name=name, lora_path=path)
+        )
+
+    def unload_adapter(self, name: str) -> Call:
+        return Call.post("/v1/unload_lora_adapter", UnloadLoraAdapterRequest(lora_name=name))
+
     def check(self, call: Call, status: int, body: Any, url: str) -> None:
         _status_error(call, status, body, url)
 
@@ -423,11 +502,13 @@ def send(
     *,
     headers: Mapping[str, str] | None = None,
     timeout_s: float = 600.0,
+    client: httpx.Client | None = None,
 ) -> Any:
-    """Send ``call`` to the engine at ``url`` (blocking); the answer's body, checked."""
+    """Send ``call`` to the engine at ``url`` (blocking); the answer's body, checked. ``client``:
+    a kept-open client (a new one per call costs tens of milliseconds)."""
     target = url.rstrip("/") + call.path
     try:
-        response = httpx.request(
+        response = (client or httpx).request(
             call.method, target, json=call.body, params=call.params or None,
             headers=dict(headers or {}), timeout=timeout_s,
         )  # fmt: skip

@@ -92,9 +92,15 @@ async def models(engine: EngineDep) -> dict[str, Any]:
                 "created": 0,
                 "owned_by": "dynamo-rl",
                 "max_model_len": engine.max_context,
-            }
+            },
+            # Loaded LoRA adapters after the base, as vLLM lists them.
+            *(
+                {"id": name, "object": "model", "created": 0, "owned_by": "dynamo-rl",
+                 "parent": engine.served_model_name, "max_model_len": engine.max_context}
+                for name in engine.adapters.names()
+            ),
         ],
-    }
+    }  # fmt: skip
 
 
 @info.get("/get_model_info")

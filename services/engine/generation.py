@@ -3,7 +3,9 @@
 Why one thread: the model is only ever touched by the scheduler thread, so a weight update (run
 by that same thread *between* batches) can never interleave with a decoding step. A batch that
 started on version v finishes on version v; requests queued behind an update run on the new
-weights. No response is ever sampled from a half-updated model, and no lock is needed.
+weights. No response is ever sampled from a half-updated model, and no lock is needed. With LoRA
+adapters loaded (:mod:`.adapters`) a batch holds one adapter's sequences (or the base's), switched
+to between batches, and they carry that adapter's version.
 
 Batching is static: when the engine is idle, the first request waits ``batch_wait_s`` for others
 to arrive (again while a burst keeps arriving, up to 20 windows), then every queued sequence
@@ -104,6 +106,7 @@ class _Job:
     results: list[SequenceResult | None]
     next_index: int = 0  # sequences before this one are already scheduled
     done: int = 0
+    adapter: str | None = None  # the LoRA adapter its sequences run with (None: the base)
 
 
 @dataclass
@@ -142,6 +145,7 @@ class BatchGenerator:
         seed: int = 0,
         on_batch: Callable[[BatchStats], None] | None = None,
         logprobs_mode: str = "processed",
+        select_adapter: Callable[[str | None], int | None] | None = None,
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
@@ -156,6 +160,9 @@ class BatchGenerator:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.on_batch = on_batch
+        # Switches the model to a batch's adapter (scheduler thread); the version its samples
+        # carry, or None: the weight version.
+        self.select_adapter = select_adapter
         self.weight_version = 0
         self.abort = threading.Event()  # set: running sequences end now with "abort"
         self._cache_kw = _cache_kwarg(model)
@@ -169,9 +176,13 @@ class BatchGenerator:
     # ---- public API (any thread) ----
 
     def submit(
-        self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams],
+        adapter: str | None = None,
     ) -> Future[list[SequenceResult]]:
-        """Queue sequences (one per (prompt, params) pair); the future gets results in order."""
+        """Queue sequences (one per (prompt, params) pair), run with LoRA ``adapter`` (None: the
+        base); the future gets results in order."""
         if len(prompts) != len(params):
             raise ValueError("one SamplingParams per prompt")
         seqs = []
@@ -180,7 +191,7 @@ class BatchGenerator:
             if p.seed is not None:
                 gen = torch.Generator(device="cpu").manual_seed(p.seed)
             seqs.append(_Seq(list(prompt), p, gen))
-        job = _Job(seqs, Future(), [None] * len(seqs))
+        job = _Job(seqs, Future(), [None] * len(seqs), adapter=adapter)
         if not seqs:
             job.future.set_result([])
             return job.future
@@ -261,12 +272,13 @@ class BatchGenerator:
             task.future.set_exception(e)
 
     def _take_batch(self) -> list[tuple[_Job, int]]:
-        """Up to max_batch_size queued sequences, stopping at the first exclusive task."""
+        """Up to max_batch_size queued sequences, stopping at the first exclusive task or the
+        first job of another adapter (one adapter per batch)."""
         batch: list[tuple[_Job, int]] = []
         with self._cv:
             while self._queue and len(batch) < self.max_batch_size:
                 head = self._queue[0]
-                if isinstance(head, _Task):
+                if isinstance(head, _Task) or (batch and head.adapter != batch[0][0].adapter):
                     break
                 take = min(len(head.seqs) - head.next_index, self.max_batch_size - len(batch))
                 batch.extend((head, head.next_index + k) for k in range(take))
@@ -279,8 +291,12 @@ class BatchGenerator:
         seqs = [job.seqs[i] for job, i in batch]
         t0 = time.perf_counter()
         try:
+            version = self.weight_version
+            if self.select_adapter is not None:
+                stamp = self.select_adapter(batch[0][0].adapter)
+                version = version if stamp is None else stamp
             with torch.inference_mode():
-                results = self._decode(seqs)
+                results = self._decode(seqs, version)
         except BaseException as e:
             log.exception("generation failed for a batch of %d sequences", len(seqs))
             for job, _ in batch:
@@ -319,10 +335,9 @@ class BatchGenerator:
         )
         return out.logits[:, -1, :].float()
 
-    def _decode(self, seqs: list[_Seq]) -> list[SequenceResult]:
+    def _decode(self, seqs: list[_Seq], version: int) -> list[SequenceResult]:
         from transformers import DynamicCache
 
-        version = self.weight_version
         results: list[SequenceResult | None] = [None] * len(seqs)
         # Rows that need no generation at all (max_tokens == 0).
         rows = []

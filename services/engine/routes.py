@@ -4,7 +4,9 @@
   ``async`` and only wait on the scheduler's future. Requests are validated with, and answers
   built from, the models of :mod:`dynamo_rl.contracts.engine`.
 - :data:`control` — both weight-control protocols of :mod:`dynamo_rl.contracts.weight_control`
-  (SGLang's update routes; vLLM's pause, start, update, finish, resume) and the version reads.
+  (SGLang's update routes; vLLM's pause, start, update, finish, resume), the version reads and
+  the LoRA adapter loads and unloads (both kinds' paths); requests name an adapter in ``model``
+  (OpenAI) or ``lora_path`` (SGLang).
   Routes that block on a process group or on disk are plain functions (run in the thread pool);
   every route that changes the engine needs the control token when one is set.
 
@@ -43,6 +45,8 @@ from dynamo_rl.contracts.weight_control import (
     VLLM_GROUP_NAME,
     VLLM_INITIAL_VERSION,
     InitWeightsUpdateGroupRequest,
+    LoadLoraAdapterRequest,
+    UnloadLoraAdapterRequest,
     UpdateAnswer,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
@@ -126,13 +130,14 @@ def _logprobs(engine: Engine, res: SequenceResult) -> CompletionLogprobs:
 
 
 async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]:
+    adapter = engine.resolve_adapter(req.model, "model")
     prompts = engine.encode_prompts(req.prompt, "prompt")
     max_tokens = engine.resolve_max_tokens(req.max_tokens, prompts, "max_tokens")
     top = engine.check_top_logprobs(req.logprobs, "logprobs")
     seqs, params = engine.sequences(
         prompts, req, max_tokens=max_tokens, seed=req.seed, top_logprobs=top
     )
-    results = await asyncio.wrap_future(engine.generator.submit(seqs, params))
+    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter))
     choices = []
     for k, (ids, res) in enumerate(zip(seqs, results, strict=True)):
         choice = CompletionChoice(
@@ -152,7 +157,7 @@ async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]
         id=f"cmpl-{uuid.uuid4().hex}",
         object="text_completion",
         created=int(time.time()),
-        model=engine.served_model_name,
+        model=adapter or engine.served_model_name,
         choices=choices,
         usage=CompletionUsage(
             prompt_tokens=prompt_tokens,
@@ -204,6 +209,7 @@ async def _generate(engine: Engine, req: GenerateRequest) -> Any:
     if (req.text is None) == (req.input_ids is None):
         raise InvalidRequest("text", "give exactly one of text and input_ids")
     sp = req.sampling_params
+    adapter = engine.resolve_adapter(req.lora_path, "lora_path")
     if req.text is not None:
         single = isinstance(req.text, str)
         prompts = engine.encode_prompts(req.text, "text")
@@ -222,7 +228,7 @@ async def _generate(engine: Engine, req: GenerateRequest) -> Any:
         top_logprobs=top if req.return_logprob else 0, seed_per_prompt=True,
         prefix="sampling_params.",
     )  # fmt: skip
-    results = await asyncio.wrap_future(engine.generator.submit(seqs, params))
+    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter))
     out = [_item(engine, req, ids, res).body() for ids, res in zip(seqs, results, strict=True)]
     return out[0] if single and sp.n == 1 else out
 
@@ -292,6 +298,32 @@ def update_weights_from_disk(req: UpdateWeightsFromDiskRequest, engine: EngineDe
         except FileNotFoundError as e:
             raise Refused(400, f"model_path: {e}") from None
     return UpdateAnswer(success=True, message="loaded", weight_version=version).body()
+
+
+# ---- LoRA adapters (SGLang's and vLLM's routes) --------------------------------------------
+
+
+@control.post("/load_lora_adapter", dependencies=guarded)
+@control.post("/v1/load_lora_adapter", dependencies=guarded)
+def load_lora_adapter(req: LoadLoraAdapterRequest, engine: EngineDep) -> Any:
+    with _refusals("load_lora_adapter", OSError):
+        version = engine.load_adapter(req)
+    log.info("adapter %r loaded from %s (version %d)", req.lora_name, req.lora_path, version)
+    message = f"adapter {req.lora_name!r} loaded"
+    return UpdateAnswer(success=True, message=message, weight_version=version).body()
+
+
+@control.post("/unload_lora_adapter", dependencies=guarded)
+@control.post("/v1/unload_lora_adapter", dependencies=guarded)
+def unload_lora_adapter(req: UnloadLoraAdapterRequest, engine: EngineDep) -> Any:
+    try:
+        engine.unload_adapter(req)
+    except KeyError:
+        loaded = ", ".join(engine.adapters.names()) or "none"
+        raise Refused(
+            404, f"lora_name {req.lora_name!r} is not loaded (loaded: {loaded})"
+        ) from None
+    return UpdateAnswer(success=True, message=f"adapter {req.lora_name!r} unloaded").body()
 
 
 # ---- vLLM's weight-transfer routes ----------------------------------------------------------

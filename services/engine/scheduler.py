@@ -10,7 +10,8 @@ applies weight updates between batches: both weight-control protocols of
 :mod:`dynamo_rl.contracts.weight_control`, SGLang's (an update is applied between batches) and
 vLLM's (:meth:`Engine.pause` holds the scheduler at a batch boundary — ``abort`` first cuts the
 running batch, whose sequences finish with ``finish_reason`` ``"abort"``; ``keep`` and ``wait``
-let it finish, as this engine cannot freeze a batch mid-decode — until :meth:`Engine.resume`).
+let it finish, as this engine cannot freeze a batch mid-decode — until :meth:`Engine.resume`) —
+and LoRA adapters loaded beside the base weights (:mod:`.adapters`), which requests name.
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ from dynamo_rl.contracts.engine import EngineRegistry, PromptInput, SamplingKnob
 from dynamo_rl.contracts.weight_control import (
     VLLM_GROUP_NAME,
     InitWeightsUpdateGroupRequest,
+    LoadLoraAdapterRequest,
+    UnloadLoraAdapterRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
     VLLMInitRequest,
     VLLMUpdateRequest,
+    adapter_version,
 )
+from services.engine.adapters import Adapters
 from services.engine.generation import BatchGenerator, BatchStats, SamplingParams, sample_seed
 from services.engine.metrics import EngineMetrics
 from services.engine.weights import (
@@ -112,6 +117,7 @@ class Engine:
         if pad is None:
             pad = min(eos) if eos else 0
         self.params = dict(model.state_dict())
+        self.adapters = Adapters(model, served_model_name, cfg.max_lora_rank)
         self.generator = BatchGenerator(
             model,
             eos_token_ids=sorted(eos),
@@ -122,6 +128,7 @@ class Engine:
             seed=seed,
             on_batch=self._on_batch,
             logprobs_mode=cfg.logprobs_mode,
+            select_adapter=self._select_adapter,
         )
         self.groups: dict[str, WeightUpdateGroup] = {}
         self._update_lock = threading.Lock()  # one weight update at a time
@@ -283,6 +290,46 @@ class Engine:
         if self.paused:
             return fn()
         return self.generator.run_exclusive(fn).result()
+
+    # ---- LoRA adapters (services/engine/adapters.py) ----
+
+    def _select_adapter(self, name: str | None) -> int | None:
+        """Scheduler thread, before a batch: run ``name``'s adapter; the version it carries."""
+        self.adapters.select(name)
+        return None if name is None else self.adapters.loaded[name]
+
+    def resolve_adapter(self, name: str | None, field: str) -> str | None:
+        """The adapter a request names (None: the base model). A versioned adapter name that is
+        not loaded is refused, naming the loaded ones; other names mean the base, as before."""
+        if name is None or name == self.served_model_name:
+            return None
+        if name in self.adapters.loaded:
+            return name
+        if adapter_version(name) is not None:
+            loaded = ", ".join(self.adapters.names()) or "none"
+            raise InvalidRequest(field, f"adapter {name!r} is not loaded (loaded: {loaded})")
+        return None
+
+    def load_adapter(self, req: LoadLoraAdapterRequest) -> int:
+        """Read and check the folder, then load it between batches; the engine's version becomes
+        the adapter's when it is newer. AdapterRefused when it does not fit."""
+        t0 = time.perf_counter()
+        with self._update_lock:
+            config, tensors = self.adapters.read(req.lora_name, req.lora_path)
+            version = self._exclusive(lambda: self.adapters.load(req.lora_name, config, tensors))
+            if version > self.generator.weight_version:
+                self.generator.weight_version = version
+            self.updated = True
+        self._after_update("adapter", t0, self.weight_version)
+        return version
+
+    def unload_adapter(self, req: UnloadLoraAdapterRequest) -> None:
+        """Unload between batches (queued requests naming it were taken before); KeyError when
+        it is not loaded."""
+        with self._update_lock:
+            if req.lora_name not in self.adapters.loaded:
+                raise KeyError(req.lora_name)
+            self._exclusive(lambda: self.adapters.unload(req.lora_name))
 
     # ---- pause / resume (vLLM-shaped control) ----
 

@@ -8,7 +8,10 @@ What ``dynamo-rl up`` runs for each engine when ``engine.kind=vllm`` (the ``vllm
    engine.vllm.max_model_len --enforce-eager --logprobs-mode {raw,processed}_logprobs
    --weight-transfer-config {"backend": engine.vllm.weight_transfer_backend}
    --worker-extension-cls dynamo_rl_vllm_plugin.worker.DynamoRLWorkerExtension`` on
-   ``engine.host``:``engine.port``, and its environment: ``VLLM_SERVER_DEV_MODE=1`` (the
+   ``engine.host``:``engine.port`` (with ``learner.lora`` on, also ``--enable-lora
+   --max-lora-rank engine.max_lora_rank --max-loras 2`` and
+   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: the adapter pushes load at run time), and its
+   environment: ``VLLM_SERVER_DEV_MODE=1`` (the
    weight-transfer, pause and ``collective_rpc`` routes exist only then),
    ``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CPU_OMP_THREADS_BIND=auto`` and ``VLLM_CACHE_ROOT`` in the run
    folder (never the home directory); the project's ``PYTHONPATH`` is not passed on (the vLLM
@@ -77,6 +80,9 @@ def vllm_command(cfg: ExperimentConfig) -> tuple[list[str], dict[str, str]]:
     ]  # fmt: skip
     if ecfg.served_model_name:
         argv += ["--served-model-name", ecfg.served_model_name]
+    lora = cfg.learner.lora.enabled
+    if lora:  # the adapter pushes: the new version and the one before it, loaded at run time
+        argv += ["--enable-lora", "--max-lora-rank", str(ecfg.max_lora_rank), "--max-loras", "2"]
     argv += vcfg.extra_args
     cache = vcfg.cache_dir or str(Path(cfg.run.run_dir) / "vllm-cache")
     # The project's PYTHONPATH would put this environment's packages before vLLM's own; vLLM sets
@@ -90,6 +96,8 @@ def vllm_command(cfg: ExperimentConfig) -> tuple[list[str], dict[str, str]]:
         VLLM_NO_USAGE_STATS="1",
         VLLM_DO_NOT_TRACK="1",
     )
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, unload
     # A plugin checkout to use instead of the installed one (development, tests).
     if os.environ.get("DYNAMO_RL_VLLM_PLUGIN_PATH"):
         env["PYTHONPATH"] = os.environ["DYNAMO_RL_VLLM_PLUGIN_PATH"]

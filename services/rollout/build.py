@@ -125,13 +125,15 @@ def sampling_of(
 
 
 def make_engine_factory(cfg: ExperimentConfig) -> Callable[[str], Engine]:
-    """Engine clients for base URLs, speaking ``rollout.engine_api``/``weight_api``."""
+    """Engine clients for base URLs, speaking ``rollout.engine_api``/``weight_api``; with
+    ``learner.lora`` on, requests name the newest adapter the engine serves."""
     rc = cfg.rollout
     token = cfg.endpoints.control_token.get_secret_value() if cfg.endpoints.control_token else None
-
+    lora = cfg.learner.lora
     return functools.partial(
         make_engine, engine_api=rc.engine_api, weight_api=rc.weight_api, model=rc.model_name,
         timeout_s=rc.request_timeout_s, control_token=token,
+        adapter=lora.name if lora.enabled else None,
     )  # fmt: skip
 
 

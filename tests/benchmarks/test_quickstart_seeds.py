@@ -115,3 +115,26 @@ def test_finished_runs_are_summed_up_and_plotted_or_the_plot_skipped(
     assert after["mean"] == pytest.approx(3.5)
     assert after["ci95"] == pytest.approx([3.5 - 19.059, 3.5 + 19.059], abs=1e-2)
     assert paired["gain_points"]["per_seed"] == {"0": 5.0, "1": 2.0}
+
+
+@pytest.mark.slow
+def test_the_lora_quickstart_runs_through_up_with_adapter_pushes(qs, tmp_path: Path) -> None:
+    # configs/quickstart_lora.yaml through `dynamo-rl up` (the --quick settings): every push is
+    # an adapter folder the engine loaded under quickstart-v<step>, and the evaluation after RL
+    # sampled with the newest one.
+    out = tmp_path / "lora.json"
+    code = qs.main(["--quick", "--config", "configs/quickstart_lora.yaml", "--seeds", "0",
+                    "--jobs", "1", "--runs", str(tmp_path / "runs"), "--out", str(out)])  # fmt: skip
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["command"].startswith("dynamo-rl up --config configs/quickstart_lora.yaml")
+    run_dir = tmp_path / "runs" / "dynamo-seed0"
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["push_ok"] for r in steps] == [True, True]
+    assert all(0 < r["push_bytes"] < 200_000 for r in steps)  # the adapters, not the model
+    assert sorted(p.name for p in (run_dir / "push").iterdir()) == [
+        "adapter_v000001", "adapter_v000002"
+    ]  # fmt: skip
+    assert (run_dir / "export" / "final" / "adapter_config.json").is_file()
+    after = json.loads((run_dir / "eval_after.json").read_text())
+    assert list(after["weight_versions"].values()) == [2]

@@ -200,6 +200,12 @@ def test_engine_profiles_use_official_images_with_gpus(compose: dict, profile: s
         assert service["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
         cmd = service["command"]
         assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+        # learner.lora's adapter pushes: runtime loading, the run folder the learner writes to.
+        assert (
+            "--enable-lora" in cmd
+            and service["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+        )
+        assert "data:/data:ro" in service["volumes"]
 
 
 def test_gpu_override_reserves_gpus_and_keeps_real_commands() -> None:

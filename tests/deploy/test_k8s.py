@@ -415,3 +415,25 @@ def test_deploy_docs_carry_the_fleet_sizing_table() -> None:
     fleet = _fleet_module()
     proj = json.loads((REPO / "benchmarks" / "results" / "fleet.json").read_text())["projection"]
     assert fleet.sizing_markdown(proj) in (REPO / "docs" / "deploy.md").read_text()
+
+
+def _claim_mounts(template: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """PVC name -> where the container mounts it."""
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+              for v in template["spec"].get("volumes", []) if "persistentVolumeClaim" in v}  # fmt: skip
+    return {claims[m["name"]]: m["mountPath"] for m in container.get("volumeMounts", [])
+            if m["name"] in claims}  # fmt: skip
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
+def test_engines_read_the_run_folder_the_learner_writes_adapters_to(rendered, overlay: str) -> None:
+    # learner.lora's pushes are peft folders under <run dir>/push that every engine loads by
+    # path: the run folder must be on a volume the engines mount where the learner does.
+    run_dir = load_config(EXPERIMENT, ["learner.lora.enabled=true"], env={}).run.run_dir
+    templates = pod_templates(rendered[overlay])
+    learner = templates["Job/learner"]
+    engine = templates["Deployment/engine"]
+    written = _claim_mounts(learner, learner["spec"]["containers"][0])
+    read = _claim_mounts(engine, engine["spec"]["containers"][0])
+    shared = [path for claim, path in written.items() if read.get(claim) == path]
+    assert any(Path(run_dir).is_relative_to(path) for path in shared), (run_dir, written, read)

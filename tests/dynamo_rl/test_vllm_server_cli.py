@@ -50,6 +50,8 @@ def test_command_line_and_environment_follow_the_config(
     assert env["VLLM_CACHE_ROOT"] == str((tmp_path / "run" / "vllm-cache").resolve())
     assert "PYTHONPATH" not in env and "OMP_NUM_THREADS" not in env
 
+    assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+
     processed = load_config(None, ["engine.kind=vllm", "engine.model=/m"], env={})
     assert _flag(vllm_command(processed)[0], "--logprobs-mode") == "processed_logprobs"
     with pytest.raises(ValueError, match=r"engine\.model: required"):
@@ -130,3 +132,12 @@ def test_a_server_that_stops_answering_health_is_stopped(tmp_path: Path) -> None
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]
     assert "vLLM ready at" in result.stderr and "/health failed for" in result.stderr
+
+
+def test_a_lora_policy_starts_vllm_with_runtime_adapter_loading() -> None:
+    cfg = load_config(None, ["engine.kind=vllm", "engine.model=/m", "learner.lora.enabled=true",
+                             "engine.max_lora_rank=32"], env={})  # fmt: skip
+    argv, env = vllm_command(cfg)
+    assert "--enable-lora" in argv and _flag(argv, "--max-lora-rank") == "32"
+    assert _flag(argv, "--max-loras") == "2"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"

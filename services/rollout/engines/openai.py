@@ -92,10 +92,12 @@ class OpenAICompletionsEngine(ReplicaClient):
         weight_api: str = "sglang",
         timeout_s: float = 600.0,
         control_token: str | None = None,
+        adapter: str | None = None,
     ) -> None:
         super().__init__(
-            url, weight_protocol(weight_api), timeout_s=timeout_s, control_token=control_token
-        )
+            url, weight_protocol(weight_api), timeout_s=timeout_s, control_token=control_token,
+            adapter=adapter,
+        )  # fmt: skip
         self.model = model
 
     async def _model_name(self) -> str:
@@ -110,15 +112,18 @@ class OpenAICompletionsEngine(ReplicaClient):
     async def generate(
         self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
     ) -> list[Sample]:
-        request = completion_request(
-            await self._model_name(), prompt_token_ids, n, sampling, self.url
-        )
+        # A LoRA policy: the request names the newest adapter, so its samples were drawn with
+        # exactly that version.
+        adapter, before = await self.adapter_to_use()
+        model = adapter or await self._model_name()
+        request = completion_request(model, prompt_token_ids, n, sampling, self.url)
         # vLLM's responses carry no weight version, so with its protocol the version is derived
         # (whatever the body says). Its pushes happen between pause and resume (mode wait:
         # running requests finish first), so a response ran wholly under the version read
         # before it or a later one; the one read before is kept, which never understates a
         # sample's staleness (exact whenever no update came in between).
-        before = await self.weight_version() if self.weights.kind == "vllm" else None
+        if self.adapter is None:
+            before = await self.weight_version() if self.weights.kind == "vllm" else None
         body = await self.http.request("POST", "/v1/completions", request.body())
         samples = parse_choices(body, self.url, n)
         if before is not None:

@@ -28,7 +28,11 @@ _ITEMS = TypeAdapter(list[GenerateItem])
 
 
 def generate_request(
-    prompt_token_ids: Sequence[int], n: int, sampling: Sampling, url: str = ""
+    prompt_token_ids: Sequence[int],
+    n: int,
+    sampling: Sampling,
+    url: str = "",
+    lora_path: str | None = None,
 ) -> GenerateRequest:
     def build() -> GenerateRequest:
         params = SGLangSamplingParams(
@@ -36,8 +40,9 @@ def generate_request(
             **sampling.knobs(),
         )  # fmt: skip
         return GenerateRequest(
-            input_ids=list(prompt_token_ids), sampling_params=params, return_logprob=True
-        )
+            input_ids=list(prompt_token_ids), sampling_params=params, return_logprob=True,
+            lora_path=lora_path,
+        )  # fmt: skip
 
     return build_request(f"{url}/generate", build)
 
@@ -77,13 +82,24 @@ class SGLangEngine(ReplicaClient):
     """One replica behind SGLang's native ``/generate`` and weight-update endpoints."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 600.0, control_token: str | None = None
+        self,
+        url: str,
+        *,
+        timeout_s: float = 600.0,
+        control_token: str | None = None,
+        adapter: str | None = None,
     ) -> None:
-        super().__init__(url, SGLangWeights(), timeout_s=timeout_s, control_token=control_token)
+        super().__init__(url, SGLangWeights(), timeout_s=timeout_s, control_token=control_token,
+                         adapter=adapter)  # fmt: skip
 
     async def generate(
         self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
     ) -> list[Sample]:
-        request = generate_request(prompt_token_ids, n, sampling, self.url)
+        adapter, version = await self.adapter_to_use()
+        request = generate_request(prompt_token_ids, n, sampling, self.url, lora_path=adapter)
         body = await self.http.request("POST", "/generate", request.body())
-        return parse_generate(body, self.url, n)
+        samples = parse_generate(body, self.url, n)
+        if adapter is not None:  # the adapter named is the version they were drawn with
+            for sample in samples:
+                sample.weight_version = version
+        return samples
