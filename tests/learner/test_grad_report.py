@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,3 +107,33 @@ def test_statistic_matches_per_sample_autograd(policy) -> None:
 def test_a_model_without_lm_head_is_refused() -> None:
     with pytest.raises(ValueError, match="no lm_head module"):
         lm_head_of(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.slow
+def test_the_learner_writes_each_prompts_statistic_to_redis(redis_url: str, tmp_path: Path) -> None:
+    """A real learner (torchrun, one rank) with ``allocator.method=grad`` writes every trained
+    prompt's statistic at its weight version, and its step records carry the cost."""
+    import redis
+
+    from dynamo_rl.contracts import gradstats
+    from learner.steplog import read_log
+    from tests.learner.helpers import base_overrides, make_groups, run_learner, write_groups
+
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
+                             num_kv_heads=1)  # fmt: skip
+    write_groups(redis_url, "gs", make_groups(4, seed=1) * 2)
+    overrides = base_overrides(model, tmp_path / "run", redis_url, "gs")
+    run_learner(1, [*overrides, "learner.train_batch_size=4", "learner.max_steps=2",
+                    "allocator.method=grad"], tmp_path / "learner.log")  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    try:
+        got = gradstats.read(client, "gs", ["p0", "p1", "p2", "p3", "p9"])
+    finally:
+        client.close()
+    assert (got.spread[:4] > 0).all() and np.isnan(got.spread[4])
+    assert (got.mean[:4] > 0).all() and (got.mean[:4] <= got.spread[:4] + 1e-9).all()
+    assert got.version[:4].tolist() == [0.0] * 4  # no push: weight version 0
+    assert got.streak[:4].tolist() == [0.0] * 4  # every group had a signal
+    records = read_log(tmp_path / "run" / "metrics.jsonl")
+    assert [r["grad_stats_prompts"] for r in records] == [4, 4]
+    assert all(0 < r["time_grad_stats"] < r["time_step"] for r in records)
