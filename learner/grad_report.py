@@ -28,7 +28,7 @@ from learner.algorithms.gradstats import (
 from learner.batch import MicroBatch, Sample
 from learner.dist import all_gather_object
 
-__all__ = ["GradStatsCollector", "lm_head_of"]
+__all__ = ["GradStatsCollector", "lm_head_of", "step_fields"]
 
 
 def lm_head_of(model: nn.Module) -> nn.Module:
@@ -111,3 +111,27 @@ class GradStatsCollector:
         ]
         self.seconds += time.perf_counter() - t0
         return out
+
+
+def step_fields(records: Sequence[GradRecord], sizes: Sequence[int]) -> dict[str, Any]:
+    """The step record's view of a step's statistics (``sizes``: each record's group size, its
+    allocation): per prompt [n, spread] (``grad_alloc``), their correlation, the mean spread,
+    the share of zero-advantage groups, and the estimated variance of this allocation against
+    uniform n at the same total, Σ spread²/n ÷ Σ spread²/n̄ (``grad_var_ratio``; < 1: allocation
+    lowered the variance by that factor)."""
+    if not records:
+        return {}
+    n = torch.tensor([float(x) for x in sizes], dtype=torch.float64)
+    sp = torch.tensor([r.spread for r in records], dtype=torch.float64)
+    uniform = float((sp.square() / n.mean()).sum())
+    corr = 0.0
+    if len(records) > 1 and float(n.std()) > 0 and float(sp.std()) > 0:
+        corr = float(torch.corrcoef(torch.stack([n, sp]))[0, 1])
+    return {
+        "grad_alloc": [[int(a), round(b, 6)] for a, b in zip(sizes, sp.tolist(), strict=True)],
+        "grad_alloc_corr": corr,
+        "grad_var_ratio": float((sp.square() / n).sum()) / uniform if uniform > 0 else 1.0,
+        "grad_spread_mean": float(sp.mean()),
+        "grad_zero_adv_share": sum(r.zero_advantage for r in records) / len(records),
+        "grad_stats_prompts": len(records),
+    }

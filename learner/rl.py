@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import nullcontext
 from typing import Any
 
@@ -55,7 +55,7 @@ from learner.batch import (
     uniform_group,
 )
 from learner.dist import all_gather_object, all_reduce_sum, broadcast_object
-from learner.grad_report import GradStatsCollector
+from learner.grad_report import GradStatsCollector, step_fields
 from learner.model import PolicyModel, load_policy, shard
 from learner.objective import (
     ObjectiveInputs,
@@ -543,21 +543,15 @@ class RLTrainer(Trainer):
     def _report_grad_stats(self, samples: list[Sample], prompt_ids: list[str]) -> dict[str, Any]:
         """Collective: each prompt's gradient statistics of this step, written by rank 0 to Redis
         (``dynamo_rl.contracts.gradstats``) at the current weight version; step-record fields."""
-        if self.grad_stats is None:
+        if self.grad_stats is None or not prompt_ids:
             return {}
         records = self.grad_stats.records(samples, prompt_ids)
         t0 = time.perf_counter()
         if self.env.is_main and self.redis is not None and records:
             gradstats.write(self.redis, self.namespace, self.weight_version, records)
-        spreads = [r.spread for r in records]
-        return {
-            "time_grad_stats": self.grad_stats.seconds + time.perf_counter() - t0,
-            "grad_stats_prompts": len(records),
-            "grad_spread_mean": sum(spreads) / len(spreads) if spreads else 0.0,
-            "grad_zero_adv_share": (
-                sum(r.zero_advantage for r in records) / len(records) if records else 0.0
-            ),
-        }
+        size = Counter(prompt_ids[s.group] for s in samples)
+        fields = step_fields(records, [size[r.prompt_id] for r in records])
+        return fields | {"time_grad_stats": self.grad_stats.seconds + time.perf_counter() - t0}
 
     def _normalizer(self, samples: list[Sample], rows: list[int]) -> float:
         """The mini-batch's denominator: valid tokens (token-mean), groups with a token

@@ -136,4 +136,23 @@ def test_the_learner_writes_each_prompts_statistic_to_redis(redis_url: str, tmp_
     assert got.streak[:4].tolist() == [0.0] * 4  # every group had a signal
     records = read_log(tmp_path / "run" / "metrics.jsonl")
     assert [r["grad_stats_prompts"] for r in records] == [4, 4]
+    assert all(len(r["grad_alloc"]) == 4 and r["grad_var_ratio"] > 0 for r in records)
     assert all(0 < r["time_grad_stats"] < r["time_step"] for r in records)
+
+
+def test_step_fields_estimate_the_variance_against_uniform() -> None:
+    from dynamo_rl.contracts.gradstats import GradRecord
+    from learner.grad_report import step_fields
+
+    records = [GradRecord("a", 1.0, 3.0, False), GradRecord("b", 1.0, 1.0, False)]
+    records.append(GradRecord("c", 0.0, 0.0, True))
+    fields = step_fields(records, [12, 4, 8])  # n̄ = 8
+    want = (9 / 12 + 1 / 4) / ((9 + 1) / 8)  # Σ s²/n ÷ Σ s²/n̄
+    assert fields["grad_var_ratio"] == pytest.approx(want)
+    assert fields["grad_alloc"] == [[12, 3.0], [4, 1.0], [8, 0.0]]
+    assert fields["grad_alloc_corr"] == pytest.approx(
+        float(np.corrcoef([12, 4, 8], [3, 1, 0])[0, 1])
+    )
+    assert fields["grad_zero_adv_share"] == pytest.approx(1 / 3)
+    assert step_fields(records, [8, 8, 8])["grad_var_ratio"] == pytest.approx(1.0)
+    assert step_fields([], []) == {}
