@@ -32,8 +32,23 @@ responses carry no advantage; ``hopeless_n`` ≥ 1 keeps its statistics fresh so
 once the policy starts to solve it. Round-robin reaches hopeless prompts only when every other
 prompt is at n_max.
 
+Methods (``params.method``) change only the weights of step 3:
+
+- ``dra``: the priorities above, by ``scheme`` (the paper's; the default);
+- ``grad``: water-level on the learner's measured gradient spread (:class:`GradStats`), blended
+  toward the σ fallback by its age in weight versions (:func:`grad_weights`); prompts never
+  measured get σ scaled to the spreads' units;
+- ``knapsack``: Knapsack RL — one response at a time where value·P(non-zero gradient) gains most,
+  value = p(1−p)² of the success rate p (:func:`_knapsack`).
+
+The skip rule (``skip_after`` > 0, any method): a prompt whose last visits gave zero advantage is
+skipped — 0 responses, its n_min to the others — with a probability growing with that streak,
+capped at ``skip_max`` (:func:`skip_probability`), so it is re-checked now and then. Skipped
+prompts are demoted like hopeless ones.
+
 The result sums to exactly the clipped budget and every count lies in [n_min, n_max] (hopeless
-prompts: [hopeless_n, n_max]). Differences
+prompts: [hopeless_n, n_max]; skipped ones [0, n_max], above 0 only once every other prompt is at
+n_max). Differences
 from the released code, on purpose: (a) its step 1 could leave a prompt below n_min when
 exploration used the whole budget — here n_min is reserved for everyone first; (b) unexplored
 prompts take no part in step 3 (the reference gave them a stale per-epoch rank instead).
@@ -45,7 +60,8 @@ hopeless_n ≤ n_min, known priority and scheme), so only the statistics and the
 here.
 
 Everything is vectorised numpy: no Python loop over prompts. ``tests/allocator`` keeps a plain loop
-twin of every step and compares the two on random inputs.
+twin of every step (``test_algorithm.py``; knapsack's in ``test_methods.py``) and compares the two
+on random inputs; ``test_methods.py`` checks every method's budget and bounds property-based.
 """
 
 from __future__ import annotations

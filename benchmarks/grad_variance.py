@@ -20,20 +20,31 @@ modulation and the clip use detached log-probs, there is no KL or entropy term),
 sketch. ``chain_rule_check`` in the JSON compares that with a real ``backward()`` through the model
 on one batch.
 
-The allocator sees statistics from earlier samples, as in training: per batch and prompt,
-``stat_samples`` draws from the pool (G, k). Variants: ``uniform``; ``dra`` (scheme reference,
-priority variance: the shipped recipe's allocator); ``dra-wl-std`` (water-level, std); each with
-hopeless prompts (k = 0 after ≥ ``stat_samples`` samples) cut to ``hopeless_n`` responses
-(``+hl``); all within the recipe's range scaled to the budget (``configs/dynamo_grpo.yaml``:
-8..24 at n = 16, so B/2..3B/2) and with its initial budget, mastery threshold and min priority.
-``dra-wide`` is ``dra`` with n_min 2, n_max 2B (the first measurement's range). Two allocators
-training could not run, both within 1..2B: ``oracle``, n_i ∝ each prompt's own gradient spread
+The allocator sees statistics from earlier samples, as in training: per batch, the previous
+visit's group of ``stat_samples`` draws from the pool per prompt (G, k) and the learner's gradient
+statistic of that group (``learner/algorithms/gradstats.py``: output-layer ghost norms times the
+learner's own loss coefficients, prompt-mean; ``visit_stats``), plus the group of the visit before
+it (the skip rule's zero-advantage streak). Every runnable allocator takes the suffixes ``@8``
+(a previous group of 8) and ``@stale`` (at an RL checkpoint: statistics drawn from the warm
+start's pool of the same prompts, and the allocator told they are ``rl_steps`` weight versions
+old). Variants: ``uniform``; ``dra`` (scheme reference, priority variance: the shipped recipe's
+allocator); ``dra-wl-std`` (water-level, std); each with hopeless prompts (k = 0 after ≥
+``stat_samples`` samples) cut to ``hopeless_n`` responses (``+hl``); ``grad`` (the allocator's
+grad method on that statistic), ``grad+skip`` (with the skip rule, ``skip_after`` 1), ``knapsack``
+(Knapsack RL's value); all within the recipe's range scaled to the budget
+(``configs/dynamo_grpo.yaml``: 8..24 at n = 16, so B/2..3B/2) and with its initial budget,
+mastery threshold and min priority. ``dra-wide`` is ``dra`` with n_min 2, n_max 2B (the first
+measurement's range). Three allocators training could not run: ``grad-full``, the grad method on
+the spread of the previous group's *full-model* per-sample gradients (what a perfect per-sample
+statistic would give); and, both within 1..2B, ``oracle``, n_i ∝ each prompt's own gradient spread
 measured on the pool (``gradient_spread``) — the Neyman allocation, about the least variance
 any allocation of the budget can reach (up to the noise of its spread estimates); and
 ``oracle-sigma``, n_i ∝ the σ of each prompt's success rate over the whole pool (what σ-allocation
 does with exact statistics). ``--advantage drgrpo`` replaces GRPO's advantages with Dr.GRPO's
 (not divided by the group std). ``prompt_sets`` disjoint sets of ``prompts`` prompts are measured
-in turn; ``summary`` in the JSON gives every ratio per set.
+in turn; ``summary`` in the JSON gives every ratio per set, and each allocator's share of the
+oracle's reduction, (1 − ratio) / (1 − oracle's ratio) (``oracle_share``). Runs over other prompt
+sets (``--prompt-offset``, in parallel) combine into one report with ``--merge``.
 
 The reference gradient of a checkpoint and weighting is the gradient of the whole pool (``pool``
 samples for every prompt). Per case: relative MSE E‖g − g_ref‖² / ‖g_ref‖², its variance part
@@ -42,7 +53,7 @@ whose rewards are all equal), each with a 95% interval over ``batches`` independ
 the ratio of MSE to uniform's (interval by the delta method).
 
     .venv/bin/python benchmarks/grad_variance.py --quick    # smoke run (~15 s)
-    .venv/bin/python benchmarks/grad_variance.py            # full run (~15 min), JSON + PNG in results/
+    .venv/bin/python benchmarks/grad_variance.py            # full run (~1 h), JSON + PNG in results/
 """
 
 from __future__ import annotations
