@@ -158,7 +158,8 @@ def grad_weights(
     sigma: npt.NDArray[np.float64], grad: GradStats, half_life: float
 ) -> npt.NDArray[np.float64]:
     """The ``grad`` method's weight per prompt: its measured spread blended with the σ fallback by
-    freshness, α·spread + (1 − α)·c·σ, α = :func:`freshness` (0 where never measured).
+    freshness, α·spread + (1 − α)·c·σ, α = :func:`freshness` (0 where never measured); weights
+    below 1e-9 of the largest count as 0.
 
     c = Σ α_i·spread_i / Σ α_i·σ_i over the measured prompts puts σ in the spread's units (1 when
     none is measured), so a never-measured prompt ranks among the measured ones as its σ does."""
@@ -167,7 +168,11 @@ def grad_weights(
     spread = np.where(measured, grad.spread, 0.0)
     den = float((alpha * sigma).sum())
     scale = float((alpha * spread).sum()) / den if den > 0 else 1.0
-    return alpha * spread + (1.0 - alpha) * scale * sigma
+    w = alpha * spread + (1.0 - alpha) * scale * sigma
+    # Below 1e-9 of the largest is no signal: such weights would only stretch the water level's
+    # search over hundreds of orders of magnitude.
+    w[w < 1e-9 * (float(w.max()) if w.size else 0.0)] = 0.0
+    return w
 
 
 def skip_probability(

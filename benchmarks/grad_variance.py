@@ -34,7 +34,7 @@ grad method on that statistic), ``grad+skip`` (with the skip rule, ``skip_after`
 (Knapsack RL's value); all within the recipe's range scaled to the budget
 (``configs/dynamo_grpo.yaml``: 8..24 at n = 16, so B/2..3B/2) and with its initial budget,
 mastery threshold and min priority. ``dra-wide`` is ``dra`` with n_min 2, n_max 2B (the first
-measurement's range). Three allocators training could not run: ``grad-full``, the grad method on
+measurement's range), ``grad-wide`` and ``knapsack-wide`` the same for those methods. Three allocators training could not run: ``grad-full``, the grad method on
 the spread of the previous group's *full-model* per-sample gradients (what a perfect per-sample
 statistic would give); and, both within 1..2B, ``oracle``, n_i ∝ each prompt's own gradient spread
 measured on the pool (``gradient_spread``) — the Neyman allocation, about the least variance
@@ -103,8 +103,8 @@ class GVSettings:
     advantage: str = "grpo"
     """Advantage estimator of the batch loss: grpo (the recipe's), drgrpo or rloo."""
     allocators: str = (
-        "uniform,dra,dra@8,dra@stale,grad,grad@8,grad@stale,grad+skip,knapsack,knapsack@stale,"
-        "grad-full,oracle,oracle-sigma"
+        "uniform,dra,dra@8,dra@stale,dra-wide,grad,grad@8,grad@stale,grad+skip,grad-wide,"
+        "grad-wide@8,grad-wide@stale,knapsack,knapsack-wide,grad-full,oracle,oracle-sigma"
     )
     """Allocators measured (uniform is the baseline and always included; runnable ones take the
     suffixes @8 and @stale, see ``VARIANTS``)."""
@@ -135,6 +135,9 @@ ALLOCATORS: dict[str, dict[str, Any]] = {
     "grad": {"method": "grad"},
     "grad+skip": {"method": "grad", "skip": True},
     "knapsack": {"method": "knapsack"},
+    # ... the same in dra-wide's range (2..2B: a group needs two responses for an advantage).
+    "grad-wide": {"method": "grad", "wide": True},
+    "knapsack-wide": {"method": "knapsack", "wide": True},
     "grad-full": {"method": "grad", "full": True},
     # Not allocators training can run, both within 1..2B (as free as any variant above):
     # n ∝ each prompt's true per-sample gradient spread, measured on the pool (Neyman

@@ -196,3 +196,13 @@ def test_mismatched_grad_statistics_are_rejected() -> None:
         allocate_rollouts([8, 8], [1, 2], 8, grad=GradStats.unmeasured(3))
     with pytest.raises(ValueError, match="skip_draws has 1 entries for 2 prompts"):
         allocate_rollouts([8, 8], [1, 2], 8, AllocationParams(skip_after=1), skip_draws=[0.1])
+
+
+def test_a_vanishing_spread_counts_as_no_signal() -> None:
+    """Found by the property test: a spread of 1e-219 beside 0.5 made the water level's search
+    run out of steps and overspend the budget."""
+    params = AllocationParams(method="grad", n_min=2, n_max=5, initial_budget=0)
+    grad = GradStats(np.array([np.nan, 2e-219, 1.0]), np.zeros(3), np.zeros(3))
+    counts = allocate_rollouts([2, 2, 8], [0, 0, 4], 9, params, grad=grad)
+    assert counts.sum() == 9 and counts[1] == 2
+    assert grad_weights(np.full(3, 0.1), grad, 4.0)[1] == 0.0
