@@ -5,18 +5,26 @@ error, under prompt-mean they are below; ``docs/benchmarks.md``)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from dynamo_rl.config import load_config
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted([*(REPO / "configs").glob("*.yaml"), *(REPO / "deploy").rglob("*.yaml")])
 SAFE_WEIGHTINGS = {"prompt-mean"}
 """Weightings under which the benchmark measured allocation lowering the error."""
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def _experiments() -> list[Path]:
+    """Shipped experiment configs: every YAML of configs/ and deploy/ with a top-level rollout
+    section (the Kubernetes manifests have none)."""
+    return [p for p in CONFIGS if re.search(r"^rollout:", p.read_text(), re.M)]
+
+
+@pytest.mark.parametrize("path", _experiments(), ids=lambda p: str(p.relative_to(REPO)))
 def test_dynamic_allocation_only_with_a_weighting_it_helps(path: Path) -> None:
     cfg = load_config(path, env={})
     if cfg.rollout.allocation == "dynamic":
@@ -27,5 +35,10 @@ def test_dynamic_allocation_only_with_a_weighting_it_helps(path: Path) -> None:
 
 
 def test_the_shipped_configs_include_dynamic_ones() -> None:
-    dynamic = [p.name for p in CONFIGS if load_config(p, env={}).rollout.allocation == "dynamic"]
-    assert {"dynamo_grpo.yaml", "quickstart.yaml"} <= set(dynamic)
+    dynamic = {
+        str(p.relative_to(REPO))
+        for p in _experiments()
+        if load_config(p, env={}).rollout.allocation == "dynamic"
+    }
+    assert {"configs/dynamo_grpo.yaml", "configs/quickstart.yaml"} <= dynamic
+    assert "deploy/compose/quickstart.yaml" in dynamic
