@@ -32,8 +32,23 @@ responses carry no advantage; ``hopeless_n`` ≥ 1 keeps its statistics fresh so
 once the policy starts to solve it. Round-robin reaches hopeless prompts only when every other
 prompt is at n_max.
 
+Methods (``params.method``) change only the weights of step 3:
+
+- ``dra``: the priorities above, by ``scheme`` (the paper's; the default);
+- ``grad``: water-level on the learner's measured gradient spread (:class:`GradStats`), blended
+  toward the σ fallback by its age in weight versions (:func:`grad_weights`); prompts never
+  measured get σ scaled to the spreads' units;
+- ``knapsack``: Knapsack RL — one response at a time where value·P(non-zero gradient) gains most,
+  value = p(1−p)² of the success rate p (:func:`_knapsack`).
+
+The skip rule (``skip_after`` > 0, any method): a prompt whose last visits gave zero advantage is
+skipped — 0 responses, its n_min to the others — with a probability growing with that streak,
+capped at ``skip_max`` (:func:`skip_probability`), so it is re-checked now and then. Skipped
+prompts are demoted like hopeless ones.
+
 The result sums to exactly the clipped budget and every count lies in [n_min, n_max] (hopeless
-prompts: [hopeless_n, n_max]). Differences
+prompts: [hopeless_n, n_max]; skipped ones [0, n_max], above 0 only once every other prompt is at
+n_max). Differences
 from the released code, on purpose: (a) its step 1 could leave a prompt below n_min when
 exploration used the whole budget — here n_min is reserved for everyone first; (b) unexplored
 prompts take no part in step 3 (the reference gave them a stale per-epoch rank instead).
@@ -45,19 +60,30 @@ hopeless_n ≤ n_min, known priority and scheme), so only the statistics and the
 here.
 
 Everything is vectorised numpy: no Python loop over prompts. ``tests/allocator`` keeps a plain loop
-twin of every step and compares the two on random inputs.
+twin of every step (``test_algorithm.py``; knapsack's in ``test_methods.py``) and compares the two
+on random inputs; ``test_methods.py`` checks every method's budget and bounds property-based.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from dynamo_rl.contracts.allocator import AllocationParams
 
-__all__ = ["DEFAULTS", "UNEXPLORED", "allocate_rollouts", "compute_priorities"]
+__all__ = [
+    "DEFAULTS",
+    "UNEXPLORED",
+    "GradStats",
+    "allocate_rollouts",
+    "compute_priorities",
+    "freshness",
+    "grad_weights",
+    "skip_probability",
+]
 
 UNEXPLORED = -1.0
 """Priority reported for a prompt that is still explored."""
@@ -104,20 +130,84 @@ def _priorities(
     return p
 
 
+@dataclass(frozen=True)
+class GradStats:
+    """What the learner measured per prompt (``dynamo_rl.contracts.gradstats``), in batch order.
+
+    ``spread``: the prompt's gradient spread at its last visit, NaN where never measured;
+    ``age``: weight versions since that visit (0: measured at the current weights);
+    ``streak``: visits in a row, up to that one, whose group had zero advantage.
+    """
+
+    spread: npt.NDArray[np.float64]
+    age: npt.NDArray[np.float64]
+    streak: npt.NDArray[np.float64]
+
+    @staticmethod
+    def unmeasured(n: int) -> GradStats:
+        return GradStats(np.full(n, np.nan), np.zeros(n), np.zeros(n))
+
+
+def freshness(age: npt.ArrayLike, half_life: float) -> npt.NDArray[np.float64]:
+    """How much a statistic measured ``age`` weight versions ago still counts: 0.5^(age/half_life)
+    (1 when fresh, ½ after ``half_life`` versions)."""
+    return np.exp2(-np.maximum(np.asarray(age, dtype=np.float64), 0.0) / half_life)
+
+
+def grad_weights(
+    sigma: npt.NDArray[np.float64], grad: GradStats, half_life: float
+) -> npt.NDArray[np.float64]:
+    """The ``grad`` method's weight per prompt: its measured spread blended with the σ fallback by
+    freshness, α·spread + (1 − α)·c·σ, α = :func:`freshness` (0 where never measured); weights
+    below 1e-9 of the largest count as 0.
+
+    c = Σ α_i·spread_i / Σ α_i·σ_i over the measured prompts puts σ in the spread's units (1 when
+    none is measured), so a never-measured prompt ranks among the measured ones as its σ does."""
+    measured = ~np.isnan(grad.spread)
+    alpha = np.where(measured, freshness(grad.age, half_life), 0.0)
+    spread = np.where(measured, grad.spread, 0.0)
+    den = float((alpha * sigma).sum())
+    scale = float((alpha * spread).sum()) / den if den > 0 else 1.0
+    w = alpha * spread + (1.0 - alpha) * scale * sigma
+    # Below 1e-9 of the largest is no signal: such weights would only stretch the water level's
+    # search over hundreds of orders of magnitude.
+    w[w < 1e-9 * (float(w.max()) if w.size else 0.0)] = 0.0
+    return w
+
+
+def skip_probability(
+    grad: GradStats, skip_after: int, skip_max: float, half_life: float
+) -> npt.NDArray[np.float64]:
+    """The skip rule: a prompt whose last s ≥ ``skip_after`` visits gave zero advantage is skipped
+    with probability min(skip_max, 1 − 2^−(s − skip_after + 1)) (½, ¾, ... capped) times the
+    streak's :func:`freshness`; so it is re-checked with probability ≥ 1 − skip_max every time,
+    and more often as its verdict ages. 0 everywhere when ``skip_after`` is 0 (off)."""
+    if skip_after <= 0:
+        return np.zeros(grad.streak.shape)
+    over = grad.streak - skip_after + 1.0
+    p = np.where(over > 0, np.minimum(skip_max, 1.0 - np.exp2(-np.maximum(over, 0.0))), 0.0)
+    return p * freshness(grad.age, half_life)
+
+
 def allocate_rollouts(
     sample_counts: npt.ArrayLike,
     success_counts: npt.ArrayLike,
     budget: int,
     params: AllocationParams = DEFAULTS,
     *,
+    grad: GradStats | None = None,
+    skip_draws: npt.ArrayLike | None = None,
     return_priorities: bool = False,
 ) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """Responses per prompt (int64[N]) summing to the budget clipped to [N·n_min, N·n_max].
 
     ``sample_counts`` (G) and ``success_counts`` (k) may be floats (statistics with decay).
     ``params`` are validated already (n_min ≤ n_max, hopeless_n ≤ n_min, ...): the model
-    guarantees it. With ``return_priorities`` the priorities (−1 for prompts still explored) come
-    back too.
+    guarantees it. ``grad``: the learner's statistics (method grad and the skip rule; missing:
+    none measured). ``skip_draws``: one uniform [0, 1) number per prompt for the skip rule (a
+    prompt is skipped where it is below :func:`skip_probability`); without them nothing is
+    skipped. With ``return_priorities`` the step-3 weights (−1 for prompts still explored) come
+    back too: the priority (dra), the blended spread (grad) or p(1−p)² (knapsack).
     """
     g = np.asarray(sample_counts, dtype=np.float64).reshape(-1)
     k = np.asarray(success_counts, dtype=np.float64).reshape(-1)
@@ -127,26 +217,44 @@ def allocate_rollouts(
         raise ValueError(f"budget must be >= 0, got {budget}")
     if g.size and (k.min() < 0 or not np.all(k <= g)):  # also catches g < 0 (and NaN)
         raise ValueError("need 0 <= success_counts <= sample_counts for every prompt")
-    n_min, n_max, scheme = params.n_min, params.n_max, params.scheme
+    n_min, n_max, scheme, method = params.n_min, params.n_max, params.scheme, params.method
     hopeless_after, hopeless_n = params.hopeless_after, params.hopeless_n
     initial_budget = max(n_min, params.initial_budget)
     n = g.size
+    if grad is None:
+        grad = GradStats.unmeasured(n)
+    elif not grad.spread.shape == grad.age.shape == grad.streak.shape == (n,):
+        raise ValueError(f"grad statistics must have one entry per prompt ({n})")
     p = _priorities(g, k, params, initial_budget)
+    if method == "grad":
+        sigma = _priorities(g, k, params.model_copy(update={"priority": "std"}), initial_budget)
+        p = np.where(p == UNEXPLORED, UNEXPLORED, grad_weights(sigma, grad, params.grad_half_life))
+    elif method == "knapsack":
+        rate = np.divide(k, g, out=np.zeros(n), where=g > 0)
+        p = np.where(p == UNEXPLORED, UNEXPLORED, rate * np.square(1.0 - rate))
     counts = np.full(n, n_min, dtype=np.int64)
     total = int(np.clip(budget, n * n_min, n * n_max))
     spare = total - n * n_min  # what is left once everyone has n_min (step 2 done up front)
-    hopeless = None
+    # Demoted prompts (hopeless, skipped) start below n_min, take no part in steps 1 and 3 and
+    # get more only once every other prompt is at n_max.
+    demoted = np.zeros(n, dtype=bool)
     if hopeless_after > 0:
         hopeless = (p != UNEXPLORED) & (g >= hopeless_after) & (k < 0.5)
-        if hopeless.any():
-            counts[hopeless] = hopeless_n
-            spare += int(hopeless.sum()) * (n_min - hopeless_n)
-        else:
-            hopeless = None
+        counts[hopeless] = hopeless_n
+        demoted |= hopeless
+    if skip_draws is not None and params.skip_after > 0:
+        draws = np.asarray(skip_draws, dtype=np.float64).reshape(-1)
+        if draws.shape != (n,):
+            raise ValueError(f"skip_draws has {draws.size} entries for {n} prompts")
+        half = params.grad_half_life
+        skipped = draws < skip_probability(grad, params.skip_after, params.skip_max, half)
+        counts[skipped] = 0
+        demoted |= skipped
+    spare += int(n_min * demoted.sum() - counts[demoted].sum())
 
     # Step 1: exploration above n_min, scaled down if the spare budget is short. Computed on the
     # prompts being explored only (usually few once training runs).
-    fresh = np.flatnonzero(p == UNEXPLORED)
+    fresh = np.flatnonzero((p == UNEXPLORED) & ~demoted)
     if fresh.size:
         need = np.minimum(np.maximum(initial_budget - g[fresh], 0.0), n_max)
         extra = np.maximum(np.ceil(need) - n_min, 0.0)
@@ -159,26 +267,24 @@ def allocate_rollouts(
             spare = 0
 
     # Step 3: the rest by priority. Eligible prompts are done exploring, so step 1 gave them nothing
-    # and they all sit at n_min with the same room (n_max − n_min): both schemes are then
-    # x_i = clip(λ·p_i − a, 0, room), with a = 0 (reference) or a = n_min (water-level).
+    # and they all sit at n_min with the same room (n_max − n_min): dra and grad are then
+    # x_i = clip(λ·p_i − a, 0, room), with a = 0 (dra's reference) or a = n_min (water-level; grad
+    # always); knapsack adds one response at a time where it gains the most value.
     if spare > 0:
-        eligible = p > 0  # UNEXPLORED is negative
-        if hopeless is not None:
-            eligible &= ~hopeless
+        eligible = (p > 0) & ~demoted  # UNEXPLORED is negative
         room = n_max - n_min
         if room > 0 and eligible.any():
             w = p[eligible]
-            shift = 0.0 if scheme == "reference" else float(n_min)
-            if w.size * room <= spare:
-                share = np.full(w.size, float(room))
+            if method == "knapsack":
+                add = _knapsack(w, np.divide(k, g, out=np.zeros(n), where=g > 0)[eligible],
+                                n_min, room, spare)  # fmt: skip
             else:
-                lam = _clip_level(w, shift, room, spare)
-                share = np.clip(lam * w - shift, 0.0, room)
-            add = _round_shares(share, min(spare, round(float(share.sum()))), float(room))
+                add = _water_fill(w, 0.0 if scheme == "reference" and method == "dra"
+                                  else float(n_min), room, spare)  # fmt: skip
             counts[eligible] += add
             spare -= int(add.sum())
-        if spare > 0 and hopeless is not None:  # round-robin over the others first
-            add = _round_robin(np.where(hopeless, 0, n_max - counts), spare)
+        if spare > 0 and demoted.any():  # round-robin over the others first
+            add = _round_robin(np.where(demoted, 0, n_max - counts), spare)
             counts += add
             spare -= int(add.sum())
         if spare > 0:  # nothing (more) follows a priority: round-robin, lowest index first
@@ -186,6 +292,37 @@ def allocate_rollouts(
     if return_priorities:
         return counts, p
     return counts
+
+
+def _water_fill(w: npt.NDArray[np.float64], shift: float, room: int, spare: int):
+    """x_i = clip(λ·w_i − shift, 0, room) summing to at most ``spare``, rounded to integers."""
+    if w.size * room <= spare:
+        share = np.full(w.size, float(room))
+    else:
+        lam = _clip_level(w, shift, room, spare)
+        share = np.clip(lam * w - shift, 0.0, room)
+    return _round_shares(share, min(spare, round(float(share.sum()))), float(room))
+
+
+def _knapsack(
+    value: npt.NDArray[np.float64], rate: npt.NDArray[np.float64], n_min: int, room: int, spare: int
+) -> npt.NDArray[np.int64]:
+    """Knapsack RL's allocation: ``spare`` more responses over prompts at n_min, at most ``room``
+    each, maximising Σ value_i·(1 − p_i^n − (1 − p_i)^n) (the chance of a non-zero GRPO gradient
+    times the prompt's value). One more response for a prompt at n gains
+    value·(p^n·(1 − p) + (1 − p)^n·p), which falls with n: the best allocation takes the
+    ``spare`` largest gains over all (prompt, n), ties to the lower index. Only gains > 0 count.
+    """
+    steps = n_min + np.arange(room, dtype=np.float64)  # n before each added response
+    r = rate[:, None]
+    gain = value[:, None] * (r**steps * (1.0 - r) + (1.0 - r) ** steps * r)  # [prompts, room]
+    flat = gain.reshape(-1)
+    take = min(spare, int((flat > 0).sum()))
+    if take <= 0:
+        return np.zeros(value.size, dtype=np.int64)
+    # Within a prompt the gains fall with n, so the chosen ones are a prefix of its row.
+    chosen = _top_indices(flat, take)
+    return np.bincount(chosen // room, minlength=value.size).astype(np.int64)
 
 
 def _clip_level(w: npt.NDArray[np.float64], shift: float, room: float, amount: float) -> float:

@@ -41,6 +41,10 @@ class AllocatorMetrics:
         self.unexplored_prompts = m.counter(
             "unexplored_prompts_total", "prompts allocated while still explored (no priority)"
         )
+        self.skipped_prompts = m.counter(
+            "skipped_prompts_total",
+            "prompts allocated no response (the skip rule; hopeless prompts when hopeless_n is 0)",
+        )
         self.budget = m.histogram(
             "budget_responses",
             "budget (responses) of each Allocate request",
@@ -80,6 +84,7 @@ class AllocatorMetrics:
         self.budget.observe(budget)
         if n == 0:
             return
+        self.skipped_prompts.inc(int(np.count_nonzero(counts == 0)))
         stride = max(1, -(-n // DISTRIBUTION_SAMPLE))
         observe_many(self.counts, counts[::stride])
         sampled = priorities[::stride]

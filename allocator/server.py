@@ -13,7 +13,9 @@ Each request is validated first; a bad one gets ``INVALID_ARGUMENT`` with a mess
 field (``n_min``, ``outcomes[3].successes``, ...). ``Allocate``'s parameters are validated in one
 place, :func:`request_params`: the request's set fields merged over the config's
 (:class:`dynamo_rl.contracts.allocator.AllocationParams`, the model the config and the algorithm
-share). Redis errors become ``UNAVAILABLE``: the server keeps running, and redis-py reconnects on
+share). With ``allocator.method: grad`` or the skip rule on, ``Allocate`` also reads the learner's
+gradient statistics (:mod:`dynamo_rl.contracts.gradstats`, one more pipelined round trip) and the
+skip rule draws from the server's random generator. Redis errors become ``UNAVAILABLE``: the server keeps running, and redis-py reconnects on
 the next call, so it recovers as soon as Redis is back (the Lua script is reloaded if the new Redis
 lost it).
 
@@ -42,10 +44,11 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from allocator.algorithm import allocate_rollouts
+from allocator.algorithm import GradStats, allocate_rollouts
 from allocator.metrics import AllocatorMetrics
 from allocator.stats import StatsStore
 from dynamo_rl.config import AllocatorConfig
+from dynamo_rl.contracts import gradstats
 from dynamo_rl.contracts.allocator import REQUEST_FIELDS, AllocationParams, InvalidParams
 from dynamo_rl.keys import stats_key
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
@@ -190,6 +193,7 @@ class AllocatorService:
 
     def __post_init__(self) -> None:
         self._redis_ok: bool | None = None
+        self._rng = np.random.default_rng()  # the skip rule's draws
         # Labelled children looked up once: .labels() costs microseconds per call.
         self._latency = {m: self.m.latency.labels(m) for m in _REQUEST_TYPES}
 
@@ -225,8 +229,19 @@ class AllocatorService:
         else:
             budget = params.n_per_prompt * n
         stats = await self.store.aget(namespace, ids)
+        grad = draws = None
+        if params.method == "grad" or params.skip_after > 0:  # the learner's statistics
+            measured = await gradstats.aread(self.store.aclient, namespace, ids)
+            grad = GradStats(measured.spread, measured.age, measured.streak)
+            draws = self._rng.random(n) if params.skip_after > 0 else None
         counts, priorities = allocate_rollouts(
-            stats.samples, stats.successes, budget, params, return_priorities=True
+            stats.samples,
+            stats.successes,
+            budget,
+            params,
+            grad=grad,
+            skip_draws=draws,
+            return_priorities=True,
         )
         total = int(counts.sum())
         self.m.observe_allocation(total, counts, priorities)

@@ -7,12 +7,15 @@ the push a real ``dynamo-rl engine``):
   trajectory groups (``--groups`` × ``--responses`` responses of ``--response-len`` tokens) with the
   DynaMO recipe (modulation on); prints the mean step time over the steps after the first and its
   split into read / forward / backward / optimizer, plus tokens/s.
+- ``gradstats``: the step of ``step`` with ``allocator.method=grad``, so the learner measures
+  and writes each prompt's gradient statistic (``learner/grad_report.py``); prints its own time
+  as a share of the step (goal < 5%) and the step time against a run without it.
 - ``push``: a ~100M-parameter model (hidden 768, 12 layers); the learner pushes after each step to
   one embedded engine over the torch.distributed group (rank 0 gathers the FSDP shards bucket by
   bucket and broadcasts them). Prints the push seconds and GB/s of the best push, and the same
   bytes copied in this process with ``torch.Tensor.copy_`` (memcpy baseline) and the ratio.
 
-    .venv/bin/python benchmarks/bench_learner.py [--part step|push|all]
+    .venv/bin/python benchmarks/bench_learner.py [--part step|push|gradstats|all]
 """
 
 from __future__ import annotations
@@ -69,21 +72,33 @@ def _run_learner(model: Path, run_dir: Path, url: str, name: str, steps: int, ex
     return read_log(run_dir / "metrics.jsonl")
 
 
-def bench_step(root: Path, url: str, args: argparse.Namespace) -> None:
+def _step_records(root: Path, url: str, args: argparse.Namespace, name: str, extra: list[str]):
+    """The step records of a ``--steps``-step run of the ~10M model on fresh synthetic groups."""
     from learner.tiny_model import build_tiny_model
     from tests.learner.helpers import write_groups
 
-    model = build_tiny_model(root / "m10", hidden_size=384, num_layers=5, num_heads=6)
-    n_params = _count(model)
+    model = root / "m10"
+    if not model.exists():
+        build_tiny_model(model, hidden_size=384, num_layers=5, num_heads=6)
     steps = args.steps
-    write_groups(url, "bstep", _groups(args.groups * steps, args.responses, args.response_len))
-    records = _run_learner(
-        model, root / "bstep", url, "bstep", steps,
+    write_groups(url, name, _groups(args.groups * steps, args.responses, args.response_len))
+    return _run_learner(
+        model, root / name, url, name, steps,
         [f"learner.train_batch_size={args.groups}", "learner.micro_batch_size=8",
-         "learner.push.every=0"],
+         "learner.push.every=0", *extra],
     )  # fmt: skip
-    rest = records[1:] or records
-    mean = {k: statistics.mean(r.get(k, 0.0) for r in rest) for k in (
+
+
+def _mean(records: list[dict], key: str) -> float:
+    rest = records[1:] or records  # the first step warms up
+    return statistics.mean(r.get(key, 0.0) for r in rest)
+
+
+def bench_step(root: Path, url: str, args: argparse.Namespace) -> None:
+    records = _step_records(root, url, args, "bstep", [])
+    n_params = _count(root / "m10")
+    steps = args.steps
+    mean = {k: _mean(records, k) for k in (
         "time_step", "time_read", "time_forward", "time_backward", "time_optimizer",
         "tokens_per_second")}  # fmt: skip
     print(f"step: {n_params / 1e6:.1f}M params, 2 ranks (gloo, CPU), "
@@ -93,6 +108,22 @@ def bench_step(root: Path, url: str, args: argparse.Namespace) -> None:
         share = mean[f"time_{phase}"] / mean["time_step"]
         print(f"    {phase:<9} {mean[f'time_{phase}']:.3f} s ({share:.0%})")
     print(f"  trained tokens/s: {mean['tokens_per_second']:.0f}")
+
+
+def bench_gradstats(root: Path, url: str, args: argparse.Namespace) -> None:
+    """The gradient statistic's cost (``allocator.method=grad``): its own time per step (hooks,
+    reduction, Redis write: the step record's ``time_grad_stats``) against the step's, and the
+    step time with it against a run without it (noisier: two runs on a shared machine)."""
+    off = _step_records(root, url, args, "gs-off", [])
+    on = _step_records(root, url, args, "gs-on", ["allocator.method=grad"])
+    own = [r["time_grad_stats"] / r["time_step"] for r in (on[1:] or on)]
+    t_off, t_on = _mean(off, "time_step"), _mean(on, "time_step")
+    print(f"gradient statistic: {args.groups} groups x {args.responses} responses x "
+          f"{args.response_len} tokens, 2 ranks, steps 2..{args.steps}")  # fmt: skip
+    print(f"  its own time: {_mean(on, 'time_grad_stats') * 1e3:.1f} ms a step = "
+          f"{statistics.mean(own):.2%} of the step (max {max(own):.2%}; goal < 5%)")  # fmt: skip
+    print(f"  step time without / with it: {t_off:.3f} s / {t_on:.3f} s (ratio {t_on / t_off:.3f})")
+    print(f"  prompts reported a step: {_mean(on, 'grad_stats_prompts'):.0f}")
 
 
 def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
@@ -156,7 +187,7 @@ def _prod(shape: list[int]) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", choices=["step", "push", "all"], default="all")
+    ap.add_argument("--part", choices=["step", "push", "gradstats", "all"], default="all")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--responses", type=int, default=8)
@@ -173,6 +204,8 @@ def main() -> int:
                 bench_step(root, url, args)
             if args.part in ("push", "all"):
                 bench_push(root, url, args)
+            if args.part in ("gradstats", "all"):
+                bench_gradstats(root, url, args)
         finally:
             redis.stop()
     return 0

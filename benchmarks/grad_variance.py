@@ -20,20 +20,31 @@ modulation and the clip use detached log-probs, there is no KL or entropy term),
 sketch. ``chain_rule_check`` in the JSON compares that with a real ``backward()`` through the model
 on one batch.
 
-The allocator sees statistics from earlier samples, as in training: per batch and prompt,
-``stat_samples`` draws from the pool (G, k). Variants: ``uniform``; ``dra`` (scheme reference,
-priority variance: the shipped recipe's allocator); ``dra-wl-std`` (water-level, std); each with
-hopeless prompts (k = 0 after ≥ ``stat_samples`` samples) cut to ``hopeless_n`` responses
-(``+hl``); all within the recipe's range scaled to the budget (``configs/dynamo_grpo.yaml``:
-8..24 at n = 16, so B/2..3B/2) and with its initial budget, mastery threshold and min priority.
-``dra-wide`` is ``dra`` with n_min 2, n_max 2B (the first measurement's range). Two allocators
-training could not run, both within 1..2B: ``oracle``, n_i ∝ each prompt's own gradient spread
+The allocator sees statistics from earlier samples, as in training: per batch, the previous
+visit's group of ``stat_samples`` draws from the pool per prompt (G, k) and the learner's gradient
+statistic of that group (``learner/algorithms/gradstats.py``: output-layer ghost norms times the
+learner's own loss coefficients, prompt-mean; ``visit_stats``), plus the group of the visit before
+it (the skip rule's zero-advantage streak). Every runnable allocator takes the suffixes ``@8``
+(a previous group of 8) and ``@stale`` (at an RL checkpoint: statistics drawn from the warm
+start's pool of the same prompts, and the allocator told they are ``rl_steps`` weight versions
+old). Variants: ``uniform``; ``dra`` (scheme reference, priority variance: the shipped recipe's
+allocator); ``dra-wl-std`` (water-level, std); each with hopeless prompts (k = 0 after ≥
+``stat_samples`` samples) cut to ``hopeless_n`` responses (``+hl``); ``grad`` (the allocator's
+grad method on that statistic), ``grad+skip`` (with the skip rule, ``skip_after`` 1), ``knapsack``
+(Knapsack RL's value); all within the recipe's range scaled to the budget
+(``configs/dynamo_grpo.yaml``: 8..24 at n = 16, so B/2..3B/2) and with its initial budget,
+mastery threshold and min priority. ``dra-wide`` is ``dra`` with n_min 2, n_max 2B (the first
+measurement's range), ``grad-wide`` and ``knapsack-wide`` the same for those methods. Three allocators training could not run: ``grad-full``, the grad method on
+the spread of the previous group's *full-model* per-sample gradients (what a perfect per-sample
+statistic would give); and, both within 1..2B, ``oracle``, n_i ∝ each prompt's own gradient spread
 measured on the pool (``gradient_spread``) — the Neyman allocation, about the least variance
 any allocation of the budget can reach (up to the noise of its spread estimates); and
 ``oracle-sigma``, n_i ∝ the σ of each prompt's success rate over the whole pool (what σ-allocation
 does with exact statistics). ``--advantage drgrpo`` replaces GRPO's advantages with Dr.GRPO's
 (not divided by the group std). ``prompt_sets`` disjoint sets of ``prompts`` prompts are measured
-in turn; ``summary`` in the JSON gives every ratio per set.
+in turn; ``summary`` in the JSON gives every ratio per set, and each allocator's share of the
+oracle's reduction, (1 − ratio) / (1 − oracle's ratio) (``oracle_share``). Runs over other prompt
+sets (``--prompt-offset``, in parallel) combine into one report with ``--merge``.
 
 The reference gradient of a checkpoint and weighting is the gradient of the whole pool (``pool``
 samples for every prompt). Per case: relative MSE E‖g − g_ref‖² / ‖g_ref‖², its variance part
@@ -42,7 +53,7 @@ whose rewards are all equal), each with a 95% interval over ``batches`` independ
 the ratio of MSE to uniform's (interval by the delta method).
 
     .venv/bin/python benchmarks/grad_variance.py --quick    # smoke run (~15 s)
-    .venv/bin/python benchmarks/grad_variance.py            # full run (~15 min), JSON + PNG in results/
+    .venv/bin/python benchmarks/grad_variance.py            # full run (~1 h), JSON + PNG in results/
 """
 
 from __future__ import annotations
@@ -91,8 +102,12 @@ class GVSettings:
     """Groups drawn per prompt to measure its gradient spread (the ``oracle`` allocator)."""
     advantage: str = "grpo"
     """Advantage estimator of the batch loss: grpo (the recipe's), drgrpo or rloo."""
-    allocators: str = "uniform,dra,dra+hl,dra-wl-std,dra-wl-std+hl,dra-wide,oracle,oracle-sigma"
-    """Allocators measured (uniform is the baseline and always included)."""
+    allocators: str = (
+        "uniform,dra,dra@8,dra@stale,dra-wide,grad,grad@8,grad@stale,grad+skip,grad-wide,"
+        "grad-wide@8,grad-wide@stale,knapsack,knapsack-wide,grad-full,oracle,oracle-sigma"
+    )
+    """Allocators measured (uniform is the baseline and always included; runnable ones take the
+    suffixes @8 and @stale, see ``VARIANTS``)."""
     sketch: int = 8192
     micro_batch: int = 64
     """Rows per micro-batch (the quickstart's learner.micro_batch_size): modulation's range."""
@@ -112,6 +127,18 @@ ALLOCATORS: dict[str, dict[str, Any]] = {
     "dra-wl-std+hl": {"scheme": "water-level", "priority": "std", "hopeless": True},
     # The range of the first measurement: n_min 2, n_max 2B.
     "dra-wide": {"scheme": "reference", "priority": "variance", "wide": True},
+    # The allocator's other methods, on statistics of the previous visit (``stat_samples``
+    # samples; @8: 8): grad (n ∝ the learner's output-layer gradient spread), knapsack (Knapsack
+    # RL's value), grad with the skip rule (streak from the two previous visits), and grad-full
+    # (n ∝ the spread of the previous group's full-model gradients: what a perfect per-sample
+    # statistic would give, not something the learner reports).
+    "grad": {"method": "grad"},
+    "grad+skip": {"method": "grad", "skip": True},
+    "knapsack": {"method": "knapsack"},
+    # ... the same in dra-wide's range (2..2B: a group needs two responses for an advantage).
+    "grad-wide": {"method": "grad", "wide": True},
+    "knapsack-wide": {"method": "knapsack", "wide": True},
+    "grad-full": {"method": "grad", "full": True},
     # Not allocators training can run, both within 1..2B (as free as any variant above):
     # n ∝ each prompt's true per-sample gradient spread, measured on the pool (Neyman
     # allocation: about the least variance any allocation of this budget can reach) ...
@@ -120,6 +147,21 @@ ALLOCATORS: dict[str, dict[str, Any]] = {
     # the noise of ``stat_samples`` draws).
     "oracle-sigma": {"oracle": "sigma"},
 }
+VARIANTS = ("@8", "@stale")
+"""Suffixes of a runnable allocator's name: @8, statistics from a group of 8 (not
+``stat_samples``); @stale, statistics measured on the warm start's samples used at the RL
+checkpoint (their age, ``rl_steps`` weight versions, is what the allocator is told)."""
+
+
+def spec_of(name: str) -> tuple[dict[str, Any], str]:
+    """(the allocator's spec, its statistics variant: "", "@8" or "@stale")."""
+    for v in VARIANTS:
+        if name.endswith(v) and name[: -len(v)] in ALLOCATORS:
+            base = ALLOCATORS[name[: -len(v)]]
+            if not base or base.get("oracle"):
+                raise KeyError(name)
+            return base, v
+    return ALLOCATORS[name], ""
 
 
 @functools.cache
@@ -255,6 +297,7 @@ def build_pool(
     )
 
     from learner.algorithms import token_logprobs_and_entropy
+    from learner.algorithms.gradstats import output_ghost_norms
 
     params = [p for p in model.parameters() if p.requires_grad]
     sketch = Sketch(params, g.sketch, seed=12345)
@@ -283,13 +326,23 @@ def build_pool(
     logp = torch.zeros(n, t_max)
     ent = torch.zeros(n, t_max)
     mask = torch.zeros(n, t_max)
+    ghost = torch.zeros(n, t_max)
     grads = torch.zeros(n, t_max, g.sketch)
+    heads: list[Any] = []  # the LM head's input (its hidden states), as the learner hooks it
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: heads.append(args[0].detach())
+    )
     t0 = time.time()
     for i, (p_ids, r_ids, _) in enumerate(samples):
         if not r_ids:
             continue
         ids = torch.tensor([p_ids + r_ids])
+        heads.clear()
         logits = model(input_ids=ids).logits[:, len(p_ids) - 1 : -1].float()
+        h_norm = heads[0][:, len(p_ids) - 1 : -1].float().norm(dim=-1)
+        ghost[i, : len(r_ids)] = output_ghost_norms(logits.detach(), torch.tensor([r_ids]), h_norm)[
+            0
+        ]
         with torch.no_grad():  # the learner's values; its fused backward does not vmap
             lp, en = token_logprobs_and_entropy(logits.detach(), torch.tensor([r_ids]))
         plain = torch.log_softmax(logits, -1)[0, torch.arange(len(r_ids)), r_ids][None]
@@ -302,12 +355,14 @@ def build_pool(
         mask[i, :m] = 1.0
         if i % 256 == 0:
             print(f"[pool] {i}/{n} token gradients ({time.time() - t0:.0f}s)", flush=True)
+    hook.remove()
     reward = torch.tensor([r for _, _, r in samples])
     data = {
         "samples": samples,
         "logp": logp,
         "ent": ent,
         "mask": mask,
+        "ghost": ghost,
         "grads": grads,
         "reward": reward.reshape(len(rows), g.pool),
     }
@@ -471,18 +526,20 @@ def neyman_counts(w, total: int, n_min: int, n_max: int):
 
 def counts_for(
     name: str,
-    stats_g,
-    stats_k,
+    stats: dict[str, Any],
     budget_b: int,
     n_prompts: int,
     g: GVSettings,
     oracle: dict[str, Any] | None = None,
+    draws=None,
 ):
+    """Counts of allocator ``name`` on ``stats`` (:func:`visit_stats`); ``draws`` feed the skip
+    rule."""
     import numpy as np
 
-    from allocator.algorithm import allocate_rollouts
+    from allocator.algorithm import GradStats, allocate_rollouts
 
-    spec = ALLOCATORS[name]
+    spec, _ = spec_of(name)
     if not spec:
         return np.full(n_prompts, budget_b, dtype=np.int64)
     n_min, n_max = bounds_for(spec, budget_b)
@@ -492,13 +549,76 @@ def counts_for(
         {
             "n_min": n_min,
             "n_max": n_max,
-            "priority": spec["priority"],
-            "scheme": spec["scheme"],
+            "priority": spec.get("priority", "variance"),
+            "scheme": spec.get("scheme", "reference"),
+            "method": spec.get("method", "dra"),
             "hopeless_after": g.stat_samples if spec.get("hopeless") else 0,
             "hopeless_n": g.hopeless_n,
+            "skip_after": 1 if spec.get("skip") else 0,
         }
     )
-    return allocate_rollouts(stats_g, stats_k, budget_b * n_prompts, params)
+    spread = stats["spread_full" if spec.get("full") else "spread"]
+    grad = GradStats(spread, np.full(n_prompts, stats["age"]), stats["streak"])
+    return allocate_rollouts(
+        stats["g"], stats["k"], budget_b * n_prompts, params, grad=grad, skip_draws=draws
+    )
+
+
+def visit_stats(
+    pool: dict, g: GVSettings, rng, group: int, age: float, full: bool = True
+) -> dict[str, Any]:
+    """What the allocator knows at a visit, estimated from the previous visits' groups drawn from
+    ``pool``: success counts (G = ``group``, k) and the learner's gradient statistic of the last
+    group (:mod:`learner.algorithms.gradstats` on the learner's own loss coefficients,
+    prompt-mean), the same spread from the full sketched gradients (``grad-full``; NaN unless
+    ``full``: it costs more than the rest), and the zero-advantage streak over the last two
+    visits (the skip rule)."""
+    import numpy as np
+    import torch
+
+    from learner.algorithms.gradstats import group_grad_stats, response_grad_norms
+
+    rewards = pool["reward"].numpy()
+    n_prompts, size = rewards.shape
+    last = rng.integers(0, size, (n_prompts, group))
+    before = rng.integers(0, size, (n_prompts, group))
+    rows = np.arange(n_prompts)[:, None]
+    k = rewards[rows, last].sum(1)
+    idx = torch.as_tensor((rows * size + last).reshape(-1))
+    groups = torch.as_tensor(np.repeat(np.arange(n_prompts), group))
+    coef = batch_coefficients(pool, idx, groups.tolist(), "prompt-mean", g.micro_batch, g.advantage)
+    mask = pool["mask"][idx]
+    norm = float(len(set(groups[mask.sum(-1) > 0].tolist()))) or 1.0
+    norms = response_grad_norms(coef, pool["ghost"][idx], mask, norm)
+    _, _, spread = group_grad_stats(norms, groups)
+    spread_full = torch.full((n_prompts,), math.nan)
+    if full:
+        # Each response's full gradient Σ_t c_t·∇logp_t, read from the sketches without copying
+        # them: a sparse [responses, pool tokens] matrix of the coefficients times the sketches.
+        t_max = coef.shape[1]
+        at = torch.stack(
+            [
+                torch.arange(len(idx)).repeat_interleave(t_max),
+                (idx[:, None] * t_max + torch.arange(t_max)[None]).reshape(-1),
+            ]
+        )
+        flat = pool["grads"].reshape(-1, pool["grads"].shape[-1])
+        picks = torch.sparse_coo_tensor(
+            at, coef.reshape(-1), (len(idx), flat.shape[0]), check_invariants=False
+        )
+        full_norms = torch.sparse.mm(picks, flat).norm(dim=1) * norm
+        _, _, spread_full = group_grad_stats(full_norms, groups)
+    zero_last = (k == 0) | (k == group)
+    k_before = rewards[rows, before].sum(1)
+    zero_before = (k_before == 0) | (k_before == group)
+    return {
+        "g": np.full(n_prompts, float(group)),
+        "k": k.astype(float),
+        "spread": spread.numpy(),
+        "spread_full": spread_full.numpy(),
+        "streak": zero_last * (1.0 + zero_before),
+        "age": age,
+    }
 
 
 def ci(values) -> tuple[float, float]:
@@ -511,7 +631,11 @@ def ci(values) -> tuple[float, float]:
     return float(v.mean()), float(1.96 * v.std(ddof=1) / math.sqrt(v.size))
 
 
-def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
+def measure_checkpoint(
+    pool: dict, g: GVSettings, seed: int, stale: dict | None = None, age: int = 0
+) -> dict[str, Any]:
+    """Every case of one checkpoint; ``stale``: the warm start's pool of the same prompts, whose
+    statistics (``age`` weight versions old) the @stale allocators get."""
     import numpy as np
     import torch
 
@@ -540,20 +664,38 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
             out.setdefault("gradient_spread", {})[f"B{b}"] = spread.tolist()
             out.setdefault("spread_vs_sigma", {})[f"B{b}"] = spread_vs_sigma(spread, sigma)
             oracle["spread"] = spread
+        visits: dict[tuple[str, int], dict[str, Any]] = {}
+
+        def stats_at(m: int, variant: str, b: int = b, visits: dict = visits) -> dict[str, Any]:
+            """The statistics of batch ``m`` (the same for every allocator of a variant)."""
+            group = 8 if variant == "@8" else g.stat_samples
+            key = (variant, m)
+            if key not in visits:
+                src, a = (stale, age) if variant == "@stale" else (pool, 0)
+                rng = np.random.default_rng([seed, b, m, group, int(variant == "@stale")])
+                full = any(
+                    spec_of(n)[0].get("full") and spec_of(n)[1] == variant
+                    for n in g.allocators.split(",")
+                )
+                visits[key] = visit_stats(src, g, rng, group, float(a), full)
+            return visits[key]
+
         for name in g.allocators.split(","):
-            rng = np.random.default_rng([seed, b, list(ALLOCATORS).index(name)])
+            if spec_of(name)[1] == "@stale" and stale is None:
+                continue  # the warm start has no older statistics
+            rng = np.random.default_rng([seed, b, sum(map(ord, name))])
             per: dict[str, dict[str, list[float]]] = {w: {"mse": [], "cos": []} for w in WEIGHTINGS}
             # Per batch, the coefficient of every pool token (repeats add up); all the batches'
             # gradients are then one matrix product with the pool's token-gradient sketches.
             coefs = {w: torch.zeros(g.batches, flat.shape[0]) for w in WEIGHTINGS}
             zero_share: list[float] = []
             hopeless_share: list[float] = []
+            skip_share: list[float] = []
             for m in range(g.batches):
-                draws = rng.integers(0, size, (n_prompts, g.stat_samples))
-                k = rewards[np.arange(n_prompts)[:, None], draws].sum(1)
-                counts = counts_for(
-                    name, np.full(n_prompts, float(g.stat_samples)), k, b, n_prompts, g, oracle
-                )
+                st = stats_at(m, spec_of(name)[1])
+                k = st["k"]
+                counts = counts_for(name, st, b, n_prompts, g, oracle, draws=rng.random(n_prompts))
+                skip_share.append(float((counts == 0).mean()))
                 idx, groups, zero = [], [], 0
                 for i, c in enumerate(counts.tolist()):
                     pick = rng.integers(0, size, c)
@@ -580,6 +722,7 @@ def measure_checkpoint(pool: dict, g: GVSettings, seed: int) -> dict[str, Any]:
             case: dict[str, Any] = {
                 "zero_adv_share": ci(zero_share),
                 "budget_share_on_k0": ci(hopeless_share),
+                "skipped_share": ci(skip_share),
             }
             for w in WEIGHTINGS:
                 ref2 = float(refs[w].square().sum()) or math.nan
@@ -637,6 +780,8 @@ def chain_rule_check(model, pool: dict, g: GVSettings) -> dict[str, float]:
 
 
 def plot(report: dict, path: Path) -> None:
+    """Per checkpoint and weighting, each allocator's MSE ratio to uniform (one bar per budget,
+    mean over the prompt sets, whiskers min..max), allocators along the x axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -644,33 +789,35 @@ def plot(report: dict, path: Path) -> None:
 
     summary = report["summary"]
     ckpts = list(summary)
-    fig, axes = plt.subplots(len(ckpts), 2, figsize=(11, 3.6 * len(ckpts)), squeeze=False)
-    names = [n for n in report["allocators"] if n != "uniform"]
+    fig, axes = plt.subplots(len(ckpts), 2, figsize=(13, 4.2 * len(ckpts)), squeeze=False)
     for row, ck in enumerate(ckpts):
         cases = summary[ck]
         budgets = sorted({int(k.split("/")[0][1:]) for k in cases})
+        names = [
+            n for n in report["allocators"] if n != "uniform" and f"B{budgets[0]}/{n}" in cases
+        ]
+        width = 0.8 / len(budgets)
         for col, w in enumerate(WEIGHTINGS):
             ax = axes[row][col]
-            width = 0.8 / len(names)
-            for j, n in enumerate(names):
-                vals = [cases[f"B{b}/{n}"][w] for b in budgets]
+            for j, b in enumerate(budgets):
+                vals = [cases[f"B{b}/{n}"][w] for n in names]
                 mean = [v["mse_ratio_mean"] for v in vals]
                 err = [
                     [m - v["mse_ratio_range"][0] for m, v in zip(mean, vals, strict=True)],
                     [v["mse_ratio_range"][1] - m for m, v in zip(mean, vals, strict=True)],
                 ]
-                xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(budgets))]
-                ax.bar(xs, mean, width, yerr=err, label=n)
+                xs = [i + (j - (len(budgets) - 1) / 2) * width for i in range(len(names))]
+                ax.bar(xs, mean, width, yerr=err, label=f"B={b}")
             ax.axhline(1.0, color="k", lw=0.8)
-            ax.axhline(0.85, color="r", lw=0.8, ls="--")
-            ax.set_xticks(range(len(budgets)), [f"B={b}" for b in budgets])
+            ax.axhline(0.80, color="r", lw=0.8, ls="--")
+            ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
             ax.set_ylabel("MSE / uniform's")
             ax.set_title(f"{ck}, {w}")
             if row == 0 and col == 0:
                 ax.legend(fontsize=7)
     fig.suptitle(
         "Batch-gradient MSE to the reference, allocator / uniform at equal budget "
-        f"(mean over {len(report['sets'])} prompt sets, bars: min..max)"
+        f"(mean over {len(report['sets'])} prompt sets, whiskers: min..max; red: 0.80)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -684,6 +831,13 @@ def parse(argv: list[str] | None):
     p.add_argument("--quick", action="store_true", help="tiny smoke settings")
     p.add_argument("--out", default=None, help="output stem (default results/grad_variance)")
     p.add_argument("--cache", default=os.environ.get("GV_CACHE", "/tmp/dynamo_gv_cache"))
+    p.add_argument(
+        "--merge",
+        default=None,
+        help="comma-separated JSON reports of runs over other prompt sets (same settings "
+        "otherwise, e.g. run in parallel with --prompt-offset): write one report of all their "
+        "sets to --out instead of measuring",
+    )
     for f in GVSettings.__dataclass_fields__.values():
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None)
     args = p.parse_args(argv)
@@ -715,13 +869,22 @@ def parse(argv: list[str] | None):
     if g.advantage not in ADVANTAGES:
         p.error(f"--advantage {g.advantage!r}: allowed: {', '.join(ADVANTAGES)}")
     chosen = g.allocators.split(",")
-    unknown = [n for n in chosen if n not in ALLOCATORS]
+    unknown = [n for n in chosen if not _known(n)]
     if unknown or "uniform" not in chosen:
         p.error(
             f"--allocators {g.allocators!r}: must include uniform; allowed: {', '.join(ALLOCATORS)}"
+            f" (runnable ones with {' or '.join(VARIANTS)})"
             + (f" (unknown: {', '.join(unknown)})" if unknown else "")
         )
     return args, s, g
+
+
+def _known(name: str) -> bool:
+    try:
+        spec_of(name)
+    except KeyError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -730,6 +893,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     args, s, g = parse(argv)
+    if args.merge:
+        return merge(
+            args.merge.split(","), Path(args.out) if args.out else RESULTS / "grad_variance"
+        )
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -745,7 +912,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "batch-gradient error at equal budget, allocator vs uniform (module docstring)",
         "settings": asdict(g),
         "task_settings": asdict(s),
-        "allocators": {n: ALLOCATORS[n] for n in g.allocators.split(",")},
+        "allocators": {n: spec_of(n)[0] for n in g.allocators.split(",")},
         "recipe_allocator": recipe_allocator().model_dump(),
         "sets": [],
     }
@@ -754,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
     for offset in offsets:
         rows = train[offset : offset + g.prompts]
         result: dict[str, Any] = {"prompt_offset": offset, "checkpoints": {}}
+        warm_pool = None
         for steps, ck in checkpoints.items():
             model, tok = load(ck)
             name = "warm start" if steps == 0 else f"RL step {steps}"
@@ -764,11 +932,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             seed = g.seed * 7919 + steps
             pool_file = (
-                cache / f"pool-{ck.name}-{offset}+{g.prompts}x{g.pool}-sk{g.sketch}-s{seed}.pt"
+                cache / f"pool-{ck.name}-{offset}+{g.prompts}x{g.pool}-sk{g.sketch}-s{seed}-gh.pt"
             )
             pool = build_pool(model, tok, rows, g, s, seed=seed, cache_file=pool_file)
-            res = measure_checkpoint(pool, g, seed=seed)
+            res = measure_checkpoint(pool, g, seed=seed, stale=warm_pool, age=steps)
             res["chain_rule_check"] = chain_rule_check(model, pool, g)
+            if steps == 0:
+                warm_pool = pool
             print(f"  p mean {res['p_mean']:.3f}; chain-rule check {res['chain_rule_check']}")
             result["checkpoints"][name] = res
             del pool
@@ -777,12 +947,29 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = time.time() - t0
     default = cache / "quick" / "grad_variance" if args.quick else RESULTS / "grad_variance"
     out = Path(args.out) if args.out else default
+    write_report(report, out)
+    return 0
+
+
+def merge(paths: list[str], out: Path) -> int:
+    """One report of several runs' prompt sets (the first run's settings, its sets first)."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    report = reports[0]
+    report["sets"] = [st for r in reports for st in r["sets"]]
+    report["settings"]["prompt_sets"] = len(report["sets"])
+    report["wall_s"] = sum(r["wall_s"] for r in reports)
+    report["merged_from"] = [Path(p).name for p in paths]
+    report["summary"] = summarise(report["sets"])
+    write_report(report, out)
+    return 0
+
+
+def write_report(report: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     plot(report, out.with_suffix(".png"))
     print_table(report)
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
-    return 0
 
 
 def summarise(sets: list[dict]) -> dict[str, Any]:
@@ -799,9 +986,19 @@ def summarise(sets: list[dict]) -> dict[str, Any]:
                 var = [
                     st["checkpoints"][ck]["cases"][key][w]["var_ratio_to_uniform"] for st in sets
                 ]
+                oracle = [
+                    st["checkpoints"][ck]["cases"].get(key.split("/")[0] + "/oracle") for st in sets
+                ]
+                share = [
+                    (1 - r) / (1 - o[w]["mse_ratio_to_uniform"][0])
+                    if o and o[w]["mse_ratio_to_uniform"][0] < 1
+                    else math.nan
+                    for r, o in zip(mse, oracle, strict=True)
+                ]
                 case[w] = {
                     "mse_ratio": mse,
                     "mse_ratio_mean": sum(mse) / len(mse),
+                    "oracle_share": share,
                     "mse_ratio_range": [min(mse), max(mse)],
                     "var_ratio": var,
                     "var_ratio_mean": sum(var) / len(var),

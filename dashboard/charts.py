@@ -143,6 +143,31 @@ CHARTS: tuple[Chart, ...] = (
         ),
     ),
     Chart(
+        "grad_alloc",
+        "Allocation against the gradient statistic (learner, per step; allocator.method grad)",
+        "allocation",
+        "",
+        (
+            _learner("corr(n, gradient spread)", "grad_alloc_corr"),
+            _learner("est. gradient variance / uniform n's", "grad_var_ratio"),
+            _learner("zero-advantage share of prompts", "grad_zero_adv_share"),
+        ),
+    ),
+    Chart(
+        "skip_rate",
+        "Share of prompts skipped (allocator: the skip rule gives them no response)",
+        "allocation",
+        "",
+        (
+            Series(
+                "skipped share",
+                "dynamo_allocator_skipped_prompts_total",
+                how="ratio",
+                per="dynamo_allocator_prompts_allocated_total",
+            ),
+        ),
+    ),
+    Chart(
         "zero_advantage_share",
         "Share of responses in zero-advantage groups (rollout: all rewards equal, no signal)",
         "allocation",

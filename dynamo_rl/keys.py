@@ -20,6 +20,12 @@ def stats_key(namespace: str) -> str:
     return f"{PREFIX}:stats:{_check(namespace)}"
 
 
+def grad_stats_key(namespace: str) -> str:
+    """Hash of per-prompt gradient statistics (learner writes, allocator reads;
+    ``dynamo_rl.contracts.gradstats``)."""
+    return f"{PREFIX}:gradstats:{_check(namespace)}"
+
+
 def trajectory_stream(namespace: str) -> str:
     """Stream of encoded trajectory groups (rollout workers XADD, learner XREADGROUP)."""
     return f"{PREFIX}:traj:{_check(namespace)}"

@@ -42,6 +42,10 @@ GAUGES: dict[str, str] = {
     "tool_calls_mean": "multi-turn samples: mean tool calls",
     "tool_error_rate": "multi-turn samples: fraction of tool calls that failed",
     "equal_reward_streak": "train steps in a row whose rewards were all equal (no signal)",
+    "grad_alloc_corr": "correlation of the prompts' allocations with their gradient spreads",
+    "grad_var_ratio": "estimated gradient variance of the step's allocation / uniform n's",
+    "grad_spread_mean": "mean gradient spread of the step's prompts (allocator.method grad)",
+    "grad_zero_adv_share": "share of the step's prompts whose group had zero advantage",
 }
 PHASES = ("read", "forward", "backward", "optimizer", "checkpoint", "push")
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -17,20 +17,24 @@ One train step:
 3. ``ppo_epochs`` × mini-batches × micro-batches: forward, log-probs and entropy, DynaMO
    modulation (per micro-batch, as in the paper), ``POLICY_LOSSES[type]`` with the mini-batch's
    token (group, or sequence) count as the normaliser, + KL, − entropy bonus, + value loss;
-   backward with gradient accumulation; then clip, AdamW step.
+   backward with gradient accumulation; then clip, AdamW step. With ``allocator.method: grad`` or
+   the skip rule on, that pass also yields each prompt's gradient statistics, written to Redis
+   after the step (``learner/grad_report.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.contracts import gradstats
 from dynamo_rl.contracts.stream import TrajectoryReader
 from learner import algorithms as A
 from learner.batch import (
@@ -51,6 +55,7 @@ from learner.batch import (
     uniform_group,
 )
 from learner.dist import all_gather_object, all_reduce_sum, broadcast_object
+from learner.grad_report import GradStatsCollector, step_fields
 from learner.model import PolicyModel
 from learner.objective import (
     ObjectiveInputs,
@@ -116,6 +121,9 @@ class RLTrainer(Trainer):
         self.committed_ids: list[str] = []  # ids of the checkpoint we resumed from
         self.stop_after_batch = False
         self.equal_reward_streak = 0  # steps in a row whose rewards were all equal
+        # The allocator's grad method and skip rule read the learner's gradient statistics.
+        wants = cfg.allocator.method == "grad" or cfg.allocator.skip_after > 0
+        self.grad_stats = GradStatsCollector(self.model) if wants else None
 
     # --- checkpoint hooks --------------------------------------------------------------------
 
@@ -231,6 +239,7 @@ class RLTrainer(Trainer):
             "groups": len(kept),
             "skipped": sum(skipped.values()),
             "entry_ids": consumed,
+            "prompt_ids": [g.prompt_id for g in kept],
             "last": timed_out,
         }
 
@@ -253,7 +262,10 @@ class RLTrainer(Trainer):
         rewards, lengths, kl_in_reward = self._advantages(samples, plan)
         sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums, this rank
         self._is_weights(plan, sums)
+        if self.grad_stats is not None:
+            self.grad_stats.reset()
         t_fwd, t_bwd, t_opt, update_losses, grad_norm = self._updates(samples, minis, plan, sums)
+        grad_record = self._report_grad_stats(samples, batch.get("prompt_ids") or [])
 
         # Metrics: sums over ranks (the key set differs per rank: gather the dicts).
         totals: dict[str, float] = defaultdict(float)
@@ -286,7 +298,7 @@ class RLTrainer(Trainer):
             "time_backward": t_bwd,
             "time_optimizer": t_opt,
         }
-        record |= episode_stats(samples)
+        record |= episode_stats(samples) | grad_record
         if algo.kl.coef > 0:
             record["kl"] = totals["kl"] / tokens / lc.ppo_epochs
         if self.kl_ctl.beta > 0:
@@ -464,9 +476,11 @@ class RLTrainer(Trainer):
                 loss_sum = 0.0
                 for mb in mbs:
                     t0 = time.perf_counter()
-                    logp, entropy, values = self._forward(
-                        self.model, mb, entropy_grad=algo.entropy_coef > 0
-                    )
+                    collect = self.grad_stats if _epoch == 0 and mb.rows else None
+                    with collect.watch(mb) if collect is not None else nullcontext():
+                        logp, entropy, values = self._forward(
+                            self.model, mb, entropy_grad=algo.entropy_coef > 0
+                        )
                     if not mb.rows:  # a dummy keeps this rank in step with the others
                         loss = logp.sum() * 0.0 + (
                             values.sum() * 0.0 if values is not None else 0.0
@@ -494,6 +508,8 @@ class RLTrainer(Trainer):
                         lc.critic,
                         normalizer=norm,
                     )
+                    if collect is not None:
+                        collect.track(logp, mb, norm, env.world_size)
                     t1 = time.perf_counter()
                     # FSDP averages gradients over ranks; the loss is already normalised by the
                     # whole mini-batch, so scale back up to get the sum.
@@ -518,6 +534,19 @@ class RLTrainer(Trainer):
                 t_opt += time.perf_counter() - t0
                 update_losses.append(all_reduce_sum([loss_sum])[0])
         return t_fwd, t_bwd, t_opt, update_losses, grad_norm
+
+    def _report_grad_stats(self, samples: list[Sample], prompt_ids: list[str]) -> dict[str, Any]:
+        """Collective: each prompt's gradient statistics of this step, written by rank 0 to Redis
+        (``dynamo_rl.contracts.gradstats``) at the current weight version; step-record fields."""
+        if self.grad_stats is None or not prompt_ids:
+            return {}
+        records = self.grad_stats.records(samples, prompt_ids)
+        t0 = time.perf_counter()
+        if self.env.is_main and self.redis is not None and records:
+            gradstats.write(self.redis, self.namespace, self.weight_version, records)
+        size = Counter(prompt_ids[s.group] for s in samples)
+        fields = step_fields(records, [size[r.prompt_id] for r in records])
+        return fields | {"time_grad_stats": self.grad_stats.seconds + time.perf_counter() - t0}
 
     def _normalizer(self, samples: list[Sample], rows: list[int]) -> float:
         """The mini-batch's denominator: valid tokens (token-mean), groups with a token

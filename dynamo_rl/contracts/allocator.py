@@ -30,19 +30,23 @@ from pydantic.fields import FieldInfo
 
 __all__ = [
     "CONFIG_ONLY",
+    "METHODS",
     "PRIORITIES",
     "REQUEST_FIELDS",
     "SCHEMES",
     "AllocationParams",
     "InvalidParams",
+    "Method",
     "Priority",
     "Scheme",
 ]
 
 Priority = Literal["variance", "std"]
 Scheme = Literal["reference", "water-level"]
+Method = Literal["dra", "grad", "knapsack"]
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 SCHEMES: tuple[str, ...] = get_args(Scheme)
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 class InvalidParams(ValueError):
@@ -82,6 +86,19 @@ class AllocationParams(BaseModel):
     hopeless_n: Annotated[int, Field(ge=0)] = 1
     """Responses a hopeless prompt gets (at most n_min; >= 1 keeps its statistics fresh)."""
 
+    method: Method = "dra"
+    """The allocation scheme: dra (the paper's: the success-rate priority, by ``scheme``), grad
+    (n ∝ the gradient spread the learner measured, σ where none was measured), knapsack (Knapsack
+    RL: n maximising Σ P(non-zero gradient)·p(1−p)²)."""
+    grad_half_life: Annotated[float, Field(gt=0)] = 4.0
+    """grad: weight versions after which a measured gradient spread counts half (it decays toward
+    the σ fallback as the policy moves on)."""
+    skip_after: Annotated[int, Field(ge=0)] = 0
+    """Skip rule, any method: a prompt whose last ``skip_after`` or more visits in a row gave zero
+    advantage is skipped (0 responses) with a probability growing with that streak (0: off)."""
+    skip_max: Annotated[float, Field(ge=0, lt=1)] = 0.75
+    """Most a prompt is ever skipped with: 1 − skip_max is the least chance it is re-checked."""
+
     @model_validator(mode="after")
     def _bounds(self) -> AllocationParams:
         p = self.key_prefix
@@ -108,7 +125,14 @@ class AllocationParams(BaseModel):
             raise InvalidParams("; ".join(_describe(err) for err in e.errors())) from None
 
 
-CONFIG_ONLY: tuple[str, ...] = ("hopeless_after", "hopeless_n")
+CONFIG_ONLY: tuple[str, ...] = (
+    "hopeless_after",
+    "hopeless_n",
+    "method",
+    "grad_half_life",
+    "skip_after",
+    "skip_max",
+)
 """Parameters only the server's config sets: no request field carries them."""
 
 REQUEST_FIELDS: tuple[str, ...] = tuple(

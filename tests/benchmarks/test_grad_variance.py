@@ -123,29 +123,81 @@ def test_the_recipe_range_scales_with_the_budget(gv):
     assert gv.bounds_for(gv.ALLOCATORS["oracle"], 8) == (1, 16)
 
 
+def _stats(k, spread, streak=None):
+    import numpy as np
+
+    return {
+        "g": np.full(len(k), 16.0),
+        "k": np.asarray(k, dtype=float),
+        "spread": np.asarray(spread, dtype=float),
+        "spread_full": np.asarray(spread, dtype=float)[::-1].copy(),
+        "streak": np.zeros(len(k)) if streak is None else np.asarray(streak, dtype=float),
+        "age": 0.0,
+    }
+
+
 def test_allocators_spend_the_budget_within_the_range(gv):
     import numpy as np
 
     g = gv.GVSettings(stat_samples=16)
     k = np.array([0, 0, 1, 4, 8, 12, 16, 3], dtype=float)
-    stats = np.full(k.size, 16.0)
+    stats = _stats(k, [0.0, 0.0, 1.0, 2.0, 2.0, 1.0, 0.0, 9.0], [2, 2, 0, 0, 0, 0, 1, 0])
     oracle = {
         "spread": np.array([0.0, 0.0, 1.0, 2.0, 2.0, 1.0, 0.0, 5.0]),
         "sigma": np.sqrt(k / 16 * (1 - k / 16)),
     }
-    for name in gv.ALLOCATORS:
-        counts = gv.counts_for(name, stats, k, 8, k.size, g, oracle)
-        lo, hi = gv.bounds_for(gv.ALLOCATORS[name], 8) if gv.ALLOCATORS[name] else (8, 8)
+    draws = np.full(k.size, 0.1)
+    for name in [*gv.ALLOCATORS, "grad@8", "knapsack@stale"]:
+        spec = gv.spec_of(name)[0]
+        counts = gv.counts_for(name, stats, 8, k.size, g, oracle, draws=draws)
+        lo, hi = gv.bounds_for(spec, 8) if spec else (8, 8)
         if name.endswith("+hl"):
             lo = g.hopeless_n
+        if name.endswith("+skip"):
+            lo = 0
         assert counts.sum() == 8 * k.size, name
         assert counts.min() >= lo and counts.max() <= hi, (name, counts)
-    dra = gv.counts_for("dra", stats, k, 8, k.size, g)
+    dra = gv.counts_for("dra", stats, 8, k.size, g)
     assert dra[4] == dra.max()  # p = ½ gets the most; no success, or all, the least
     assert max(dra[0], dra[1], dra[6]) < min(dra[2:6])
+    # grad follows the learner's spread, grad-full the full one; the skip rule drops the streaks.
+    grad = gv.counts_for("grad", stats, 8, k.size, g)
+    assert grad[7] == 12 and grad[0] == grad[1] == grad[6] == 4  # n_max, n_min at B = 8
+    assert gv.counts_for("grad-full", stats, 8, k.size, g)[[0, 7]].tolist() == [12, 4]
+    skipped = gv.counts_for("grad+skip", stats, 8, k.size, g, draws=draws)
+    # The others take what the skipped free up to n_max; only the rest goes back to the skipped.
+    assert skipped[[2, 3, 4, 5, 7]].tolist() == [12] * 5 and skipped[[0, 1, 6]].sum() == 4
     # The oracles follow their own weights: the largest spread, and p = ½, get the most.
-    assert gv.counts_for("oracle", stats, k, 8, k.size, g, oracle).argmax() == 7
-    assert gv.counts_for("oracle-sigma", stats, k, 8, k.size, g, oracle).argmax() == 4
+    assert gv.counts_for("oracle", stats, 8, k.size, g, oracle).argmax() == 7
+    assert gv.counts_for("oracle-sigma", stats, 8, k.size, g, oracle).argmax() == 4
+
+
+def test_visit_stats_are_the_learners_statistic_of_a_previous_group(gv, pool):
+    import numpy as np
+
+    from learner.algorithms.gradstats import group_grad_stats, response_grad_norms
+
+    p, g = pool
+    solved = {**p, "reward": p["reward"].clone()}
+    solved["reward"][1] = 1.0  # prompt 1: every group has equal rewards
+    st = gv.visit_stats(solved, g, np.random.default_rng(0), 3, 5.0)
+    assert st["spread"][1] == 0.0 and st["spread_full"][1] == 0.0 and st["streak"][1] == 2.0
+    assert st["age"] == 5.0 and st["g"].tolist() == [3.0] * 3
+    # The same draws by hand: the learner's functions on the learner's loss coefficients.
+    rng = np.random.default_rng(0)
+    last = rng.integers(0, 4, (3, 3))
+    idx = torch.as_tensor((np.arange(3)[:, None] * 4 + last).reshape(-1))
+    groups = torch.arange(3).repeat_interleave(3)
+    coef = gv.batch_coefficients(solved, idx, groups.tolist(), "prompt-mean", g.micro_batch)
+    norms = response_grad_norms(coef, solved["ghost"][idx], solved["mask"][idx], 3.0)
+    want = group_grad_stats(norms, groups)[2].numpy()
+    assert st["spread"] == pytest.approx(want)
+    assert st["k"].tolist() == solved["reward"].numpy()[np.arange(3)[:, None], last].sum(1).tolist()
+    mixed = [i for i in (0, 2) if 0 < st["k"][i] < 3]
+    assert all(st["spread"][i] > 0 and st["spread_full"][i] > 0 for i in mixed)
+    assert not np.isnan(
+        gv.visit_stats(solved, g, np.random.default_rng(0), 3, 0, False)["spread"]
+    ).any()
 
 
 def test_neyman_counts_follow_the_weights_within_bounds(gv):
@@ -210,6 +262,7 @@ def test_summary_gives_each_sets_ratio_and_its_range(gv):
         (["--prompt-sets", "0"], "must be >= 1"),
         (["--allocators", "dra,oracle"], "must include uniform"),
         (["--allocators", "uniform,dra-fancy"], "unknown: dra-fancy"),
+        (["--allocators", "uniform,oracle@8"], "unknown: oracle@8"),
         (["--advantage", "ppo"], "allowed: grpo, drgrpo, rloo"),
     ],
 )
@@ -232,16 +285,19 @@ def test_sketch_preserves_inner_products_on_average(gv):
 def test_quick_run_writes_the_report(gv, tmp_path):
     report = quick_report(gv, tmp_path, "gv")
     assert [st["prompt_offset"] for st in report["sets"]] == [0, 4]  # two disjoint sets of 4
-    cases = {f"B{b}/{a}" for b in (2, 4) for a in gv.ALLOCATORS}
+    names = gv.GVSettings().allocators.split(",")
+    fresh = {f"B{b}/{a}" for b in (2, 4) for a in names if not a.endswith("@stale")}
+    every = {f"B{b}/{a}" for b in (2, 4) for a in names}
+    want = {"warm start": fresh, "RL step 2": every}  # the warm start has no older statistics
     for st in report["sets"]:
         assert list(st["checkpoints"]) == ["warm start", "RL step 2"]
-        for ck in st["checkpoints"].values():
-            assert set(ck["cases"]) == cases
+        for name, ck in st["checkpoints"].items():
+            assert set(ck["cases"]) == want[name]
             for case in ck["cases"].values():
                 assert 0.0 <= case["zero_adv_share"][0] <= 1.0
                 assert set(case) >= {"token-mean", "prompt-mean"}
     assert list(report["summary"]) == ["warm start", "RL step 2"]
-    for ck in report["summary"].values():
-        assert set(ck) == cases
+    for name, ck in report["summary"].items():
+        assert set(ck) == want[name]
         for case in ck.values():
             assert len(case["prompt-mean"]["mse_ratio"]) == 2

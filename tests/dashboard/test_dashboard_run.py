@@ -46,6 +46,9 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # Snapshots every second: even a run this short leaves several per service.
         "run.history.interval_s=1",
         # 16 prompts, 8 per batch: each comes back, so the allocator has priorities to show.
+        # The grad method: the learner reports gradient statistics (their chart) and the
+        # allocator reads them, end to end through the services.
+        "allocator.method=grad",
         *([f"learner.trackers=[{','.join(TRACKERS)}]"] if TRACKERS else []),
     )  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)

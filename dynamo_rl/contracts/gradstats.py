@@ -1,0 +1,147 @@
+"""Per-prompt gradient statistics, learner → allocator, next to the success statistics in Redis.
+
+The learner measures each prompt's gradient on every batch it trains on
+(``learner/algorithms/gradstats.py``: the output-layer ghost norm times the loss's own token
+coefficients, reduced to the group's mean and spread) and writes them here with the weight
+version they were measured at; the allocator reads them for its ``grad`` method and the skip rule
+(``allocator/algorithm.py``). Both ends import this module and nothing else of each other.
+
+Layout: one hash per namespace (``dynamo_rl.keys.grad_stats_key``), field = prompt id, value =
+four little-endian float64 — mean, spread, weight version, zero-advantage streak (32 bytes). A
+write goes through one Lua script that, per prompt, sets the streak to the old one + 1 when the
+group had zero advantage (every reward equal) and to 0 otherwise, atomically. A read is one
+``HMGET`` plus the namespace's current weight version (``dynamo_rl.keys.weight_version_key``,
+which the learner sets after every push; 0 while unset), in one round trip; a prompt never
+measured reads as NaN spread.
+
+Staleness: the allocator turns the version distance into an age (current − measured, in weight
+versions) and weighs the statistic by 0.5^(age / ``allocator.grad_half_life``) against the σ
+fallback (``allocator.algorithm.grad_weights``), and the skip rule's probability likewise.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dynamo_rl.keys import grad_stats_key, weight_version_key
+
+__all__ = ["VALUE", "GradRecord", "GradStatsRead", "aread", "decode", "read", "write"]
+
+VALUE = struct.Struct("<dddd")
+"""A stored value: mean, spread, weight version, zero-advantage streak."""
+
+_MISSING = VALUE.pack(np.nan, np.nan, 0.0, 0.0)
+
+# KEYS[1] the hash; ARGV[1] the version; then per prompt: id, mean, spread, zero (0/1).
+_WRITE_LUA = """
+local version = tonumber(ARGV[1])
+local m = math.floor((#ARGV - 1) / 4)
+local ids = {}
+for j = 1, m do ids[j] = ARGV[4 * j - 2] end
+local olds = redis.call('HMGET', KEYS[1], unpack(ids))
+local args = {}
+for j = 1, m do
+  local streak = 0
+  if tonumber(ARGV[4 * j + 1]) > 0 then
+    streak = 1
+    if olds[j] then
+      local _, _, _, s = struct.unpack('<dddd', olds[j])
+      streak = s + 1
+    end
+  end
+  args[#args + 1] = ids[j]
+  args[#args + 1] = struct.pack('<dddd', tonumber(ARGV[4 * j - 1]), tonumber(ARGV[4 * j]),
+                                version, streak)
+end
+redis.call('HSET', KEYS[1], unpack(args))
+return m
+"""
+
+WRITE_CHUNK = 1000
+"""Prompts per script call (one call is atomic)."""
+
+
+@dataclass(frozen=True)
+class GradRecord:
+    """One prompt's measurement: its group's mean and spread, and whether every reward was
+    equal (zero advantage)."""
+
+    prompt_id: str
+    mean: float
+    spread: float
+    zero_advantage: bool
+
+
+@dataclass(frozen=True)
+class GradStatsRead:
+    """Statistics of a batch of prompts in request order, and the namespace's current version."""
+
+    mean: npt.NDArray[np.float64]
+    spread: npt.NDArray[np.float64]
+    """NaN where never measured."""
+    version: npt.NDArray[np.float64]
+    streak: npt.NDArray[np.float64]
+    current_version: int
+
+    @property
+    def age(self) -> npt.NDArray[np.float64]:
+        """Weight versions since each measurement (0 where never measured or from the future)."""
+        return np.maximum(self.current_version - self.version, 0.0)
+
+
+def write(client: Any, namespace: str, version: int, records: Sequence[GradRecord]) -> int:
+    """Store ``records`` measured at weight ``version`` (a redis-py client); returns how many."""
+    if not records:
+        return 0
+    merged = {r.prompt_id: r for r in records}  # a prompt twice in one batch: the last counts
+    script = client.register_script(_WRITE_LUA)
+    rows = list(merged.values())
+    done = 0
+    for i in range(0, len(rows), WRITE_CHUNK):
+        args: list[Any] = [int(version)]
+        for r in rows[i : i + WRITE_CHUNK]:
+            if not r.prompt_id:
+                raise ValueError("GradRecord.prompt_id: empty")
+            args += [r.prompt_id, repr(float(r.mean)), repr(float(r.spread)), int(r.zero_advantage)]
+        done += int(script(keys=[grad_stats_key(namespace)], args=args))
+    return done
+
+
+def decode(values: Sequence[bytes | None], current_version: bytes | str | None) -> GradStatsRead:
+    """A read's replies (``HMGET`` values, the version key's value) as arrays."""
+    packed = b"".join(v if v else _MISSING for v in values)
+    table = np.frombuffer(packed, dtype="<f8").reshape(-1, 4)
+    return GradStatsRead(
+        table[:, 0].copy(),
+        table[:, 1].copy(),
+        table[:, 2].copy(),
+        table[:, 3].copy(),
+        int(current_version) if current_version else 0,
+    )
+
+
+def _pipeline(pipe: Any, namespace: str, prompt_ids: Sequence[str]) -> Any:
+    pipe.hmget(grad_stats_key(namespace), list(prompt_ids))
+    pipe.get(weight_version_key(namespace))
+    return pipe
+
+
+def read(client: Any, namespace: str, prompt_ids: Sequence[str]) -> GradStatsRead:
+    """The statistics of ``prompt_ids`` (a redis-py client)."""
+    if not prompt_ids:
+        return decode([], None)
+    return decode(*_pipeline(client.pipeline(transaction=False), namespace, prompt_ids).execute())
+
+
+async def aread(aclient: Any, namespace: str, prompt_ids: Sequence[str]) -> GradStatsRead:
+    """:func:`read` on a ``redis.asyncio`` client."""
+    if not prompt_ids:
+        return decode([], None)
+    pipe = _pipeline(aclient.pipeline(transaction=False), namespace, prompt_ids)
+    return decode(*(await pipe.execute()))

@@ -1,0 +1,208 @@
+"""The allocation methods beyond dra (grad, knapsack) and the skip rule: budget and bounds for
+any input (property-based), knapsack against a loop twin, grad's σ fallback and decay, and the
+skip rule's re-checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from allocator.algorithm import (
+    GradStats,
+    allocate_rollouts,
+    freshness,
+    grad_weights,
+    skip_probability,
+)
+from dynamo_rl.contracts.allocator import METHODS, AllocationParams, InvalidParams
+
+
+@st.composite
+def batches(draw):
+    n = draw(st.integers(0, 40))
+    n_min = draw(st.integers(0, 8))
+    n_max = draw(st.integers(max(1, n_min), 32))
+    g = np.array(draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)), dtype=float)
+    k = np.array([draw(st.integers(0, int(x))) for x in g], dtype=float)
+    spread = np.array(
+        draw(st.lists(st.one_of(st.just(np.nan), st.floats(0, 50)), min_size=n, max_size=n))
+    )
+    age = np.array(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n)), dtype=float)
+    streak = np.array(draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), dtype=float)
+    draws = np.array(draw(st.lists(st.floats(0, 0.999), min_size=n, max_size=n)))
+    params = AllocationParams(
+        n_min=n_min,
+        n_max=n_max,
+        initial_budget=draw(st.integers(0, 16)),
+        method=draw(st.sampled_from(METHODS)),
+        scheme=draw(st.sampled_from(["reference", "water-level"])),
+        priority=draw(st.sampled_from(["variance", "std"])),
+        hopeless_after=draw(st.sampled_from([0, 0, 8])),
+        hopeless_n=min(n_min, 1),
+        skip_after=draw(st.sampled_from([0, 1, 2])),
+        skip_max=draw(st.sampled_from([0.0, 0.5, 0.9])),
+        grad_half_life=draw(st.sampled_from([1.0, 4.0])),
+    )
+    budget = draw(st.integers(0, 40 * 40))
+    return g, k, GradStats(spread, age, streak), draws, params, budget
+
+
+@settings(max_examples=400, deadline=None)
+@given(batches())
+def test_every_method_spends_exactly_its_budget_within_the_bounds(case) -> None:
+    g, k, grad, draws, params, budget = case
+    n = g.size
+    counts = allocate_rollouts(g, k, budget, params, grad=grad, skip_draws=draws)
+    assert counts.dtype == np.int64 and counts.shape == (n,)
+    assert int(counts.sum()) == int(np.clip(budget, n * params.n_min, n * params.n_max))
+    assert (counts <= params.n_max).all() and (counts >= 0).all()
+    skipped = draws < skip_probability(
+        grad, params.skip_after, params.skip_max, params.grad_half_life
+    )
+    hopeless = np.zeros(n, dtype=bool)
+    if params.hopeless_after:
+        hopeless = (g >= max(params.n_min, params.initial_budget)) & (g >= 8) & (k < 0.5)
+    # Only hopeless or skipped prompts go below n_min, and they get more only once every other
+    # prompt is full.
+    low = counts < params.n_min
+    assert not (low & ~(skipped | hopeless)).any()
+    if ((counts > np.where(skipped, 0, params.hopeless_n)) & (skipped | hopeless)).any():
+        assert (counts[~(skipped | hopeless)] == params.n_max).all()
+
+
+def loop_knapsack(rate, value, n_min, n_max, spare):
+    """One response at a time to the prompt with the largest gain (lowest index on ties)."""
+    counts = [n_min] * len(rate)
+    for _ in range(spare):
+        best, best_gain = None, 0.0
+        for i, (p, v) in enumerate(zip(rate, value, strict=True)):
+            if counts[i] >= n_max:
+                continue
+            n = counts[i]
+            gain = v * ((1 - p ** (n + 1) - (1 - p) ** (n + 1)) - (1 - p**n - (1 - p) ** n))
+            if gain > best_gain + 1e-15:
+                best, best_gain = i, gain
+        if best is None:
+            break
+        counts[best] += 1
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_knapsack_matches_its_greedy_loop_twin(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 30))
+    g = rng.integers(8, 40, n).astype(float)
+    k = np.floor(g * rng.choice([0.0, 0.1, 0.3, 0.5, 0.8, 1.0], n))
+    params = AllocationParams(method="knapsack", n_min=2, n_max=16, initial_budget=8)
+    budget = int(rng.integers(2 * n, 16 * n + 1))
+    counts = allocate_rollouts(g, k, budget, params)
+    rate = (k / g).tolist()
+    value = [p * (1 - p) ** 2 for p in rate]
+    want = loop_knapsack(rate, value, 2, 16, budget - 2 * n)
+    assert counts.sum() == budget
+    if sum(want) == budget:  # 12 of the 20 seeds: every response follows a gain
+        assert counts.tolist() == want
+    else:  # the rest goes round-robin on top
+        assert (counts >= np.array(want)).all()
+
+
+def test_knapsack_favours_hard_prompts_that_rarely_give_a_signal() -> None:
+    """p = 0.1 needs many samples for a non-zero gradient; p = 0.5 gets one with few."""
+    params = AllocationParams(method="knapsack", n_min=2, n_max=24, initial_budget=8)
+    counts = allocate_rollouts([16, 16, 16, 16], [2, 8, 16, 0], 32, params)
+    assert counts[0] > counts[1] > counts[2] and counts[3] == 2 and counts[2] == 2
+
+
+def test_grad_follows_the_measured_spread_and_falls_back_to_sigma() -> None:
+    params = AllocationParams(method="grad", n_min=2, n_max=24, initial_budget=8)
+    g, k = np.full(4, 16.0), np.full(4, 8.0)  # equal σ
+    grad = GradStats(np.array([1.0, 4.0, np.nan, 0.0]), np.zeros(4), np.zeros(4))
+    counts = allocate_rollouts(g, k, 32, params, grad=grad)
+    assert counts[1] > counts[0] > counts[3] and counts[3] == 2
+    # The unmeasured prompt gets σ scaled to the measured ones: c = (1 + 4 + 0) / 3 σ-units.
+    w = grad_weights(np.full(4, 0.5), grad, params.grad_half_life)
+    assert w[2] == pytest.approx(5 / 3)
+
+
+def test_a_stale_spread_decays_toward_the_sigma_allocation() -> None:
+    g = np.full(6, 16.0)
+    k = np.array([1.0, 4, 8, 12, 15, 8])
+    spread = np.array([9.0, 1, 1, 1, 9, 1])
+    grad_params = AllocationParams(method="grad", n_min=2, n_max=24, grad_half_life=2.0)
+    sigma_params = AllocationParams(
+        method="dra", scheme="water-level", priority="std", n_min=2, n_max=24
+    )
+
+    def counts(age: float):
+        stats = GradStats(spread, np.full(6, age), np.zeros(6))
+        return allocate_rollouts(g, k, 60, grad_params, grad=stats)
+
+    sigma = allocate_rollouts(g, k, 60, sigma_params)
+    fresh, aged = counts(0), counts(2)
+    assert fresh[0] > sigma[0]  # the measured spread, not σ, at the current weights
+    assert abs(aged[0] - sigma[0]) < abs(fresh[0] - sigma[0])  # half-way after a half-life
+    assert counts(200).tolist() == sigma.tolist()  # σ once the statistic has decayed away
+    assert freshness([0, 2, 4], 2.0).tolist() == [1.0, 0.5, 0.25]
+
+
+def test_skip_rule_skips_zero_advantage_streaks_with_growing_probability() -> None:
+    grad = GradStats(np.zeros(5), np.zeros(5), np.array([0.0, 1, 2, 3, 20]))
+    p = skip_probability(grad, skip_after=2, skip_max=0.75, half_life=4.0)
+    assert p.tolist() == [0.0, 0.0, 0.5, 0.75, 0.75]
+    aged = GradStats(grad.spread, np.full(5, 4.0), grad.streak)
+    assert skip_probability(aged, 2, 0.75, 4.0).tolist() == [0.0, 0.0, 0.25, 0.375, 0.375]
+    assert not skip_probability(grad, 0, 0.75, 4.0).any()  # off
+
+
+def test_skipped_prompts_are_rechecked_now_and_then() -> None:
+    """A prompt whose group never has signal is still re-checked about 1 − skip_max of the time,
+    and its share goes to the others meanwhile."""
+    params = AllocationParams(method="grad", n_min=2, n_max=8, skip_after=1, skip_max=0.75)
+    g, k = np.full(3, 16.0), np.array([0.0, 8, 8])
+    grad = GradStats(np.array([0.0, 1, 1]), np.zeros(3), np.array([10.0, 0, 0]))
+    rng = np.random.default_rng(0)
+    visits = []
+    for _ in range(2000):
+        counts = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=rng.random(3))
+        assert counts.sum() == 12
+        visits.append(counts[0] > 0)
+        if counts[0] == 0:
+            assert counts[1:].tolist() == [6, 6]
+    rate = float(np.mean(visits))
+    assert 0.22 < rate < 0.28  # re-checked with probability 1 − 0.75
+    rechecked = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=[0.8, 0.0, 0.0])
+    assert rechecked[0] >= params.n_min
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("method", "neyman", "method: 'neyman' is not one of dra, grad, knapsack"),
+        ("skip_max", 1.0, r"skip_max: must be in \[0, 1\), got 1.0"),
+        ("grad_half_life", 0.0, "grad_half_life: must be > 0, got 0.0"),
+        ("skip_after", -1, "skip_after: must be >= 0, got -1"),
+    ],
+)
+def test_bad_method_settings_name_the_field(field: str, value, match: str) -> None:
+    with pytest.raises(InvalidParams, match=match):
+        AllocationParams().with_overrides({field: value})
+
+
+def test_mismatched_grad_statistics_are_rejected() -> None:
+    with pytest.raises(ValueError, match="one entry per prompt"):
+        allocate_rollouts([8, 8], [1, 2], 8, grad=GradStats.unmeasured(3))
+    with pytest.raises(ValueError, match="skip_draws has 1 entries for 2 prompts"):
+        allocate_rollouts([8, 8], [1, 2], 8, AllocationParams(skip_after=1), skip_draws=[0.1])
+
+
+def test_a_vanishing_spread_counts_as_no_signal() -> None:
+    """Found by the property test: a spread of 1e-219 beside 0.5 made the water level's search
+    run out of steps and overspend the budget."""
+    params = AllocationParams(method="grad", n_min=2, n_max=5, initial_budget=0)
+    grad = GradStats(np.array([np.nan, 2e-219, 1.0]), np.zeros(3), np.zeros(3))
+    counts = allocate_rollouts([2, 2, 8], [0, 0, 4], 9, params, grad=grad)
+    assert counts.sum() == 9 and counts[1] == 2
+    assert grad_weights(np.full(3, 0.1), grad, 4.0)[1] == 0.0
