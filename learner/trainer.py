@@ -254,7 +254,7 @@ class Trainer:
         headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
         p = self.lc.push
         rc = self.cfg.rollout
-        protocol = weight_protocol(rc.weight_api, pause_mode=rc.vllm_pause_mode)
+        protocol = weight_protocol(rc.weight_api, pause_mode=rc.push_pause_mode)
         disk = DiskPush(
             self._export_for_push, timeout_s=p.timeout_s, headers=headers, protocol=protocol
         )

@@ -132,6 +132,7 @@ def make_engine_factory(cfg: ExperimentConfig) -> Callable[[str], Engine]:
     return functools.partial(
         make_engine, engine_api=rc.engine_api, weight_api=rc.weight_api, model=rc.model_name,
         timeout_s=rc.request_timeout_s, control_token=token,
+        continue_aborted=rc.update_mode == "interrupt",
     )  # fmt: skip
 
 

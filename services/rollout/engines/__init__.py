@@ -44,12 +44,14 @@ def make_engine(
     model: str | None = None,
     timeout_s: float = 600.0,
     control_token: str | None = None,
+    continue_aborted: bool = False,
 ) -> OpenAICompletionsEngine | SGLangEngine:
-    """A client of one replica speaking ``engine_api`` ("openai" | "sglang")."""
+    """A client of one replica speaking ``engine_api`` ("openai" | "sglang");
+    ``continue_aborted``: see :class:`OpenAICompletionsEngine` (vLLM-shaped weight control)."""
     if engine_api == "openai":
         return OpenAICompletionsEngine(
             url, model=model, weight_api=weight_api, timeout_s=timeout_s,
-            control_token=control_token,
+            control_token=control_token, continue_aborted=continue_aborted and weight_api == "vllm",
         )  # fmt: skip
     if engine_api == "sglang":
         if weight_api != "sglang":

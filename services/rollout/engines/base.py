@@ -86,8 +86,17 @@ class Sample:
     finish_reason: str
     """"stop" | "length" | "abort"."""
     weight_version: int | None = None
-    """The weight version that sampled it, when the engine reports one per response."""
+    """The weight version that sampled it (its oldest token's), when the engine tells."""
     engine_url: str = field(default="", compare=False)
+    weight_versions: list[int] | None = None
+    """The weight version of each token, when the engine reports them (the embedded engine) or
+    the client knows them (a response continued across an update); None: ``weight_version``."""
+
+    def token_versions(self) -> list[int | None]:
+        """One version per token: ``weight_versions``, else ``weight_version`` for each."""
+        if self.weight_versions is not None:
+            return list(self.weight_versions)
+        return [self.weight_version] * len(self.token_ids)
 
 
 @runtime_checkable
