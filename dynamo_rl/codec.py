@@ -152,7 +152,9 @@ def response_versions(group: TrajectoryGroup, response: Response) -> list[int]:
 def oldest_version(group: TrajectoryGroup) -> int:
     """The oldest weight version behind any token of the group, never newer than the group's
     own ``weight_version``: what a staleness bound is held to."""
-    return min([int(group.weight_version), *(v for r in group.responses for v in r.weight_versions)])
+    return min(
+        [int(group.weight_version), *(v for r in group.responses for v in r.weight_versions)]
+    )
 
 
 def encode_group(group: TrajectoryGroup) -> bytes:

@@ -62,17 +62,22 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
+    """Sample past EOS up to ``max_tokens`` (tests and benchmarks that need set lengths)."""
 
     def knobs(self) -> dict[str, Any]:
         """The fields of :class:`dynamo_rl.contracts.engine.SamplingKnobs` (both generation APIs'
         shared names) this asks for; None where the engine's own default applies (not sent)."""
-        return dict(
+        knobs: dict[str, Any] = dict(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k if self.top_k > 0 else None,
             stop=list(self.stop) or None,
             stop_token_ids=list(self.stop_token_ids) or None,
         )
+        if self.ignore_eos:
+            knobs["ignore_eos"] = True
+        return knobs
 
 
 @dataclass
