@@ -1,8 +1,8 @@
 """Interruptible weight updates on a real engine process (``rollout.update_mode=interrupt``): a
 generation that spans the learner's push carries two versions, and each token's log-prob is the
 learner's under the weights of its own version — through the SGLang-shaped update (applied at a
-token boundary inside the running batch, the cache rebuilt) and through the vLLM-shaped one
-(paused with abort, continued by the rollout client)."""
+token boundary inside the running batch, the cache rebuilt), through the vLLM-shaped one paused
+with abort (continued by the rollout client) and paused with keep (held at a token boundary)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dynamo_rl.contracts.weight_control import SGLangWeights
+from dynamo_rl.contracts.weight_control import SGLangWeights, VLLMWeights
 from learner.tiny_model import build_tiny_model
 from tests.services.engine.engine_util import running_engine
 from tests.services.engine.interrupt_util import generate_across_push, metric
@@ -40,17 +40,26 @@ def engine(checkpoints: list[Path], tmp_path_factory: pytest.TempPathFactory) ->
         yield url
 
 
-@pytest.mark.parametrize("weight_api", ["sglang", "vllm"])
+@pytest.mark.parametrize(
+    ("weight_api", "protocol"),
+    [
+        ("sglang", SGLangWeights()),
+        # The client continues what the abort cut, stamping each piece with /weight_info.
+        ("vllm", VLLMWeights(pause_mode="abort")),
+        # keep: the engine holds the batch at a token boundary and reports each token's version.
+        ("sglang", VLLMWeights(pause_mode="keep")),
+    ],
+    ids=["sglang-update", "vllm-abort", "vllm-keep"],
+)
 def test_generation_spanning_a_push_carries_both_versions(
-    engine: str, checkpoints: list[Path], weight_api: str, one_rank: None
+    engine: str, checkpoints: list[Path], weight_api: str, protocol, one_rank: None
 ) -> None:
     from learner.model import load_policy
 
     policies = [load_policy(str(c)).eval() for c in checkpoints]
-    protocol = SGLangWeights() if weight_api == "sglang" else None
 
     def push(policy, version: int) -> None:
-        learner_push(engine, policy, version, pause_mode="abort", protocol=protocol)
+        learner_push(engine, policy, version, protocol=protocol)
 
     # The engine is shared by the cases: start each from the served checkpoint, at a version
     # above any the engine has had.
