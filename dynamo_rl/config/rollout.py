@@ -192,7 +192,7 @@ class RolloutConfig(Section):
     freezes them and resumes them on the new weights (vLLM reports no version per token, so the
     response keeps the version read before it); abort cuts them (finish_reason "abort", which
     the rollout client retries). update_mode=interrupt pauses with abort and continues the cut
-    responses (leave this unset, or set it to abort)."""
+    responses, whatever this says (keep is refused with it)."""
     model_name: str | None = None
     """The 'model' field of OpenAI requests (None: the first id of GET /v1/models)."""
     discover_engines: bool = False
@@ -252,15 +252,11 @@ class RolloutConfig(Section):
                 f"rollout.worker_index ({self.worker_index}) must be < rollout.num_workers "
                 f"({self.num_workers})"
             )
-        if (
-            self.update_mode == "interrupt"
-            and "vllm_pause_mode" in self.model_fields_set
-            and self.vllm_pause_mode != "abort"
-        ):
+        if self.update_mode == "interrupt" and self.vllm_pause_mode == "keep":
             raise ValueError(
-                f"rollout.vllm_pause_mode: {self.vllm_pause_mode!r} does not go with "
-                "rollout.update_mode 'interrupt', which pauses vLLM with 'abort' and continues "
-                "the cut responses (leave vllm_pause_mode unset, or use update_mode 'wait')"
+                "rollout.vllm_pause_mode: 'keep' does not go with rollout.update_mode "
+                "'interrupt', which pauses vLLM with 'abort' and continues the cut responses "
+                "(leave vllm_pause_mode at wait or abort, or use update_mode 'wait')"
             )
         if self.backoff_s > self.backoff_max_s:
             raise ValueError(

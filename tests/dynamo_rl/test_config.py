@@ -66,8 +66,11 @@ def test_bad_values_name_the_field(overrides: list[str], expected: list[str]) ->
 
 
 def test_update_mode_sets_the_push_pause() -> None:
-    rc = load_config(overrides=["rollout.update_mode=interrupt"], env={}).rollout
-    assert rc.push_pause_mode == "abort"
+    cfg = load_config(overrides=["rollout.update_mode=interrupt"], env={})
+    assert cfg.rollout.push_pause_mode == "abort"
+    # up writes the resolved config (every field set) and validates it again.
+    again = type(cfg).model_validate(cfg.model_dump(mode="json"))
+    assert again.rollout.push_pause_mode == "abort"
     rc = load_config(overrides=["rollout.vllm_pause_mode=keep"], env={}).rollout
     assert rc.update_mode == "wait" and rc.push_pause_mode == "keep"
 
