@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/longtail_updates.py                  # seeds 0-2, both modes
     .venv/bin/python benchmarks/longtail_updates.py --seeds 0 --quick  # smoke run (tiny settings)
+    .venv/bin/python benchmarks/longtail_updates.py --engine vllm --seeds 0  # a vLLM CPU server
 
 The task is ``up.task=longtail`` (``tasks/longtail.py``): most questions are short sums answered
 with the boxed sum alone, a fifth are chains of one-digit numbers answered with the running sum
@@ -18,7 +19,8 @@ From each run folder:
   (``time_read``) and for its weight push (``time_push``: with waiting updates a push waits for the
   longest generation in flight);
 - **engine idle share**: one minus the share of the same window the engine spent decoding
-  batches (``dynamo_engine_batch_seconds`` in its metrics history, ``metrics/engine-*.jsonl``);
+  batches (``dynamo_engine_batch_seconds`` in its metrics history, ``metrics/engine-*.jsonl``,
+  between the snapshots that bracket the window: ``run.history.interval_s`` is its resolution);
 - **response lengths** of the pushed responses (the worker's sample log), to show the tail;
 - **held-out accuracy** after RL (``summary.json``, ``up``'s evaluation on the test split).
 
@@ -54,12 +56,20 @@ COMMON = [
     "up.tiny_model.num_kv_heads=2",
     "up.warm_start.steps=300", "up.warm_start.batch_size=32", "up.warm_start.tiers=[short,long]",
     "up.warm_start.check_rows=0", "up.warm_start.target_exact=null",
-    "up.eval.prompts=200", "up.eval.samples=2",
+    "up.eval.prompts=100", "up.eval.samples=2",
     "rollout.sampling.max_tokens=160", "rollout.batch_size=8", "rollout.n=4", "rollout.n_min=2",
     "rollout.n_max=8", "rollout.max_n_per_request=8", "allocator.n_per_prompt=4",
     "allocator.n_min=2", "allocator.n_max=8", "rollout.max_pending_groups=16",
     "rollout.max_staleness=1", "learner.stream.max_staleness=4",
     "learner.train_batch_size=8", "learner.max_steps=30", "learner.checkpoint.every=100",
+    "run.history.interval_s=1",
+]  # fmt: skip
+# engine.kind=vllm: the CPU build (head size 32: the build has no kernel for 8 or 16), unseeded
+# (vLLM 0.32's CPU engine dies on seeded requests prefilled in chunks), with time to start.
+VLLM = [
+    "engine.kind=vllm", "engine.vllm.max_model_len=256", "up.health_timeout_s=900",
+    "rollout.sampling.seed=null", "up.tiny_model.hidden_size=128", "up.tiny_model.num_heads=4",
+    "up.tiny_model.num_kv_heads=2",
 ]  # fmt: skip
 # Tiny settings for a smoke run: every stage runs, a few minutes on an idle machine.
 QUICK = [
@@ -74,14 +84,14 @@ def run_dir_of(runs: Path, mode: str, seed: int) -> Path:
     return runs / f"{mode}-seed{seed}"
 
 
-def up(run_dir: Path, mode: str, seed: int, quick: bool, model: str | None) -> None:
+def up(run_dir: Path, mode: str, seed: int, settings: list[str], model: str | None) -> None:
     """``dynamo-rl up`` for one (mode, seed), unless its ``summary.json`` exists."""
     if (run_dir / "summary.json").exists():
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "dynamo_rl.cli", "up", "--config", str(CONFIG),
             f"run.seed={seed}", f"run.dir={run_dir}", f"run.name=longtail-{mode}-{seed}",
-            *COMMON, *(QUICK if quick else []), f"rollout.update_mode={mode}",
+            *settings, f"rollout.update_mode={mode}",
             *([f"learner.model={model}", f"engine.model={model}"] if model else [])]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     print(f"{mode} seed {seed}: {run_dir}", flush=True)
@@ -96,19 +106,30 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def engine_busy_s(run_dir: Path, t0: float, t1: float) -> tuple[float, float]:
-    """Seconds the engines spent decoding between ``t0`` and ``t1`` (unix), and the seconds
-    of that window their histories cover (summed over engines)."""
+    """Seconds the engines spent decoding from the snapshot before ``t0`` to the one after ``t1``
+    (unix), and the seconds those snapshots span (both summed over engines). The embedded engine
+    times its batches; for vLLM a snapshot interval counts as busy when the snapshot that ends
+    it has requests running (``vllm:num_requests_running``)."""
     busy = covered = 0.0
     for path in sorted((run_dir / "metrics").glob("engine-*.jsonl")):
-        points = []
+        points, t_prev, running = [], None, 0.0
         for rec in _jsonl(path):
+            names = {name: v for name, _labels, v in rec["samples"]}
+            if "vllm:num_requests_running" in names:
+                if t_prev is not None and names["vllm:num_requests_running"] > 0:
+                    running += rec["t"] - t_prev
+                t_prev = rec["t"]
+                points.append((rec["t"], running))
+                continue
             total = sum(v for name, _labels, v in rec["samples"]
                         if name == "dynamo_engine_batch_seconds_sum")  # fmt: skip
             points.append((rec["t"], total))
-        inside = [(t, s) for t, s in points if t0 <= t <= t1]
-        if len(inside) >= 2:
-            busy += inside[-1][1] - inside[0][1]
-            covered += inside[-1][0] - inside[0][0]
+        # The snapshots that bracket the window (the history's interval is its resolution).
+        first = max((p for p in points if p[0] <= t0), default=points[0] if points else None)
+        last = min((p for p in points if p[0] >= t1), default=points[-1] if points else None)
+        if first is not None and last is not None and last[0] > first[0]:
+            busy += last[1] - first[1]
+            covered += last[0] - first[0]
     return busy, covered
 
 
@@ -202,7 +223,7 @@ def plot(doc: dict, path: Path) -> None:
         ax.set_xticks(seeds)
         ax.set_xlabel("run.seed")
         ax.set_title(title, fontsize=9)
-    axes[0].legend(fontsize=8, title="rollout.update_mode", title_fontsize=8)
+    axes[0].legend(fontsize=7, title="rollout.update_mode", title_fontsize=7, loc="lower right")
     fig.suptitle(doc["title"], fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -215,23 +236,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=Path, default=REPO / "runs" / "longtail_updates")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
+    p.add_argument("--engine", choices=["embedded", "vllm"], default="embedded")
+    p.add_argument(
+        "--vllm-python",
+        default=str(REPO / ".venv-vllm" / "bin" / "python"),
+        help="--engine vllm: the vLLM environment's python (engine.vllm.python)",
+    )
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    default = "/tmp/longtail_updates_quick.json" if args.quick else (
-        REPO / "benchmarks" / "results" / "longtail_updates.json")  # fmt: skip
+    name = "longtail_updates" + ("_vllm" if args.engine == "vllm" else "")
+    default = f"/tmp/{name}_quick.json" if args.quick else (
+        REPO / "benchmarks" / "results" / f"{name}.json")  # fmt: skip
+    settings = [*COMMON, *(QUICK if args.quick else [])]
+    if args.engine == "vllm":
+        settings += [*VLLM, f"engine.vllm.python={args.vllm_python}"]
     out = Path(args.out or default)
     t_start = time.time()
     runs = []
     for seed in seeds:
         first = run_dir_of(args.runs, "wait", seed)
-        up(first, "wait", seed, args.quick, None)
+        up(first, "wait", seed, settings, None)
         model = first / "model" / ("sft" if (first / "model" / "sft").exists() else "init")
-        up(run_dir_of(args.runs, "interrupt", seed), "interrupt", seed, args.quick, str(model))
+        up(run_dir_of(args.runs, "interrupt", seed), "interrupt", seed, settings, str(model))
         runs += [measure(run_dir_of(args.runs, m, seed), m, seed) for m in MODES]
     doc = {
-        "title": f"update_mode wait vs interrupt on the longtail task, seeds {args.seeds}"
-        + (" (--quick)" if args.quick else ""),
-        "settings": [*COMMON, *(QUICK if args.quick else [])],
+        "title": f"update_mode wait vs interrupt on the longtail task ({args.engine} engine), "
+        f"seeds {args.seeds}" + (" (--quick)" if args.quick else ""),
+        "settings": settings,
         "wall_s": round(time.time() - t_start, 1),
         "runs": runs,
         **summarise(runs),
