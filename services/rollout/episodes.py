@@ -181,8 +181,12 @@ class Segment:
         self.versions += list(versions)
 
     def weight_versions(self) -> list[int]:
-        """Every token's version for the stream; empty when an engine reported none."""
-        return [] if None in self.versions else list(self.versions)  # type: ignore[arg-type]
+        """Every token's version for the stream when they differ (the response spans an update);
+        empty when they are all one version or an engine reported none: the group's version, the
+        oldest of the group's, stands for them (as before per-token versions)."""
+        if None in self.versions or len(set(self.versions)) < 2:
+            return []
+        return list(self.versions)  # type: ignore[arg-type]
 
 
 @dataclass
