@@ -8,6 +8,12 @@ the text; ``logprobs: 0`` returns the sampled token's log-probability in
 :class:`~dynamo_rl.contracts.engine.CompletionRequest` and the answer is read through
 :class:`~dynamo_rl.contracts.engine.CompletionResponse`; a response that does not fit, or whose
 lengths disagree, is refused (:class:`EngineProtocolError`) rather than silently misaligned.
+
+Weight versions: the embedded engine's ``weight_versions`` (one per token) are kept; with vLLM's
+protocol each request's tokens get the version read just before it. A choice a push's pause cut
+(``finish_reason: "abort"``) is retried whole, or — ``continue_aborted``, ``rollout.update_mode:
+interrupt`` — continued from its tokens so far once the engine has resumed, so one response can
+carry two or more versions (``docs/rollout.md``).
 """
 
 from __future__ import annotations
