@@ -266,10 +266,15 @@ CHARTS: tuple[Chart, ...] = (
     ),
     Chart(
         "staleness",
-        "Staleness of trained groups (learner)",
+        "Staleness of trained tokens, and version spread within responses (learner)",
         "health",
         "versions",
-        (_learner("mean", "staleness_mean"),),
+        (
+            _learner("mean", "staleness_mean"),
+            _learner("oldest token", "staleness_max"),
+            _learner("spread in a response (mean)", "version_spread_mean"),
+            _learner("spread in a response (max)", "version_spread_max"),
+        ),
     ),
     Chart(
         "engine_staleness",

@@ -7,7 +7,8 @@ Wire format of a stream entry (a Redis hash of fields):
   serialised.
 
 :func:`decode_group` validates what the learner relies on (at least one response, one log-prob per
-token, finite values; a multi-turn response's loss mask 1 exactly on its turns' model tokens) and
+token, finite values, one weight version per token or none; a multi-turn response's loss mask 1
+exactly on its turns' model tokens) and
 raises :class:`TrajectoryDecodeError` with the reason otherwise, so a poison entry goes to the
 dead-letter stream instead of crashing the learner.
 """
@@ -42,8 +43,10 @@ __all__ = [
     "decode_group",
     "encode_entry",
     "encode_group",
+    "oldest_version",
     "response_loss_mask",
     "response_prompt",
+    "response_versions",
 ]
 
 CODEC_VERSION = b"1"
@@ -72,6 +75,13 @@ def validate_group(group: TrajectoryGroup) -> TrajectoryGroup:
             raise TrajectoryDecodeError(f"response {i}: log-probs must be finite and <= 0")
         if any(t < 0 for t in r.token_ids):
             raise TrajectoryDecodeError(f"response {i}: negative token id")
+        if r.weight_versions and len(r.weight_versions) != len(r.token_ids):
+            raise TrajectoryDecodeError(
+                f"response {i}: {len(r.weight_versions)} weight_versions for "
+                f"{len(r.token_ids)} tokens (one per token, or none)"
+            )
+        if any(v < 0 for v in r.weight_versions):
+            raise TrajectoryDecodeError(f"response {i}: negative weight version")
         _validate_episode(i, r)
     return group
 
@@ -129,6 +139,22 @@ def response_loss_mask(response: Response) -> list[int]:
     """1 at the tokens trained on: every token of a single-turn response, the model's tokens of
     a multi-turn one."""
     return list(response.loss_mask) if response.loss_mask else [1] * len(response.token_ids)
+
+
+def response_versions(group: TrajectoryGroup, response: Response) -> list[int]:
+    """The weight version of each token of a response: its own per-token versions, else the
+    group's version for every token."""
+    if response.weight_versions:
+        return list(response.weight_versions)
+    return [int(group.weight_version)] * len(response.token_ids)
+
+
+def oldest_version(group: TrajectoryGroup) -> int:
+    """The oldest weight version behind any token of the group, never newer than the group's
+    own ``weight_version``: what a staleness bound is held to."""
+    return min(
+        [int(group.weight_version), *(v for r in group.responses for v in r.weight_versions)]
+    )
 
 
 def encode_group(group: TrajectoryGroup) -> bytes:

@@ -138,6 +138,8 @@ class Launcher:
             return self.cfg.rollout.dataset, None
         if self.cfg.up.task == "products":
             from tasks.products import write_task
+        elif self.cfg.up.task == "longtail":
+            from tasks.longtail import write_task
         else:
             from tasks.arith import write_task
 

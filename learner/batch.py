@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from dynamo_rl.codec import response_versions
+
 
 @dataclass
 class Sample:
@@ -30,6 +32,10 @@ class Sample:
     correct: bool
     group: int
     staleness: int = 0
+    """Learner's weight version minus the oldest version among the response's tokens."""
+    version_spread: int = 0
+    """Newest minus oldest weight version among its tokens (0: sampled by one version; more
+    when the response spans interruptible updates)."""
     episode: int | None = None
     """Multi-turn episodes: the episode (within the group) this sample is a segment of; the
     segments of a forked episode share it. None: a single-turn response, an episode of its own."""
@@ -122,6 +128,7 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
         temperature = sampling_temperature(g)
         for r in g.responses:
             placed = [(t.end - 1, float(t.reward)) for t in r.turns if t.has_reward]
+            versions = response_versions(g, r) or [int(g.weight_version)]
             out.append(
                 Sample(
                     prompt=list(r.prompt_token_ids) if r.prompt_token_ids else prompt,
@@ -130,7 +137,8 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
                     reward=float(r.reward),
                     correct=bool(r.correct),
                     group=gi,
-                    staleness=max(0, weight_version - int(g.weight_version)),
+                    staleness=max(0, weight_version - min(versions)),
+                    version_spread=max(versions) - min(versions),
                     episode=response_episode(r),
                     truncated=r.finish_reason == "length",
                     temperature=temperature,

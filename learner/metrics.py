@@ -30,7 +30,11 @@ GAUGES: dict[str, str] = {
     "tokens_per_second": "trained tokens per second of step time",
     "mismatch_abs_mean": "mean |learner old log-prob - sampling log-prob| over tokens",
     "is_weight_mean": "mean truncated importance weight",
-    "staleness_mean": "mean weight versions between sampling and training",
+    "staleness_mean": "mean weight versions between sampling (a response's oldest token) and "
+    "training",
+    "staleness_max": "most weight versions between a trained token's sampling and training",
+    "version_spread_mean": "mean newest minus oldest weight version within a response",
+    "version_spread_max": "largest newest minus oldest weight version within a response",
     "value_loss": "critic value loss (PPO with GAE)",
     "push_seconds": "seconds of the last weight push",
     "push_gb_per_s": "throughput of the last weight push in GB/s",

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dynamo_rl.codec import oldest_version
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts import gradstats
 from dynamo_rl.contracts.stream import TrajectoryReader
@@ -209,7 +210,9 @@ class RLTrainer(Trainer):
             for e in entries:
                 consumed.append(e.entry_id)
                 g = e.group
-                stale = self.weight_version - int(g.weight_version)
+                # The bound holds for every token: a response that spans updates counts from
+                # its oldest token.
+                stale = self.weight_version - oldest_version(g)
                 if lc.stream.max_staleness is not None and stale > lc.stream.max_staleness:
                     skipped["stale"] += 1
                     continue
@@ -294,6 +297,9 @@ class RLTrainer(Trainer):
             "accuracy_mean": sum(s.correct for s in samples) / n,
             "response_len_mean": float(lengths.float().mean()),
             "staleness_mean": sum(s.staleness for s in samples) / n,
+            "staleness_max": max(s.staleness for s in samples),
+            "version_spread_mean": sum(s.version_spread for s in samples) / n,
+            "version_spread_max": max(s.version_spread for s in samples),
             "time_forward": t_forward + t_fwd,
             "time_backward": t_bwd,
             "time_optimizer": t_opt,

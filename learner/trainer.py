@@ -312,7 +312,7 @@ class Trainer:
         headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
         p = self.lc.push
         rc = self.cfg.rollout
-        protocol = weight_protocol(rc.weight_api, pause_mode=rc.vllm_pause_mode)
+        protocol = weight_protocol(rc.weight_api, pause_mode=rc.push_pause_mode)
         if self.lora is not None:  # only the adapters move, whatever push.transport says
             return AdapterPush(self._adapter_for_push, prefix=self.lora.name, protocol=protocol,
                                timeout_s=p.timeout_s, headers=headers)  # fmt: skip

@@ -19,7 +19,7 @@ the last ``\\boxed{...}``. Train and test prompts never share a question.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,9 @@ class Tier:
     name: str
     weight: float
     make: Callable[[random.Random], tuple[str, int]]
+    worked: Callable[[str, int], str] | None = None
+    """The reference response of a question and its value, when it is more than the boxed
+    answer (``tasks.longtail``'s worked sums)."""
 
 
 def _sum(lo_a: int, hi_a: int, lo_b: int, hi_b: int) -> Callable[[random.Random], tuple[str, int]]:
@@ -64,8 +67,15 @@ TIERS: tuple[Tier, ...] = (
 )
 
 
-def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """Distinct questions split into train and test rows (verl layout).
+def generate_rows(
+    n_train: int,
+    n_test: int,
+    seed: int = 0,
+    tiers: Sequence[Tier] = TIERS,
+    data_source: str = DATA_SOURCE,
+) -> tuple[list[dict], list[dict]]:
+    """Distinct questions split into train and test rows (verl layout), from ``tiers`` (the
+    arithmetic task's by default).
 
     Questions are drawn tier by tier in proportion to the tier weights (a tier whose distinct
     questions run out, such as the 100 one-digit sums, drops out and the others fill its share),
@@ -76,8 +86,8 @@ def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
     test_fraction = n_test / total
     train: list[dict] = []
     test: list[dict] = []
-    drawn: dict[str, list[tuple[str, int]]] = {t.name: [] for t in TIERS}
-    open_tiers = list(TIERS)
+    drawn: dict[str, list[tuple[str, int]]] = {t.name: [] for t in tiers}
+    open_tiers = list(tiers)
     seen: set[str] = set()
     count = 0
     while count < total and open_tiers:
@@ -92,12 +102,12 @@ def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
         else:
             open_tiers.remove(tier)
     # Test rows per tier by largest remainder, so the split sizes are exact.
-    exact = {t.name: len(drawn[t.name]) * test_fraction for t in TIERS}
+    exact = {t.name: len(drawn[t.name]) * test_fraction for t in tiers}
     k_test = {name: int(x) for name, x in exact.items()}
     by_remainder = sorted(exact, key=lambda name: exact[name] - k_test[name], reverse=True)
     for name in by_remainder[: max(0, min(n_test, count) - sum(k_test.values()))]:
         k_test[name] += 1
-    for tier in TIERS:
+    for tier in tiers:
         rows = drawn[tier.name]
         k = k_test[tier.name]
         test += [{"tier": tier.name, "q": q, "v": v} for q, v in rows[:k]]
@@ -106,15 +116,17 @@ def generate_rows(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
         raise ValueError(f"cannot draw {n_train} train and {n_test} test questions")
     rng.shuffle(train)
     rng.shuffle(test)
+    worked = {t.name: t.worked for t in tiers if t.worked is not None}
+
+    def row(r: dict, split: str, i: int) -> dict:
+        out = task_row(data_source, r["q"], r["v"], r["tier"], split, i)
+        if r["tier"] in worked:
+            out["extra_info"]["answer"] = worked[r["tier"]](r["q"], r["v"])
+        return out
+
     return (
-        [
-            task_row(DATA_SOURCE, r["q"], r["v"], r["tier"], "train", i)
-            for i, r in enumerate(train[:n_train])
-        ],
-        [
-            task_row(DATA_SOURCE, r["q"], r["v"], r["tier"], "test", i)
-            for i, r in enumerate(test[:n_test])
-        ],
+        [row(r, "train", i) for i, r in enumerate(train[:n_train])],
+        [row(r, "test", i) for i, r in enumerate(test[:n_test])],
     )
 
 

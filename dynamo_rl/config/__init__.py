@@ -80,6 +80,12 @@ class ExperimentConfig(Section):
                 f"engine.kind={kind} needs rollout.weight_api={kind} (got {api}): a {kind} "
                 "server speaks only its own weight-update protocol"
             )
+        if self.rollout.update_mode == "interrupt" and self.learner.lora.enabled:
+            raise ValueError(
+                "rollout.update_mode=interrupt does not go with learner.lora.enabled=true: an "
+                "adapter push loads a new adapter version beside the running one, so generations "
+                "in flight are never cut (use update_mode wait)"
+            )
         return self
 
 

@@ -379,6 +379,7 @@ _QA = {"kind": "math", "extraction": "qa_exact_match"}
 DEFAULT_ROUTES: dict[str, dict[str, str]] = {
     "arith": _MATH_BOXED,  # the built-in task (dynamo-rl task arith)
     "products": _MATH_BOXED,  # the agent recipe's task (tasks.products)
+    "longtail": _MATH_BOXED,  # the update-mode benchmark's task (tasks.longtail)
     "openai/gsm8k": {"kind": "math", "extraction": "gsm8k"},
     "lighteval/MATH": _MATH_BOXED,
     "DigitalLearningGmbH/MATH-lighteval": _MATH_BOXED,

@@ -178,11 +178,21 @@ class RolloutConfig(Section):
     the embedded engine). The rollout worker reads versions with it and the learner pushes with
     it; vLLM needs VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config, and has no
     load-from-disk route (learner.push.transport=distributed)."""
+    update_mode: Literal["wait", "interrupt"] = "wait"
+    """How a weight push meets the generations in flight (docs/rollout.md, "Weight updates and
+    long generations"). wait: it waits for them, so a response comes from one version.
+    interrupt: they stop at a token boundary, the weights change, and they go on under the new
+    ones; every token carries the version that sampled it (the embedded engine applies the
+    update between two tokens and rebuilds its cache; vLLM is paused with abort and the rollout
+    client continues each cut response from its tokens so far), and the learner's staleness
+    bound applies to a group's oldest token."""
     vllm_pause_mode: Literal["keep", "wait", "abort"] = "wait"
-    """weight_api=vllm: how the learner pauses an engine for a push (POST /pause?mode=...).
-    wait lets running requests finish, so no response spans an update; keep freezes them and
-    resumes them on the new weights; abort cuts them (finish_reason "abort", which the rollout
-    client retries)."""
+    """weight_api=vllm, update_mode=wait: how the learner pauses an engine for a push (POST
+    /pause?mode=...). wait lets running requests finish, so no response spans an update; keep
+    freezes them and resumes them on the new weights (vLLM reports no version per token, so the
+    response keeps the version read before it); abort cuts them (finish_reason "abort", which
+    the rollout client retries). update_mode=interrupt pauses with abort and continues the cut
+    responses, whatever this says (keep is refused with it)."""
     model_name: str | None = None
     """The 'model' field of OpenAI requests (None: the first id of GET /v1/models)."""
     discover_engines: bool = False
@@ -242,9 +252,21 @@ class RolloutConfig(Section):
                 f"rollout.worker_index ({self.worker_index}) must be < rollout.num_workers "
                 f"({self.num_workers})"
             )
+        if self.update_mode == "interrupt" and self.vllm_pause_mode == "keep":
+            raise ValueError(
+                "rollout.vllm_pause_mode: 'keep' does not go with rollout.update_mode "
+                "'interrupt', which pauses vLLM with 'abort' and continues the cut responses "
+                "(leave vllm_pause_mode at wait or abort, or use update_mode 'wait')"
+            )
         if self.backoff_s > self.backoff_max_s:
             raise ValueError(
                 f"rollout.backoff_s ({self.backoff_s}) must be <= rollout.backoff_max_s "
                 f"({self.backoff_max_s})"
             )
         return self
+
+    @property
+    def push_pause_mode(self) -> Literal["keep", "wait", "abort"]:
+        """The ``/pause?mode=`` of a vLLM-shaped push: abort when responses continue across
+        updates (``update_mode: interrupt``), else ``vllm_pause_mode``."""
+        return "abort" if self.update_mode == "interrupt" else self.vllm_pause_mode

@@ -130,9 +130,11 @@ class UpConfig(Section):
     """Rollout worker processes (they shard the dataset)."""
     learner_procs: Count = 1
     """Learner ranks under torchrun (FSDP2)."""
-    task: Literal["arith", "products"] = "arith"
+    task: Literal["arith", "products", "longtail"] = "arith"
     """Built-in task generated into the run folder when ``rollout.dataset`` is unset: ``arith``
-    (the quickstart's tiers) or ``products`` (multi-digit products, the agent recipe's)."""
+    (the quickstart's tiers), ``products`` (multi-digit products, the agent recipe's) or
+    ``longtail`` (short sums and long worked ones, responses over ten times longer: the
+    update-mode benchmark's; warm start it with ``up.warm_start.tiers: [short, long]``)."""
     task_train: Annotated[int, Field(ge=1)] = 3000
     """Train prompts of the generated task."""
     task_test: Annotated[int, Field(ge=1)] = 1000

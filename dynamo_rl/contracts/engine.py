@@ -210,6 +210,9 @@ class CompletionChoice(EngineAnswer):
     prompt_token_ids: list[int] | None = None
     weight_version: AnsweredVersion = None
     """A choice's own version, where an engine sends one (else the response's)."""
+    weight_versions: list[int] | None = None
+    """The embedded engine's extension: the weight version that sampled each token (one per
+    token id; two or more values when the choice spans an interruptible update)."""
 
 
 class CompletionUsage(EngineAnswer):
@@ -284,6 +287,8 @@ class GenerateMetaInfo(EngineAnswer):
     completion_tokens: int = 0
     cached_tokens: int = 0
     weight_version: AnsweredVersion = None
+    weight_versions: list[int] | None = None
+    """The embedded engine's extension: the weight version of each output token."""
     e2e_latency: float = 0.0
     output_token_logprobs: list[LogprobEntry] | None = None
     output_top_logprobs: list[list[LogprobEntry] | None] | None = None

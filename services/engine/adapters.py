@@ -106,9 +106,11 @@ class Adapters:
 
     def load(self, name: str, config: Any, tensors: dict[str, torch.Tensor]) -> int:
         """Scheduler thread: add (or replace) adapter ``name``; returns its version. The layers
-        of an unloaded adapter of the same shape are reused when there is one."""
+        of an unloaded adapter of the same shape are reused when there is one. The layers keep
+        running the adapter they ran (a batch held at a token boundary goes on with its own)."""
         from peft import inject_adapter_in_model
 
+        running = self.active
         if name in self.loaded:
             self.unload(name)
         shape = (config.r, config.lora_alpha, bool(config.use_rslora),
@@ -131,7 +133,8 @@ class Adapters:
                 getattr(layer, leaf).copy_(t)
         self.model.eval()
         self.loaded[name] = adapter_version(name) or 0
-        self.active = None  # the layers' selection changed: select() sets it again
+        self.active = None  # the injection may have switched the layers: select them again
+        self.select(running if running in self.loaded else None)
         return self.loaded[name]
 
     def unload(self, name: str) -> None:

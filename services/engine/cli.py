@@ -115,7 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = "127.0.0.1" if ecfg.host in ("0.0.0.0", "::") else ecfg.host
         url = ecfg.advertise_url or f"http://{shown}:{port}"
         registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
-    engine = Engine(model, tokenizer, ecfg, name, token_value, registry, seed=cfg.run.seed)
+    engine = Engine(
+        model, tokenizer, ecfg, name, token_value, registry, seed=cfg.run.seed,
+        interruptible=cfg.rollout.update_mode == "interrupt",
+    )  # fmt: skip
     app = create_app(engine)
     engine.metrics.metrics.record_run(cfg.run, str(port))
     n_params = sum(p.numel() for p in model.parameters())

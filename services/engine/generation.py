@@ -1,19 +1,29 @@
 """Batched generation with a KV cache, owned by one scheduler thread.
 
 Why one thread: the model is only ever touched by the scheduler thread, so a weight update (run
-by that same thread *between* batches) can never interleave with a decoding step. A batch that
-started on version v finishes on version v; requests queued behind an update run on the new
-weights. No response is ever sampled from a half-updated model, and no lock is needed. With LoRA
-adapters loaded (:mod:`.adapters`) a batch holds one adapter's sequences (or the base's), switched
-to between batches, and they carry that adapter's version.
+by that same thread between batches, or between two tokens of a batch) can never interleave with
+a decoding step, and no lock is needed. With LoRA adapters loaded (:mod:`.adapters`) a batch holds
+one adapter's sequences (or the base's), switched to between batches, and they carry that
+adapter's version.
 
 Batching is static: when the engine is idle, the first request waits ``batch_wait_s`` for others
 to arrive (again while a burst keeps arriving, up to 20 windows), then every queued sequence
 (prompts x n, up to ``max_batch_size``) is prefilled together with left padding and decoded step
 by step sharing one ``DynamicCache``. Finished rows are dropped from the cache as they finish, so
 long tails do not pay for short ones. Requests arriving mid-batch wait for the next batch (no
-continuous batching: simpler, and enough for CPU). The sequences of one request never straddle a
-weight update: an update queued behind a request runs after all of that request's sequences.
+continuous batching: simpler, and enough for CPU).
+
+Weight updates come as exclusive tasks (:meth:`BatchGenerator.run_exclusive`), in one of two ways:
+
+- **between batches** (waiting updates, the default): a batch that started on version v
+  finishes on version v, and the sequences of one request never straddle the update (it runs
+  after all of that request's sequences);
+- **between tokens** (``between_tokens``, interruptible updates): the running batch stops at its
+  next token boundary, the task runs, and when the weights changed the batch's cache is rebuilt
+  by one forward pass over each row's prompt and tokens so far, under the new weights; decoding
+  then goes on. Every token records the version whose weights gave its logits
+  (:attr:`SequenceResult.token_versions`), so a sequence that spans an update carries both
+  versions, and each token's log-prob is what a full forward pass of that version gives.
 
 Sampling per row: temperature (0 = greedy), top-k, top-p, and a per-row ``torch.Generator`` when
 a seed is given, so a seeded request gives the same tokens whatever else shares its batch (up to
@@ -87,6 +97,9 @@ class SequenceResult:
     stop_text_end: int | None  # where the text is cut when a stop string matched
     top_logprobs: list[list[tuple[int, float]]] | None
     weight_version: int
+    """The oldest version among its tokens' (the engine's when it has none)."""
+    token_versions: list[int] = field(default_factory=list)
+    """The weight version that sampled each token (one per token id)."""
 
 
 @dataclass
@@ -97,6 +110,7 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -113,6 +127,8 @@ class _Job:
 class _Task:
     fn: Callable[[], Any]
     future: Future[Any]
+    between_tokens: bool = False
+    """Run at the running batch's next token boundary, not after the batch."""
 
 
 @dataclass
@@ -164,6 +180,7 @@ class BatchGenerator:
         # carry, or None: the weight version.
         self.select_adapter = select_adapter
         self.weight_version = 0
+        self.weights_epoch = 0  # bumped by every change of the weights (see run_exclusive)
         self.abort = threading.Event()  # set: running sequences end now with "abort"
         self._cache_kw = _cache_kwarg(model)
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
@@ -198,9 +215,12 @@ class BatchGenerator:
         self._put(job)
         return job.future
 
-    def run_exclusive(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run ``fn`` in the scheduler thread between batches (weight updates)."""
-        task = _Task(fn, Future())
+    def run_exclusive(self, fn: Callable[[], Any], between_tokens: bool = False) -> Future[Any]:
+        """Run ``fn`` in the scheduler thread between batches (weight updates), or with
+        ``between_tokens`` at the running batch's next token boundary (after the batch's
+        earlier tokens, before its next one); when ``fn`` changes the weights it bumps
+        :attr:`weights_epoch`, and the batch's cache is rebuilt under the new weights."""
+        task = _Task(fn, Future(), between_tokens)
         self._put(task)
         return task.future
 
@@ -291,12 +311,11 @@ class BatchGenerator:
         seqs = [job.seqs[i] for job, i in batch]
         t0 = time.perf_counter()
         try:
-            version = self.weight_version
+            stamp = None
             if self.select_adapter is not None:
                 stamp = self.select_adapter(batch[0][0].adapter)
-                version = version if stamp is None else stamp
             with torch.inference_mode():
-                results = self._decode(seqs, version)
+                results = self._decode(seqs, stamp)
         except BaseException as e:
             log.exception("generation failed for a batch of %d sequences", len(seqs))
             for job, _ in batch:
@@ -335,36 +354,57 @@ class BatchGenerator:
         )
         return out.logits[:, -1, :].float()
 
-    def _decode(self, seqs: list[_Seq], version: int) -> list[SequenceResult]:
+    def _prefill(
+        self, rows: list[list[int]]
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A fresh cache over ``rows`` (left padded): the cache, the last position's logits, the
+        attention mask and each row's next position."""
         from transformers import DynamicCache
 
+        dev = self.device
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[r, width - len(row) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        # Left padding: positions count real tokens only, as in an unpadded forward pass.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache)
+        return cache, logits, mask, positions[:, -1] + 1
+
+    def _interrupt(self) -> bool:
+        """Run the tasks queued to run between tokens (interruptible updates, a keep pause);
+        True when the weights changed, so the running batch's cache must be rebuilt."""
+        with self._cv:
+            tasks = [t for t in self._queue if isinstance(t, _Task) and t.between_tokens]
+            for t in tasks:
+                self._queue.remove(t)
+        epoch = self.weights_epoch
+        for t in tasks:
+            self._run_task(t)
+        return self.weights_epoch != epoch
+
+    def _decode(self, seqs: list[_Seq], stamp: int | None = None) -> list[SequenceResult]:
+        """``stamp``: the version every token of a LoRA adapter's batch carries (an adapter's
+        weights never change under a batch), or None: each token the weights' version."""
         results: list[SequenceResult | None] = [None] * len(seqs)
         # Rows that need no generation at all (max_tokens == 0).
         rows = []
         for i, s in enumerate(seqs):
             if s.params.max_tokens == 0:
-                results[i] = self._result(s, "length", None, None, version)
+                results[i] = self._result(s, "length", None, None)
             else:
                 rows.append(i)
         if not rows:
             return results  # type: ignore[return-value]
 
         dev = self.device
-        lengths = [len(seqs[i].prompt) for i in rows]
-        width = max(lengths)
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, i in enumerate(rows):
-            n = lengths[r]
-            ids[r, width - n :] = torch.tensor(seqs[i].prompt, dtype=torch.long)
-            mask[r, width - n :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        # Left padding: positions count real tokens only, as in an unpadded forward pass.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, positions, cache)
-        next_pos = positions[:, -1] + 1
-
+        cache, logits, mask, next_pos = self._prefill([seqs[i].prompt for i in rows])
+        # The weights the cache and logits came from (an adapter's version for its batch).
+        version = self.weight_version if stamp is None else stamp
         active = list(rows)  # active[r] = index into seqs of cache row r
         while active:
             tokens, token_lp, step_logp = self._sample(logits, [seqs[i] for i in active])
@@ -376,6 +416,7 @@ class BatchGenerator:
                 tok = step_tokens[r]
                 s.tokens.append(tok)
                 s.logprobs.append(step_lps[r])
+                s.versions.append(version)
                 if s.params.top_logprobs:
                     k = s.params.top_logprobs
                     vals, idx = torch.topk(step_logp[r], k)
@@ -388,7 +429,7 @@ class BatchGenerator:
                     keep.append(r)
                 else:
                     reason, matched, cut = done
-                    results[i] = self._result(s, reason, matched, cut, version)
+                    results[i] = self._result(s, reason, matched, cut)
             if not keep:
                 break
             if len(keep) < len(active):
@@ -396,6 +437,14 @@ class BatchGenerator:
                 cache.batch_select_indices(sel)
                 mask, next_pos, tokens = mask[sel], next_pos[sel], tokens[sel]
                 active = [active[r] for r in keep]
+            if self._interrupt():
+                # New weights mid-batch: the cache holds the old weights' keys and values, so
+                # it is rebuilt over each row's prompt and tokens so far, and the next token's
+                # logits come from the new weights alone (what the learner recomputes).
+                rebuilt = [seqs[i].prompt + seqs[i].tokens for i in active]
+                cache, logits, mask, next_pos = self._prefill(rebuilt)
+                version = self.weight_version if stamp is None else stamp
+                continue
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
             logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
@@ -483,7 +532,6 @@ class BatchGenerator:
         reason: str,
         matched: int | str | None,
         cut: int | None,
-        version: int,
     ) -> SequenceResult:
         return SequenceResult(
             token_ids=list(s.tokens),
@@ -492,5 +540,6 @@ class BatchGenerator:
             matched_stop=matched,
             stop_text_end=cut,
             top_logprobs=list(s.top) if s.params.top_logprobs else None,
-            weight_version=version,
+            weight_version=min(s.versions, default=self.weight_version),
+            token_versions=list(s.versions),
         )

@@ -146,6 +146,7 @@ async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]
             logprobs=None if req.logprobs is None else _logprobs(engine, res),
             finish_reason=res.finish_reason,
             stop_reason=res.matched_stop,
+            weight_versions=res.token_versions,
         )
         if req.return_token_ids:
             choice.token_ids = res.token_ids
@@ -187,6 +188,7 @@ def _item(
         completion_tokens=len(res.token_ids),
         cached_tokens=0,
         weight_version=res.weight_version,
+        weight_versions=res.token_versions,
         e2e_latency=0.0,
     )
     if req.return_logprob:

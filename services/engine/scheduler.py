@@ -8,10 +8,13 @@
 vocabulary, the context length, the engine's caps; :class:`InvalidRequest` names the field), and
 applies weight updates between batches: both weight-control protocols of
 :mod:`dynamo_rl.contracts.weight_control`, SGLang's (an update is applied between batches) and
-vLLM's (:meth:`Engine.pause` holds the scheduler at a batch boundary — ``abort`` first cuts the
-running batch, whose sequences finish with ``finish_reason`` ``"abort"``; ``keep`` and ``wait``
-let it finish, as this engine cannot freeze a batch mid-decode — until :meth:`Engine.resume`) —
-and LoRA adapters loaded beside the base weights (:mod:`.adapters`), which requests name.
+vLLM's (:meth:`Engine.pause` holds the scheduler until :meth:`Engine.resume`: ``keep`` at the
+running batch's next token boundary, ``wait`` once the batch finished, ``abort`` after cutting the
+running batch, whose sequences finish with ``finish_reason`` ``"abort"``). With ``interruptible``
+(``rollout.update_mode: interrupt``) an SGLang-shaped update, too, is applied at the next token
+boundary; either way a batch that spans an update goes on under the new weights (see
+:mod:`.generation`), each token carrying its version. LoRA adapters are loaded beside the base
+weights (:mod:`.adapters`), which requests name; they are loaded and unloaded between batches only.
 """
 
 from __future__ import annotations
@@ -91,8 +94,12 @@ class Engine:
         control_token: str | None = None,
         registry: EngineRegistry | None = None,
         seed: int = 0,
+        interruptible: bool = False,
     ) -> None:
         self.model = model
+        self.interruptible = interruptible
+        """Apply SGLang-shaped updates at the running batch's next token boundary
+        (``rollout.update_mode: interrupt``), not after the batch."""
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.served_model_name = served_model_name
@@ -279,6 +286,7 @@ class Engine:
     def _apply(self, tensors: dict[str, torch.Tensor], version: int | None) -> int:
         """Runs in the scheduler thread, between batches (or while it is held by a pause)."""
         copy_into(self.params, tensors)
+        self.generator.weights_epoch += 1
         new = self.generator.weight_version + 1 if version is None else int(version)
         self.generator.weight_version = new
         self.updated = True
@@ -289,7 +297,7 @@ class Engine:
         # use and fn runs here; queueing it behind the hold would deadlock.
         if self.paused:
             return fn()
-        return self.generator.run_exclusive(fn).result()
+        return self.generator.run_exclusive(fn, between_tokens=self.interruptible).result()
 
     # ---- LoRA adapters (services/engine/adapters.py) ----
 
@@ -338,7 +346,9 @@ class Engine:
         return self._held.is_set()
 
     def pause(self, mode: str) -> None:
-        """Hold the scheduler at the next batch boundary; ``abort`` cuts the running batch."""
+        """Hold the scheduler: ``keep`` at the running batch's next token boundary (it goes on
+        after :meth:`resume`, its cache rebuilt if the weights changed); ``wait`` at the next
+        batch boundary; ``abort`` cuts the running batch first."""
         with self._pause_lock:
             if self._release is not None:
                 return
@@ -353,7 +363,7 @@ class Engine:
                 release.wait()
                 self._held.clear()
 
-            self._hold_future = self.generator.run_exclusive(hold)
+            self._hold_future = self.generator.run_exclusive(hold, between_tokens=mode == "keep")
         if not self._held.wait(self.cfg.weight_update_timeout_s):
             self.resume()
             raise RuntimeError("the running batch did not finish within the update timeout")

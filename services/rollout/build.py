@@ -134,6 +134,7 @@ def make_engine_factory(cfg: ExperimentConfig) -> Callable[[str], Engine]:
         make_engine, engine_api=rc.engine_api, weight_api=rc.weight_api, model=rc.model_name,
         timeout_s=rc.request_timeout_s, control_token=token,
         adapter=lora.name if lora.enabled else None,
+        continue_aborted=rc.update_mode == "interrupt",
     )  # fmt: skip
 
 

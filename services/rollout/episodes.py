@@ -159,15 +159,34 @@ class Segment:
     logprobs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     turns: list[TurnRecord] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)
+    """The weight version of each token (an observation's: the model tokens' before it)."""
 
     @property
     def context(self) -> int:
         return len(self.prompt_ids) + len(self.token_ids)
 
-    def append(self, ids: Sequence[int], logprobs: Sequence[float], trained: int) -> None:
+    def append(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        trained: int,
+        versions: Sequence[int | None] | None = None,
+    ) -> None:
         self.token_ids += list(ids)
         self.logprobs += list(logprobs)
         self.loss_mask += [trained] * len(ids)
+        if versions is None:
+            versions = [self.versions[-1] if self.versions else None] * len(ids)
+        self.versions += list(versions)
+
+    def weight_versions(self) -> list[int]:
+        """Every token's version for the stream when they differ (the response spans an update);
+        empty when they are all one version or an engine reported none: the group's version, the
+        oldest of the group's, stands for them (as before per-token versions)."""
+        if None in self.versions or len(set(self.versions)) < 2:
+            return []
+        return list(self.versions)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -315,7 +334,7 @@ async def play_episode(
         engine_url = sample.engine_url or engine_url
         turn = TurnRecord(len(seg.token_ids), 0, 0, sample.weight_version, sample.text,
                           sample.finish_reason)  # fmt: skip
-        seg.append(sample.token_ids, sample.logprobs, 1)
+        seg.append(sample.token_ids, sample.logprobs, 1, sample.token_versions())
         turn.end = turn.observation_end = len(seg.token_ids)
         seg.turns.append(turn)
         said = conversation.model_text(sample.token_ids)
@@ -405,7 +424,8 @@ def episode_responses(
         return Response(token_ids=seg.token_ids, logprobs=seg.logprobs, reward=score,
                         correct=res.correct, format_ok=res.format_ok, reason=res.reason,
                         finish_reason=seg.turns[-1].finish_reason, reward_components=components,
-                        text=text, **episode_fields)  # fmt: skip
+                        text=text, weight_versions=seg.weight_versions(),
+                        **episode_fields)  # fmt: skip
 
     if not episode.multi_turn:
         return [response(episode.segments[0], res.score, episode.final_text)] if turns else []

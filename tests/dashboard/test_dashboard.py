@@ -118,6 +118,22 @@ def test_jsonl_log_reads_the_learners_own_step_log(tmp_path: Path) -> None:
     assert log.points("reward_mean") == [[1.0, 0.25], [2.0, 0.5]]
 
 
+def test_staleness_chart_shows_the_version_spread_within_responses(tmp_path: Path) -> None:
+    import learner.steplog as steplog
+
+    writer = steplog.StepLog(tmp_path / "metrics.jsonl")
+    for step, spread in ((1, 0), (2, 2)):
+        writer.write({"step": step, "staleness_mean": 0.5, "staleness_max": 1 + spread,
+                      "version_spread_mean": spread / 4, "version_spread_max": spread})  # fmt: skip
+    log = JsonlLog(tmp_path / "metrics.jsonl")
+    log.refresh()
+    (chart,) = [c for c in CHARTS if c.id == "staleness"]
+    lines = {ln["label"]: ln["points"] for ln in chart_data(chart, log, Scraper([]))["lines"]}
+    assert lines["spread in a response (max)"] == [[1.0, 0.0], [2.0, 2.0]]
+    assert lines["spread in a response (mean)"] == [[1.0, 0.0], [2.0, 0.5]]
+    assert lines["oldest token"] == [[1.0, 1.0], [2.0, 3.0]]
+
+
 def _snapshots(m: ServiceMetrics, steps: list[tuple[float, callable]]) -> list[Snapshot]:
     out = []
     for t, change in steps:

@@ -9,6 +9,8 @@ from dynamo_rl.codec import (
     decode_entry,
     decode_group,
     encode_entry,
+    oldest_version,
+    response_versions,
 )
 
 
@@ -49,6 +51,8 @@ def test_roundtrip_through_real_redis_stream(redis_url: str) -> None:
         (lambda g: setattr(g, "prompt_id", ""), "prompt_id"),
         (lambda g: setattr(g.responses[1], "reward", float("nan")), "not finite"),
         (lambda g: g.responses[1].logprobs.__setitem__(0, 0.5), "<= 0"),
+        (lambda g: g.responses[0].weight_versions.extend([4]), "1 weight_versions for 2 tokens"),
+        (lambda g: g.responses[1].weight_versions.extend([-1]), "negative weight version"),
     ],
 )
 def test_invalid_groups_are_refused(mutate, reason: str) -> None:
@@ -56,6 +60,19 @@ def test_invalid_groups_are_refused(mutate, reason: str) -> None:
     mutate(group)
     with pytest.raises(TrajectoryDecodeError, match=reason):
         decode_group(group.SerializeToString())
+
+
+def test_oldest_version_is_the_oldest_token() -> None:
+    group = _group()
+    assert oldest_version(group) == 4  # no per-token versions: the group's
+    group.responses[0].weight_versions.extend([4, 6])
+    group.responses[1].weight_versions.extend([5])
+    assert oldest_version(decode_group(group.SerializeToString())) == 4
+    assert response_versions(group, group.responses[0]) == [4, 6]
+    group.responses[0].weight_versions[:] = [3, 6]  # older than the group says
+    assert oldest_version(group) == 3
+    group.responses[1].ClearField("weight_versions")
+    assert response_versions(group, group.responses[1]) == [4]
 
 
 def test_garbage_and_wrong_version() -> None:

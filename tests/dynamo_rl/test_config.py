@@ -51,6 +51,15 @@ def test_secret_is_not_shown() -> None:
         (["run.name=has space"], ["run.name", "has space"]),
         (["learner.lr"], ["KEY=VALUE"]),
         (["learner..lr=1"], ["empty key"]),
+        (["rollout.update_mode=sometimes"], ["rollout.update_mode", "'wait'", "'interrupt'"]),
+        (
+            ["rollout.update_mode=interrupt", "rollout.vllm_pause_mode=keep"],
+            ["rollout.vllm_pause_mode", "'keep'", "update_mode 'interrupt'", "abort"],
+        ),
+        (
+            ["rollout.update_mode=interrupt", "learner.lora.enabled=true"],
+            ["rollout.update_mode=interrupt", "learner.lora.enabled=true"],
+        ),
     ],
 )
 def test_bad_values_name_the_field(overrides: list[str], expected: list[str]) -> None:
@@ -58,6 +67,16 @@ def test_bad_values_name_the_field(overrides: list[str], expected: list[str]) ->
         load_config(overrides=overrides, env={})
     for text in expected:
         assert text in str(info.value)
+
+
+def test_update_mode_sets_the_push_pause() -> None:
+    cfg = load_config(overrides=["rollout.update_mode=interrupt"], env={})
+    assert cfg.rollout.push_pause_mode == "abort"
+    # up writes the resolved config (every field set) and validates it again.
+    again = type(cfg).model_validate(cfg.model_dump(mode="json"))
+    assert again.rollout.push_pause_mode == "abort"
+    rc = load_config(overrides=["rollout.vllm_pause_mode=keep"], env={}).rollout
+    assert rc.update_mode == "wait" and rc.push_pause_mode == "keep"
 
 
 def test_unknown_yaml_key_is_an_error(tmp_path: Path) -> None:

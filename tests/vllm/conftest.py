@@ -223,18 +223,21 @@ def completions(
 
 
 def learner_push(
-    url: str, policy, version: int, *, bucket_mb: float = 256.0, pause_mode: str = "wait"
-):
+    url: str, policy, version: int, *, bucket_mb: float = 256.0, pause_mode: str = "wait",
+    protocol=None,
+):  # fmt: skip
     """The learner's real push (``learner.push.DistributedPush`` with the engine contract's
     ``VLLMWeights``) of ``policy`` to the server as ``version``: pause → start → update ∥ flat
     buckets over the plugin's gloo backend → finish(version) → reset prefix cache → resume.
-    Needs :func:`one_rank`. Returns the :class:`~learner.push.PushResult` (raises if it failed)."""
+    ``protocol``: another weight-control protocol instead (the embedded engine's SGLang-shaped
+    one). Needs :func:`one_rank`. Returns the :class:`~learner.push.PushResult` (raises if it
+    failed)."""
     from dynamo_rl.contracts.weight_control import VLLMWeights
     from learner.push import DistributedPush
 
     push = DistributedPush(
         master_address="127.0.0.1", bucket_mb=bucket_mb, timeout_s=PUSH_TIMEOUT_S,
-        protocol=VLLMWeights(pause_mode=pause_mode),  # type: ignore[arg-type]
+        protocol=protocol or VLLMWeights(pause_mode=pause_mode),  # type: ignore[arg-type]
     )  # fmt: skip
     try:
         result = push.push(policy, version, [url])

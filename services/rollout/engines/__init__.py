@@ -45,13 +45,16 @@ def make_engine(
     timeout_s: float = 600.0,
     control_token: str | None = None,
     adapter: str | None = None,
+    continue_aborted: bool = False,
 ) -> OpenAICompletionsEngine | SGLangEngine:
     """A client of one replica speaking ``engine_api`` ("openai" | "sglang"); ``adapter``: the
-    LoRA adapters' name (``learner.lora.name``) whose newest version requests name."""
+    LoRA adapters' name (``learner.lora.name``) whose newest version requests name;
+    ``continue_aborted``: see :class:`OpenAICompletionsEngine` (vLLM-shaped weight control)."""
     if engine_api == "openai":
         return OpenAICompletionsEngine(
             url, model=model, weight_api=weight_api, timeout_s=timeout_s,
             control_token=control_token, adapter=adapter,
+            continue_aborted=continue_aborted and weight_api == "vllm",
         )  # fmt: skip
     if engine_api == "sglang":
         if weight_api != "sglang":

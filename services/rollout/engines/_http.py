@@ -120,6 +120,16 @@ class HTTPReplica:
         await self._client.aclose()
 
 
+def token_versions(versions: list[int] | None, tokens: int, url: str) -> list[int] | None:
+    """An answer's per-token weight versions (the embedded engine's extension), checked to be
+    one per token; None when the engine sent none."""
+    if versions is None:
+        return None
+    if len(versions) != tokens:
+        raise EngineProtocolError(f"{url}: {len(versions)} weight versions for {tokens} tokens")
+    return list(versions)
+
+
 async def read_weight_version(http: HTTPReplica, protocol: WeightProtocol) -> int:
     """The replica's weight version, read and parsed by its engine-control protocol."""
     call = protocol.version_call

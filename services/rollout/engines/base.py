@@ -62,17 +62,22 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
+    """Sample past EOS up to ``max_tokens`` (tests and benchmarks that need set lengths)."""
 
     def knobs(self) -> dict[str, Any]:
         """The fields of :class:`dynamo_rl.contracts.engine.SamplingKnobs` (both generation APIs'
         shared names) this asks for; None where the engine's own default applies (not sent)."""
-        return dict(
+        knobs: dict[str, Any] = dict(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k if self.top_k > 0 else None,
             stop=list(self.stop) or None,
             stop_token_ids=list(self.stop_token_ids) or None,
         )
+        if self.ignore_eos:
+            knobs["ignore_eos"] = True
+        return knobs
 
 
 @dataclass
@@ -86,8 +91,17 @@ class Sample:
     finish_reason: str
     """"stop" | "length" | "abort"."""
     weight_version: int | None = None
-    """The weight version that sampled it, when the engine reports one per response."""
+    """The weight version that sampled it (its oldest token's), when the engine tells."""
     engine_url: str = field(default="", compare=False)
+    weight_versions: list[int] | None = None
+    """The weight version of each token, when the engine reports them (the embedded engine) or
+    the client knows them (a response continued across an update); None: ``weight_version``."""
+
+    def token_versions(self) -> list[int | None]:
+        """One version per token: ``weight_versions``, else ``weight_version`` for each."""
+        if self.weight_versions is not None:
+            return list(self.weight_versions)
+        return [self.weight_version] * len(self.token_ids)
 
 
 @runtime_checkable

@@ -8,18 +8,32 @@ the text; ``logprobs: 0`` returns the sampled token's log-probability in
 :class:`~dynamo_rl.contracts.engine.CompletionRequest` and the answer is read through
 :class:`~dynamo_rl.contracts.engine.CompletionResponse`; a response that does not fit, or whose
 lengths disagree, is refused (:class:`EngineProtocolError`) rather than silently misaligned.
+
+Weight versions: the embedded engine's ``weight_versions`` (one per token) are kept; with vLLM's
+protocol each request's tokens get the version read just before it. A choice a push's pause cut
+(``finish_reason: "abort"``) is retried whole, or — ``continue_aborted``, ``rollout.update_mode:
+interrupt`` — continued from its tokens so far once the engine has resumed, so one response can
+carry two or more versions (``docs/rollout.md``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from dynamo_rl.contracts.engine import ABORTED, CompletionRequest, CompletionResponse
 from dynamo_rl.contracts.weight_control import weight_protocol
-from services.rollout.engines._http import ReplicaClient, build_request, parse_answer
+from services.rollout.engines._http import (
+    ReplicaClient,
+    build_request,
+    parse_answer,
+    token_versions,
+)
 from services.rollout.engines.base import (
     EngineProtocolError,
     EngineUnavailable,
@@ -30,6 +44,10 @@ from services.rollout.engines.base import (
 __all__ = ["OpenAICompletionsEngine", "completion_request", "parse_choices"]
 
 _RESPONSE = TypeAdapter(CompletionResponse)
+MAX_CONTINUATIONS = 64
+"""Most times one response is continued after a push cut it (one cut per push)."""
+RESUME_POLL_S = 0.05
+"""How often a cut response's client asks whether the engine has resumed."""
 
 
 def completion_request(
@@ -45,15 +63,16 @@ def completion_request(
     )  # fmt: skip
 
 
-def parse_choices(body: Any, url: str, n: int) -> list[Sample]:
-    """Samples from a completions response, in choice-index order."""
+def parse_choices(body: Any, url: str, n: int, keep_aborted: bool = False) -> list[Sample]:
+    """Samples from a completions response, in choice-index order; an aborted choice is an
+    :class:`EngineUnavailable` unless ``keep_aborted`` (its tokens so far, to continue)."""
     response = parse_answer(_RESPONSE, body, f"{url}/v1/completions")
     choices = sorted(response.choices, key=lambda c: c.index)
     if len(choices) != n:
         raise EngineProtocolError(f"{url}: asked for {n} choices, got {len(choices)}")
     samples = []
     for c in choices:
-        if c.finish_reason == ABORTED:
+        if c.finish_reason == ABORTED and not keep_aborted:
             # A pause with mode=abort for a weight update cut it: HTTP 200, truncated output.
             raise EngineUnavailable(f"{url}: a request was aborted (weight update); retry it")
         logprobs = None if c.logprobs is None else c.logprobs.token_logprobs
@@ -68,14 +87,18 @@ def parse_choices(body: Any, url: str, n: int) -> list[Sample]:
                 f"{url}: {len(c.token_ids)} token ids but {len(logprobs)} log-probs in one choice"
             )
         own = "weight_version" in c.model_fields_set
+        versions = token_versions(c.weight_versions, len(c.token_ids), url)
         samples.append(
             Sample(
                 token_ids=c.token_ids,
                 logprobs=logprobs,
                 text=c.text or "",
                 finish_reason=c.finish_reason or "stop",
-                weight_version=c.weight_version if own else response.weight_version,
+                weight_version=min(versions)
+                if versions
+                else (c.weight_version if own else response.weight_version),
                 engine_url=url,
+                weight_versions=versions,
             )
         )
     return samples
@@ -93,12 +116,16 @@ class OpenAICompletionsEngine(ReplicaClient):
         timeout_s: float = 600.0,
         control_token: str | None = None,
         adapter: str | None = None,
+        continue_aborted: bool = False,
     ) -> None:
         super().__init__(
             url, weight_protocol(weight_api), timeout_s=timeout_s, control_token=control_token,
             adapter=adapter,
         )  # fmt: skip
         self.model = model
+        self.continue_aborted = continue_aborted
+        """``rollout.update_mode: interrupt`` with ``weight_api: vllm``: a choice a push's pause
+        (mode abort) cut is continued from its tokens so far once the engine resumes."""
 
     async def _model_name(self) -> str:
         if self.model is None:
@@ -112,6 +139,14 @@ class OpenAICompletionsEngine(ReplicaClient):
     async def generate(
         self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
     ) -> list[Sample]:
+        samples = await self._complete(prompt_token_ids, n, sampling)
+        if self.continue_aborted:
+            samples = [await self._continue(prompt_token_ids, s, sampling) for s in samples]
+        return samples
+
+    async def _complete(
+        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+    ) -> list[Sample]:
         # A LoRA policy: the request names the newest adapter, so its samples were drawn with
         # exactly that version.
         adapter, before = await self.adapter_to_use()
@@ -119,14 +154,59 @@ class OpenAICompletionsEngine(ReplicaClient):
         request = completion_request(model, prompt_token_ids, n, sampling, self.url)
         # vLLM's responses carry no weight version, so with its protocol the version is derived
         # (whatever the body says). Its pushes happen between pause and resume (mode wait:
-        # running requests finish first), so a response ran wholly under the version read
-        # before it or a later one; the one read before is kept, which never understates a
-        # sample's staleness (exact whenever no update came in between).
+        # running requests finish first; mode abort: they are cut first), so a response ran
+        # wholly under the version read before it or a later one; the one read before is kept,
+        # which never understates a sample's staleness (exact whenever no update came in
+        # between).
         if self.adapter is None:
             before = await self.weight_version() if self.weights.kind == "vllm" else None
         body = await self.http.request("POST", "/v1/completions", request.body())
-        samples = parse_choices(body, self.url, n)
+        samples = parse_choices(body, self.url, n, keep_aborted=self.continue_aborted)
         if before is not None:
             for sample in samples:
                 sample.weight_version = before
+                sample.weight_versions = [before] * len(sample.token_ids)
         return samples
+
+    async def _continue(self, prompt: Sequence[int], sample: Sample, sampling: Sampling) -> Sample:
+        """A choice cut by a push's pause, continued from its tokens so far under the new
+        weights (a fresh prefill: the push resets the prefix cache) until it ends on its own;
+        each piece keeps the versions it was sampled with."""
+        cuts = 0
+        while sample.finish_reason == ABORTED:
+            cuts += 1
+            if cuts > MAX_CONTINUATIONS:
+                raise EngineUnavailable(
+                    f"{self.url}: a response was cut by {MAX_CONTINUATIONS} weight updates"
+                )
+            left = sampling.max_tokens - len(sample.token_ids)
+            if left <= 0:
+                sample.finish_reason = "length"
+                return sample
+            await self._resumed()
+            step = replace(sampling, max_tokens=left)
+            [more] = await self._complete([*prompt, *sample.token_ids], 1, step)
+            versions = sample.token_versions() + more.token_versions()
+            known = None not in versions
+            sample = Sample(
+                token_ids=sample.token_ids + more.token_ids,
+                logprobs=sample.logprobs + more.logprobs,
+                text=sample.text + more.text,
+                finish_reason=more.finish_reason,
+                weight_version=min(versions) if known else None,  # type: ignore[type-var]
+                engine_url=self.url,
+                weight_versions=versions if known else None,  # type: ignore[arg-type]
+            )
+        return sample
+
+    async def _resumed(self) -> None:
+        """Wait until the engine is no longer paused (a push in progress), so the version read
+        before the continuation is the one that samples it."""
+        deadline = time.monotonic() + self.http.timeout_s
+        while True:
+            body = await self.http.request("GET", "/is_paused", timeout_s=10.0)
+            if not (isinstance(body, dict) and body.get("is_paused")):
+                return
+            if time.monotonic() > deadline:
+                raise EngineUnavailable(f"{self.url}: still paused after {self.http.timeout_s} s")
+            await asyncio.sleep(RESUME_POLL_S)

@@ -19,7 +19,12 @@ from pydantic import TypeAdapter
 
 from dynamo_rl.contracts.engine import GenerateItem, GenerateRequest, SGLangSamplingParams
 from dynamo_rl.contracts.weight_control import SGLangWeights
-from services.rollout.engines._http import ReplicaClient, build_request, parse_answer
+from services.rollout.engines._http import (
+    ReplicaClient,
+    build_request,
+    parse_answer,
+    token_versions,
+)
 from services.rollout.engines.base import EngineProtocolError, Sample, Sampling
 
 __all__ = ["SGLangEngine", "generate_request", "parse_generate"]
@@ -73,6 +78,7 @@ def parse_generate(body: Any, url: str, n: int) -> list[Sample]:
                 finish_reason=meta.finish(),
                 weight_version=meta.weight_version,
                 engine_url=url,
+                weight_versions=token_versions(meta.weight_versions, len(token_ids), url),
             )
         )
     return samples

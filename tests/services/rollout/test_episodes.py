@@ -254,3 +254,18 @@ def test_the_docs_example_runs_as_written_and_plays_on_the_engine(
         assert [t.reward in (0.0, 1.0) for t in ep.turns] == [True] * 3
     finally:
         ENVIRONMENTS.pop("drill", None)
+
+
+def test_segment_versions_are_written_only_for_a_response_that_spans_updates() -> None:
+    from services.rollout.episodes import Segment
+
+    seg = Segment([1, 2])
+    seg.append([5, 6], [-1.0, -1.0], 1, [3, 3])
+    assert seg.weight_versions() == []  # one version: the group's stands for it
+    seg.append([7, 8], [0.0, 0.0], 0)  # an observation: the version of the tokens before it
+    seg.append([9], [-1.0], 1, [4])
+    assert seg.weight_versions() == [3, 3, 3, 3, 4]
+    unknown = Segment([1])
+    unknown.append([5, 6], [-1.0, -1.0], 1, [None, None])
+    unknown.append([7], [-1.0], 1, [2])
+    assert unknown.weight_versions() == []  # an engine that reported none: the group's

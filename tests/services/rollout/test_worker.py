@@ -312,6 +312,8 @@ def test_staleness_bound_waits_for_the_weight_push(make_worker, redis_url, engin
     client.close()
     groups = [g for _eid, g in stream_groups(redis_url)]
     assert len(groups) == 3 and all(g.weight_version == version for g in groups)
+    # Responses of one version leave it to the group's: none spans an update here.
+    assert not any(r.weight_versions for g in groups for r in g.responses)
     assert metric(worker, "dynamo_rollout_waits_total", {"reason": "staleness"}) == 1
 
 
