@@ -20,7 +20,8 @@ def rows(seed: int) -> list[tuple[list[float], list[float], int]]:
     for i, n in enumerate([7, 3, 1, 5, 6, 2]):
         old = (-torch.rand(n, generator=gen) * 2).tolist()
         shift = 0.7 if i == 3 else 0.0  # one row far off: the masked mode drops it
-        samp = [o + float(e) + shift for o, e in zip(old, torch.randn(n, generator=gen) * 0.3)]
+        noise = (torch.randn(n, generator=gen) * 0.3).tolist()
+        samp = [o + e + shift for o, e in zip(old, noise, strict=True)]
         out.append((old, samp, i % 3))
     return out
 
