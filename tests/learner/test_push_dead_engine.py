@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from torch import nn
 
 from dynamo_rl.contracts.weight_control import read_version, weight_protocol
 from dynamo_rl.procs import ServiceProcess, free_port
@@ -68,17 +69,24 @@ def _signal_when_paused(
     return thread
 
 
-def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None) -> None:
-    # ~30M parameters (120 MB float32): the transfer lasts long enough to be cut in the middle.
+def _two_engines(
+    tmp_path: Path,
+) -> tuple[Path, nn.Module, list[int], list[str], list[ServiceProcess], DistributedPush]:
+    """A model of ~30M parameters (120 MB float32: a transfer lasts long enough to be cut in the
+    middle), two real engines serving it, and a vLLM-shaped push to them."""
     model_dir = build_tiny_model(tmp_path / "m", hidden_size=512, num_layers=8, num_heads=8,
                                  num_kv_heads=2)  # fmt: skip
-    policy = load_policy(str(model_dir))
-    proto = weight_protocol("vllm")
     ports = [free_port(), free_port()]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
     procs = [_engine(model_dir, tmp_path / f"engine{i}.log", p) for i, p in enumerate(ports)]
     push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
-                           protocol=proto)  # fmt: skip
+                           protocol=weight_protocol("vllm"))  # fmt: skip
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    return model_dir, load_policy(str(model_dir)), ports, urls, procs, push
+
+
+def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None) -> None:
+    model_dir, policy, ports, urls, procs, push = _two_engines(tmp_path)
+    proto = push.protocol
     try:
         first = push.push(policy, 1, urls)
         assert first.ok and not first.failed, first.error
@@ -124,15 +132,8 @@ def test_a_stopped_engine_leaves_the_push_and_catches_up(tmp_path: Path, one_ran
     """SIGSTOP, which no socket notices: the engine is left out within 10 s by the version read
     that opens the push (stopped before it) or by the push's heartbeat (stopped mid-transfer),
     and once continued (SIGCONT) a later push brings it up to date."""
-    model_dir = build_tiny_model(tmp_path / "m", hidden_size=512, num_layers=8, num_heads=8,
-                                 num_kv_heads=2)  # fmt: skip
-    policy = load_policy(str(model_dir))
-    proto = weight_protocol("vllm")
-    ports = [free_port(), free_port()]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    procs = [_engine(model_dir, tmp_path / f"engine{i}.log", p) for i, p in enumerate(ports)]
-    push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
-                           protocol=proto)  # fmt: skip
+    _, policy, _, urls, procs, push = _two_engines(tmp_path)
+    proto = push.protocol
     stopped = procs[0].pid
     try:
         assert push.push(policy, 1, urls).ok
