@@ -167,10 +167,14 @@ def mismatch_record(totals: Mapping[str, float], weights: torch.Tensor) -> dict[
         "is_weight_mean": totals.get("is_weight", 0.0) / tokens,
         "is_masked_share": totals.get("is_dropped", 0.0) / tokens,
     }
-    if weights.numel():
-        qs = torch.quantile(weights.double(), torch.tensor(IS_QUANTILES, dtype=torch.float64))
-        for q, v in zip(IS_QUANTILES, qs.tolist(), strict=True):
-            out[f"is_weight_p{round(q * 100)}"] = v
+    if weights.numel():  # torch.quantile's linear interpolation, without its size limit
+        ordered = weights.double().sort().values
+        for q in IS_QUANTILES:
+            pos = q * (ordered.numel() - 1)
+            lo = int(pos)
+            hi = min(lo + 1, ordered.numel() - 1)
+            v = ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+            out[f"is_weight_p{round(q * 100)}"] = float(v)
     for key, kl in totals.items():
         if key.startswith("lag") and key.endswith(":kl"):
             lag = key[3:-3]
