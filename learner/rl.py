@@ -9,8 +9,9 @@ loss of 2 ranks equals the loss of 1 rank on the same batch. Only rank 0 talks t
 One train step:
 
 1. batch start, no grad: old log-probs of every response under the current weights (the rollout's
-   sampling log-probs are kept for the truncated importance weight min(exp(old − sampling), cap)),
-   reference log-probs when a KL term is on, values when there is a critic;
+   sampling log-probs are kept for the importance weight of ``algorithm.is_mode`` — by default the
+   truncated min(exp(old − sampling), cap) — and the step's mismatch figures), reference
+   log-probs when a KL term is on, values when there is a critic;
 2. rewards (+ DAPO overlong shaping) → advantages through ``ADVANTAGE_ESTIMATORS`` over the whole
    batch (values and KL-in-reward gathered from the ranks first; group statistics over episodes,
    a forked episode's segments counted once);
