@@ -92,3 +92,9 @@ def test_up_with_vllm_pushes_and_restarts_a_killed_server(tmp_path: Path) -> Non
     assert any(s < KILL_AFTER_STEP for s in pushed), pushed
     assert any(s > KILL_AFTER_STEP + 1 for s in pushed), (pushed, log[-3000:])
     assert records[STEPS]["weight_version"] > KILL_AFTER_STEP
+    # The restarted server (version 0) served no rollout before the learner pushed to it (the
+    # worker's pool holds it, "too old to serve"): no step trained on a sample KILL_AFTER_STEP or
+    # more versions old.
+    lags = {int(k.removeprefix("mismatch_kl_lag")) for r in records.values() for k in r
+            if k.startswith("mismatch_kl_lag")}  # fmt: skip
+    assert max(lags) < KILL_AFTER_STEP, lags
