@@ -73,6 +73,14 @@ def _learner(label: str, key: str) -> Series:
     return Series(label, f"dynamo_learner_{key}", field=key)
 
 
+def _lag(k: int) -> Series:
+    """The mismatch KL of samples ``k`` weight versions behind (a labelled learner gauge)."""
+    return Series(
+        f"lag {k}", "dynamo_learner_mismatch_kl_by_lag", labels={"lag": str(k)},
+        field=f"mismatch_kl_lag{k}",
+    )  # fmt: skip
+
+
 CHARTS: tuple[Chart, ...] = (
     # --- training ---------------------------------------------------------------------------
     Chart(
@@ -111,6 +119,28 @@ CHARTS: tuple[Chart, ...] = (
         "training",
         "",
         (_learner("β_stab", "beta_stab_mean"), _learner("β_comp", "beta_comp_mean")),
+    ),
+    Chart(
+        "mismatch_kl",
+        "Engine/learner mismatch: KL(engine ‖ learner) per token, k3 (by weight-version lag: "
+        "samples that many versions behind)",
+        "training",
+        "nats",
+        (
+            _learner("over tokens", "mismatch_kl_token_mean"),
+            _learner("over sequences", "mismatch_kl_seq_mean"),
+            *(_lag(k) for k in range(3)),
+        ),
+    ),
+    Chart(
+        "is_weights",
+        "Importance weights (quantiles over tokens) and the share a masked mode dropped",
+        "training",
+        "",
+        (
+            *(_learner(f"p{q}", f"is_weight_p{q}") for q in (1, 10, 50, 90, 99)),
+            _learner("masked share", "is_masked_share"),
+        ),
     ),
     # --- allocation -------------------------------------------------------------------------
     Chart(

@@ -6,6 +6,9 @@ Each engine is handled on threads of its own (:class:`Job`) so that one that die
 alone: a version read that does not answer leaves the engine out of the push at once, a group whose
 ``init_group`` call fails is given up without waiting for the group's timeout, and a broadcast
 abandoned mid-transfer is released on a thread (:func:`release_when_done`), never by the caller.
+While a push is under way every engine in it is watched (:class:`Heartbeat`, ``GET /health``): one
+that stops answering (stopped with SIGSTOP, a hung host) is left out within
+:data:`PROBE_TIMEOUT_S` plus a beat, wherever the push is, rather than at ``push.timeout_s``.
 """
 
 from __future__ import annotations
@@ -34,10 +37,16 @@ from dynamo_rl.procs import free_port
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 10.0
-"""Deadline of the version read that opens a push (a dead engine refuses it at once)."""
+PROBE_TIMEOUT_S = 5.0
+"""Deadline of the version read that opens a push (a dead engine refuses it at once), and how long
+an engine in a push may leave its :class:`Heartbeat` unanswered before it is left out."""
 WATCH_S = 0.25
 """How often a wait on an engine's broadcasts looks at that engine's HTTP call."""
+BEAT_S = 1.0
+"""How often a :class:`Heartbeat` asks its engine."""
+LIVENESS = Call("GET", "/health")
+"""The heartbeat's call: answered by the serving process itself (vLLM: without a round trip to its
+engine core, busy receiving the weights), so it answers during an update too."""
 
 
 class Job:
@@ -67,6 +76,45 @@ class Job:
         return self._done.is_set()
 
 
+class Heartbeat:
+    """``GET /health`` to one engine every :data:`BEAT_S` on a thread of its own, while a push is
+    under way: :attr:`silent` once the engine has not answered for :data:`PROBE_TIMEOUT_S`."""
+
+    def __init__(self, url: str, protocol: WeightProtocol, headers: dict[str, str]) -> None:
+        self.url = url
+        self.answered = time.monotonic()
+        self._stop = threading.Event()
+        ask = functools.partial(send, protocol, url, LIVENESS, headers=headers,
+                                timeout_s=PROBE_TIMEOUT_S)  # fmt: skip
+        threading.Thread(target=self._run, args=(ask,), daemon=True, name=f"beat-{url}").start()
+
+    def _run(self, ask: Callable[[], Any]) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # silence is what counts, not the answer
+                ask()
+                self.answered = time.monotonic()
+            self._stop.wait(BEAT_S)
+
+    @property
+    def silent(self) -> bool:
+        return time.monotonic() - self.answered > PROBE_TIMEOUT_S
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+SILENT = f"stopped answering (no answer to GET /health for {PROBE_TIMEOUT_S:g} s)"
+
+
+def wait_job(job: Job, until: float, beat: Heartbeat | None) -> bool:
+    """Wait for ``job`` until the monotonic time ``until``, or until ``beat`` falls silent;
+    whether it finished."""
+    while not job.wait(min(WATCH_S, until - time.monotonic())):
+        if time.monotonic() >= until or (beat is not None and beat.silent):
+            return job.done
+    return True
+
+
 @dataclass
 class Link:
     """Rank 0's push group with one engine (the learner is rank 0, the engine rank 1)."""
@@ -82,9 +130,11 @@ class EngineFailed(Exception):
     pass
 
 
-def wait_works(works: list[Any], watch: Job | None, deadline: float) -> None:
+def wait_works(
+    works: list[Any], watch: Job | None, deadline: float, beat: Heartbeat | None = None
+) -> None:
     """Wait on one engine's broadcasts; :class:`EngineFailed` as soon as one fails, the engine's
-    ``update`` call has failed, or the deadline passed."""
+    ``update`` call has failed, the engine stopped answering (``beat``), or the deadline passed."""
     for work in works:
         while True:
             try:
@@ -95,6 +145,8 @@ def wait_works(works: list[Any], watch: Job | None, deadline: float) -> None:
                     raise EngineFailed(f"broadcast failed: {e}") from None
             if watch is not None and watch.done and watch.error:
                 raise EngineFailed(watch.error)
+            if beat is not None and beat.silent:
+                raise EngineFailed(SILENT)
             if time.monotonic() > deadline:
                 raise EngineFailed("broadcast not received within learner.push.timeout_s")
 
@@ -131,6 +183,7 @@ class EngineLinks:
     group_prefix: str
     links: dict[str, Link] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)  # engines sent before_update in this push
+    beats: dict[str, Heartbeat] = field(default_factory=dict)  # engines in this push, watched
 
     def send(self, url: str, calls: Sequence[Call], timeout_s: float | None = None) -> None:
         for call in calls:
@@ -219,12 +272,23 @@ class EngineLinks:
                 time.sleep(0.05)
         live = [self.links[u] for u in engines if u in self.links and u not in failed]
         self.paused = {link.url for link in live}
+        self.beats = {link.url: Heartbeat(link.url, self.protocol, self.headers) for link in live}
         pausing = {link.url: self.start(link.url, self.protocol.before_update()) for link in live}
+        until = time.monotonic() + self.timeout_s
         for url, job in pausing.items():
-            if not job.wait(self.timeout_s + 5) or job.error:
-                failed[url] = job.error or "before_update: no answer"
+            if not wait_job(job, until, self.beats[url]) or job.error:
+                failed[url] = job.error or (SILENT if self.beats[url].silent else
+                                            "before_update: no answer")  # fmt: skip
                 self.drop(url)
         return [link for link in live if link.url not in failed]
+
+    def end_push(self) -> list[str]:
+        """Stop watching the engines of the push that ended; those that had fallen silent."""
+        silent = [url for url, beat in self.beats.items() if beat.silent]
+        for beat in self.beats.values():
+            beat.stop()
+        self.beats = {}
+        return silent
 
     def finish(
         self,
@@ -248,25 +312,31 @@ class EngineLinks:
 
         finishing = {link.url: Job(functools.partial(finish, link)) for link in done}
         for link in done:
-            job = finishing[link.url]
-            if job.wait(deadline - time.monotonic() + 5) and not job.error:
+            job, beat = finishing[link.url], self.beats.get(link.url)
+            if wait_job(job, deadline + 5, beat) and not job.error:
                 link.version = version
             else:
-                failed[link.url] = job.error or "no answer before learner.push.timeout_s"
+                silent = beat is not None and beat.silent and not job.done
+                failed[link.url] = job.error or (
+                    SILENT if silent else "no answer before learner.push.timeout_s"
+                )
                 self.drop(link.url)
 
-    def recover(self, engines: Sequence[str]) -> None:
+    def recover(self, engines: Sequence[str], silent: Sequence[str] = ()) -> None:
         """Best effort after a failed push: no engine may stay paused (a dead one refuses at
-        once; a short deadline for the rest)."""
+        once; a short deadline for the rest). Engines in ``silent`` (stopped answering) are sent
+        the calls without waiting: their answer would only come once they run again."""
         calls = self.protocol.recover()
         if not engines or not calls:
             return
-        jobs = [
-            Job(functools.partial(self.send, u, calls, min(PROBE_TIMEOUT_S, self.timeout_s)))
+        jobs = {
+            u: Job(functools.partial(self.send, u, calls, min(PROBE_TIMEOUT_S, self.timeout_s)))
             for u in engines
-        ]
+        }
         errors = [
-            j.error or "no answer" for j in jobs if not j.wait(PROBE_TIMEOUT_S + 5) or j.error
+            j.error or "no answer"
+            for u, j in jobs.items()
+            if u not in silent and (not j.wait(PROBE_TIMEOUT_S + 5) or j.error)
         ]
         if errors:
             log.warning("recovering engines after a failed push: %s", "; ".join(errors))

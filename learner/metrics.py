@@ -29,7 +29,17 @@ GAUGES: dict[str, str] = {
     "response_len_mean": "mean response length in tokens",
     "tokens_per_second": "trained tokens per second of step time",
     "mismatch_abs_mean": "mean |learner old log-prob - sampling log-prob| over tokens",
-    "is_weight_mean": "mean truncated importance weight",
+    "mismatch_kl_token_mean": "KL(engine || learner) per token (k3 of the sampled tokens), "
+    "averaged over tokens",
+    "mismatch_kl_seq_mean": "KL(engine || learner) per token (k3), averaged within each "
+    "sequence, then over sequences",
+    "is_weight_mean": "mean importance weight (learner.algorithm.is_mode; 1 when off)",
+    "is_weight_p1": "1st percentile of the tokens' importance weights",
+    "is_weight_p10": "10th percentile of the tokens' importance weights",
+    "is_weight_p50": "median of the tokens' importance weights",
+    "is_weight_p90": "90th percentile of the tokens' importance weights",
+    "is_weight_p99": "99th percentile of the tokens' importance weights",
+    "is_masked_share": "share of tokens a masked IS mode dropped",
     "staleness_mean": "mean weight versions between sampling (a response's oldest token) and "
     "training",
     "staleness_max": "most weight versions between a trained token's sampling and training",
@@ -51,6 +61,8 @@ GAUGES: dict[str, str] = {
     "grad_spread_mean": "mean gradient spread of the step's prompts (allocator.method grad)",
     "grad_zero_adv_share": "share of the step's prompts whose group had zero advantage",
 }
+LAG_PREFIX = "mismatch_kl_lag"
+"""Step-record keys ``mismatch_kl_lag<k>`` feed ``dynamo_learner_mismatch_kl_by_lag{lag="<k>"}``."""
 PHASES = ("read", "forward", "backward", "optimizer", "checkpoint", "push")
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -75,6 +87,12 @@ class LearnerMetrics:
             "equal_reward_warnings_total",
             "warnings: learner.equal_reward_warn_steps steps in a row with all rewards equal",
         )
+        self.mismatch_by_lag = m.gauge(
+            "mismatch_kl_by_lag",
+            "KL(engine || learner) per token (k3) over the samples this many weight versions "
+            "behind (last step that had them)",
+            ["lag"],
+        )
         self.pushes = m.counter("pushes_total", "weight pushes", ["transport", "outcome"])
         self.phase_seconds = m.histogram(
             "phase_seconds", "seconds per step phase", ["phase"], buckets=_STEP_BUCKETS
@@ -88,6 +106,9 @@ class LearnerMetrics:
             value = record.get(key)
             if isinstance(value, int | float):
                 gauge.set(float(value))
+        for key, value in record.items():
+            if key.startswith(LAG_PREFIX) and isinstance(value, int | float):
+                self.mismatch_by_lag.labels(key.removeprefix(LAG_PREFIX)).set(float(value))
         self.steps.inc()
         if record.get("equal_reward_warning"):
             self.equal_reward_warnings.inc()

@@ -4,9 +4,10 @@
 ``backward()``; :class:`learner.rl.RLTrainer` and ``benchmarks/sample_efficiency.py`` both call it,
 so what the benchmark measures is what the learner trains with. Terms, in order:
 
-1. **IS weights** (optional): the advantages are multiplied by the truncated importance weight
-   ``w = min(exp(old − sampling), cap)`` (:func:`truncated_is_weights`), which corrects the
-   engine/learner mismatch and staleness;
+1. **IS weights** (optional): the advantages are multiplied by the importance weight that
+   corrects the engine/learner mismatch and staleness, ``IS_CORRECTIONS[algorithm.is_mode]``
+   (:func:`importance_weights`; by default the token-level truncated
+   ``w = min(exp(old − sampling), cap)``, :func:`truncated_is_weights`);
 2. **DynaMO modulation** (``modulation.enabled``): ``A' = A · β_comp · β_stab`` over *this*
    micro-batch (its entropy range and largest estimated entropy change, as in the paper), from
    the detached current log-probs and entropies;
@@ -24,6 +25,7 @@ of one micro-batch, and the tests check each term alone against a hand computati
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +53,7 @@ class ObjectiveInputs:
     ref_logp: torch.Tensor | None = None
     """Reference-model log-probs; needed when ``kl.coef > 0``."""
     is_weights: torch.Tensor | None = None
-    """Truncated importance weights (:func:`truncated_is_weights`); None: no correction."""
+    """Importance weights (:func:`importance_weights`); None: no correction."""
     values: torch.Tensor | None = None
     """Current critic values (carry the gradient); None: no value loss."""
     old_values: torch.Tensor | None = None
@@ -91,7 +93,93 @@ def truncated_is_weights(
     old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor, cap: float
 ) -> torch.Tensor:
     """``min(exp(old − sampling), cap)`` at valid tokens, 0 at padding (``[B, T]``)."""
-    return torch.exp((old_logp - sampling_logp) * mask).clamp(max=cap) * mask
+    return A.IS_CORRECTIONS["token-truncate"](old_logp, sampling_logp, mask, cap=cap).weights
+
+
+def importance_weights(
+    algo: AlgorithmConfig, old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor
+) -> A.ISWeights | None:
+    """The configured mismatch correction (``algo.is_mode`` with ``is_cap``/``is_low``) of a
+    micro-batch's tokens; None when it is off (``is_cap: null``)."""
+    if algo.is_cap is None:
+        return None
+    correct = A.IS_CORRECTIONS[algo.is_mode]
+    return correct(old_logp, sampling_logp, mask, cap=algo.is_cap, low=algo.is_low)
+
+
+IS_QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
+"""The IS-weight quantiles of every step record (``is_weight_p1`` … ``is_weight_p99``)."""
+
+
+def mismatch_sums(
+    old_logp: torch.Tensor,
+    sampling_logp: torch.Tensor,
+    mask: torch.Tensor,
+    correction: A.ISWeights | None,
+    lags: Sequence[int],
+) -> tuple[dict[str, float], torch.Tensor]:
+    """One micro-batch's engine/learner mismatch as sums that add up over micro-batches and ranks
+    (:func:`mismatch_record` turns the totals into the step's figures), and the IS weight of each
+    of its valid tokens (1 when the correction is off: the weight the objective applies).
+
+    The KL is ``KL(π_engine ‖ π_learner)`` estimated per token from the engine's samples with
+    k3: ``r − 1 − log r``, ``r = exp(old − sampling)`` (:func:`learner.algorithms.kl_penalty`).
+    ``lags[i]`` is row ``i``'s weight-version lag (its sample's staleness).
+    """
+    valid = mask.bool()
+    kl = torch.where(valid, A.kl_penalty(sampling_logp, old_logp, "k3"), 0.0)
+    row_tokens = valid.sum(-1)
+    row_kl = kl.sum(-1)
+    has = row_tokens > 0
+    diff = torch.where(valid, old_logp.float() - sampling_logp.float(), 0.0)
+    if correction is None:
+        weights, dropped = torch.ones_like(diff), torch.zeros_like(valid)
+    else:
+        weights, dropped = correction
+    sums = {
+        "tokens": float(row_tokens.sum()),
+        "seqs": float(has.sum()),
+        "mismatch_abs": float(diff.abs().sum()),
+        "mismatch_kl": float(row_kl.sum()),
+        "mismatch_kl_seq": float((row_kl / row_tokens.clamp(min=1))[has].sum()),
+        "is_weight": float(torch.where(valid, weights, 0.0).sum()),
+        "is_dropped": float(dropped.sum()),
+    }
+    for lag, n, k in zip(lags, row_tokens.tolist(), row_kl.tolist(), strict=True):
+        sums[f"lag{lag}:kl"] = sums.get(f"lag{lag}:kl", 0.0) + k
+        sums[f"lag{lag}:tokens"] = sums.get(f"lag{lag}:tokens", 0.0) + n
+    return sums, weights[valid].detach().float().cpu()
+
+
+def mismatch_record(totals: Mapping[str, float], weights: torch.Tensor) -> dict[str, float]:
+    """The step record's mismatch figures from the summed :func:`mismatch_sums` and every valid
+    token's IS weight: ``mismatch_kl_token_mean`` (k3 averaged over tokens),
+    ``mismatch_kl_seq_mean`` (averaged within each sequence, then over sequences),
+    ``mismatch_abs_mean``, ``is_weight_mean``, ``is_weight_p1`` … ``is_weight_p99`` (over tokens),
+    ``is_masked_share`` (the share of tokens a masked mode dropped) and ``mismatch_kl_lag<k>``
+    (k3 over the tokens of samples ``k`` weight versions behind, one key per lag present)."""
+    tokens = max(totals.get("tokens", 0.0), 1.0)
+    out = {
+        "mismatch_kl_token_mean": totals.get("mismatch_kl", 0.0) / tokens,
+        "mismatch_kl_seq_mean": totals.get("mismatch_kl_seq", 0.0)
+        / max(totals.get("seqs", 0.0), 1.0),
+        "mismatch_abs_mean": totals.get("mismatch_abs", 0.0) / tokens,
+        "is_weight_mean": totals.get("is_weight", 0.0) / tokens,
+        "is_masked_share": totals.get("is_dropped", 0.0) / tokens,
+    }
+    if weights.numel():  # torch.quantile's linear interpolation, without its size limit
+        ordered = weights.double().sort().values
+        for q in IS_QUANTILES:
+            pos = q * (ordered.numel() - 1)
+            lo = int(pos)
+            hi = min(lo + 1, ordered.numel() - 1)
+            v = ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+            out[f"is_weight_p{round(q * 100)}"] = float(v)
+    for key, kl in totals.items():
+        if key.startswith("lag") and key.endswith(":kl"):
+            lag = key[3:-3]
+            out[f"mismatch_kl_lag{lag}"] = kl / max(totals[f"lag{lag}:tokens"], 1.0)
+    return out
 
 
 def kl_shaped_token_rewards(

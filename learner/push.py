@@ -22,7 +22,9 @@ Two transports behind one small interface (:class:`WeightTransport`):
      (the embedded engine, the vLLM plugin) — a flat bucket of several tensors
      (:mod:`dynamo_rl.contracts.weight_layout`, ``push.bucket_mb``);
   4. waits on each engine's broadcasts under a watchdog: a broadcast error (a dead peer closes
-     its socket), the engine's ``update`` call failing (connection refused or reset), or the
+     its socket), the engine's ``update`` call failing (connection refused or reset), the engine
+     no longer answering ``GET /health`` for :data:`~learner.engine_links.PROBE_TIMEOUT_S` (a
+     stopped process: :class:`~learner.engine_links.Heartbeat`, from step 2 to the end), or the
      push's deadline (``push.timeout_s``) drops that engine from the push, its transfer
      abandoned, while the others go on;
   5. finishes each engine on its own thread (its ``update`` answer, then ``after_update``: vLLM's
@@ -209,7 +211,8 @@ class DistributedPush:
                     raise RuntimeError("no engine took part: " + describe(failed))
             except Exception as e:
                 error = str(e)
-                self.engines.recover(sorted(self.engines.paused))
+                silent = self.engines.end_push()
+                self.engines.recover(sorted(self.engines.paused), silent)
         # Every rank must join every gather, whatever rank 0's engines do.
         go = torch.tensor([0 if error else 1])
         if dist.get_world_size() > 1:
@@ -227,7 +230,7 @@ class DistributedPush:
                 if works is None or link.url in failed:
                     continue
                 try:
-                    wait_works(works, updates[link.url], deadline)
+                    wait_works(works, updates[link.url], deadline, self.engines.beats.get(link.url))
                 except EngineFailed as e:
                     failed[link.url] = str(e)
                     log.warning("engine %s left out of push %d: %s", link.url, version, e)
@@ -265,7 +268,8 @@ class DistributedPush:
         if is_main:
             done = [link for link in live if link.url not in failed]
             self.engines.finish(done, updates, version, deadline, failed)
-            self.engines.recover([u for u in failed if u in self.engines.paused])
+            silent = self.engines.end_push()
+            self.engines.recover([u for u in failed if u in self.engines.paused], silent)
             if len(failed) == len(engines):
                 error = "no engine took the new weights: " + describe(failed)
             elif failed:

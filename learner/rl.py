@@ -9,8 +9,9 @@ loss of 2 ranks equals the loss of 1 rank on the same batch. Only rank 0 talks t
 One train step:
 
 1. batch start, no grad: old log-probs of every response under the current weights (the rollout's
-   sampling log-probs are kept for the truncated importance weight min(exp(old − sampling), cap)),
-   reference log-probs when a KL term is on, values when there is a critic;
+   sampling log-probs are kept for the importance weight of ``algorithm.is_mode`` — by default the
+   truncated min(exp(old − sampling), cap) — and the step's mismatch figures), reference
+   log-probs when a KL term is on, values when there is a critic;
 2. rewards (+ DAPO overlong shaping) → advantages through ``ADVANTAGE_ESTIMATORS`` over the whole
    batch (values and KL-in-reward gathered from the ranks first; group statistics over episodes,
    a forked episode's segments counted once);
@@ -60,10 +61,12 @@ from learner.grad_report import GradStatsCollector, step_fields
 from learner.model import PolicyModel
 from learner.objective import (
     ObjectiveInputs,
+    importance_weights,
     kl_shaped_token_rewards,
     loss_aggregation,
+    mismatch_record,
+    mismatch_sums,
     rl_objective,
-    truncated_is_weights,
 )
 from learner.trainer import Trainer
 
@@ -264,7 +267,7 @@ class RLTrainer(Trainer):
         t_forward = time.perf_counter() - t_start
         rewards, lengths, kl_in_reward = self._advantages(samples, plan)
         sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums, this rank
-        self._is_weights(plan, sums)
+        is_weights = self._is_weights(samples, plan, sums)
         if self.grad_stats is not None:
             self.grad_stats.reset()
         t_fwd, t_bwd, t_opt, update_losses, grad_norm = self._updates(samples, minis, plan, sums)
@@ -275,6 +278,7 @@ class RLTrainer(Trainer):
         for part in all_gather_object(dict(sums)):
             for k, v in part.items():
                 totals[k] += v
+        is_weights = torch.cat(all_gather_object(is_weights))
         n = len(samples)
         updates = lc.ppo_epochs * len(minis)
         tokens = max(totals["tokens"], 1.0)
@@ -285,8 +289,7 @@ class RLTrainer(Trainer):
             "grad_norm": grad_norm,
             "lr": self.scheduler.get_last_lr()[0],
             "entropy": totals["old_entropy"] / tokens,
-            "mismatch_abs_mean": totals["mismatch_abs"] / tokens,
-            "is_weight_mean": totals["is_weight"] / tokens,
+            **mismatch_record(totals, is_weights),
             "groups": batch["groups"],
             "groups_skipped": batch["skipped"],
             # Stream ids this step consumed (trained or skipped): exactly-once is checkable.
@@ -442,25 +445,30 @@ class RLTrainer(Trainer):
                     mb.extra["returns"] = returns[rows, : mb.response_len]
         return rewards, lengths, kl_in_reward
 
-    def _is_weights(self, plan: list[list[MicroBatch]], sums: dict[str, float]) -> None:
-        """Truncated IS weights per micro-batch (fixed for the step) and their metrics."""
-        cap = self.lc.algorithm.is_cap
+    def _is_weights(
+        self, samples: list[Sample], plan: list[list[MicroBatch]], sums: dict[str, float]
+    ) -> torch.Tensor:
+        """IS weights per micro-batch (``learner.algorithm.is_mode``, fixed for the step), the
+        mismatch sums of this rank's tokens, and their IS weights (for the step's quantiles)."""
+        weights = [torch.zeros(0)]
         for mbs in plan:
             for mb in mbs:
                 if not mb.rows:
                     continue
                 tok = mb.mask
-                ntok = float(tok.sum())
                 old = mb.extra["old_logp"]
-                sums["mismatch_abs"] += float(((old - mb.sampling_logprobs) * tok).abs().sum())
-                if cap is not None:
-                    w = truncated_is_weights(old, mb.sampling_logprobs, tok, cap)
-                    mb.extra["is_weights"] = w
-                    sums["is_weight"] += float(w.sum())
-                else:
-                    sums["is_weight"] += ntok
-                sums["tokens"] += ntok
+                correction = importance_weights(self.lc.algorithm, old, mb.sampling_logprobs, tok)
+                if correction is not None:
+                    mb.extra["is_weights"] = correction.weights
+                lags = [samples[r].staleness for r in mb.rows]
+                mb_sums, mb_weights = mismatch_sums(
+                    old, mb.sampling_logprobs, tok, correction, lags
+                )
+                for k, v in mb_sums.items():
+                    sums[k] += v
+                weights.append(mb_weights)
                 sums["old_entropy"] += float((mb.extra["old_entropy"] * tok).sum())
+        return torch.cat(weights)
 
     def _updates(
         self,

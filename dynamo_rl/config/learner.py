@@ -24,6 +24,15 @@ Aggregation = Literal[
     "prompt-mean",
 ]
 Fraction = Annotated[float, Field(ge=0, le=1)]
+IsMode = Literal[
+    "token-truncate",
+    "sequence-truncate",
+    "geometric-truncate",
+    "token-mask",
+    "sequence-mask",
+    "geometric-mask",
+]
+"""Names of ``learner.algorithms.IS_CORRECTIONS`` (a test checks the two agree)."""
 
 
 def _type_or(default: str):
@@ -188,8 +197,25 @@ class AlgorithmConfig(Section):
     modulation: ModulationConfig = ModulationConfig()
     dapo: DapoConfig = DapoConfig()
     is_cap: Annotated[float, Field(ge=1)] | None = 2.0
-    """Cap of the truncated importance weight exp(logp_old − logp_sampling) that corrects the
-    engine/learner mismatch and staleness; null: no correction."""
+    """Cap of the importance weight built from r = exp(logp_old − logp_sampling) that corrects the
+    engine/learner mismatch and staleness (the upper edge of the band in the masked modes); null:
+    no correction."""
+    is_mode: IsMode = "token-truncate"
+    """Which correction: ``<level>-truncate`` weighs by min(ratio, is_cap), ``<level>-mask`` by the
+    ratio inside [is_low, is_cap] and drops the tokens outside; the level is ``token`` (each
+    token's r), ``sequence`` (the row's Π r, on all its tokens) or ``geometric`` (the row's
+    geometric mean of r). ``docs/learner.md`` says when to use which."""
+    is_low: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Lower edge of the masked modes' band; null: 1 / is_cap. Only the ``*-mask`` modes use it."""
+
+    @model_validator(mode="after")
+    def _check_is(self) -> AlgorithmConfig:
+        if self.is_low is not None and not self.is_mode.endswith("-mask"):
+            raise ValueError(
+                f"learner.algorithm.is_low is only used by the masked IS modes (token-mask, "
+                f"sequence-mask, geometric-mask), not is_mode {self.is_mode!r}"
+            )
+        return self
 
 
 class CriticConfig(Section):

@@ -3,7 +3,7 @@
 Everything here is a function of tensors and masks (no config objects, services or distributed
 state) and imports only torch. Shapes: ``B`` responses, ``T`` response tokens, ``mask`` a {0, 1}
 float/bool ``[B, T]``. The learner picks variants by name from ``ADVANTAGE_ESTIMATORS`` and
-``POLICY_LOSSES``, whose entries share one signature each (see ``registry``). Formulas are in each
+``POLICY_LOSSES`` (and the mismatch correction from ``IS_CORRECTIONS``), whose entries share one signature each (see ``registry``). Formulas are in each
 function's docstring and in ``docs/algorithms.md``.
 """
 
@@ -33,16 +33,25 @@ from learner.algorithms.losses import (
     KL_KINDS,
     aggregate_loss,
     dpo_loss,
+    geometric_masked_is,
+    geometric_truncated_is,
     group_token_counts,
     gspo_loss,
     kl_penalty,
     policy_loss,
+    sequence_masked_is,
+    sequence_truncated_is,
+    token_masked_is,
+    token_truncated_is,
     value_loss,
 )
 from learner.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
+    IS_CORRECTIONS,
     POLICY_LOSSES,
     AdvantageEstimator,
+    ISCorrection,
+    ISWeights,
     PolicyLoss,
     Registry,
     UnknownNameError,
@@ -53,10 +62,13 @@ __all__ = [
     "AGG_MODES",
     "DPO_KINDS",
     "DYNAMO_PRESETS",
+    "IS_CORRECTIONS",
     "KL_KINDS",
     "POLICY_LOSSES",
     "AdvantageEstimator",
     "DynamoParams",
+    "ISCorrection",
+    "ISWeights",
     "PolicyLoss",
     "Registry",
     "UnknownNameError",
@@ -69,6 +81,8 @@ __all__ = [
     "dynamo_params",
     "entropy_from_logits",
     "gae_advantages",
+    "geometric_masked_is",
+    "geometric_truncated_is",
     "group_index",
     "group_token_counts",
     "grpo_advantages",
@@ -81,7 +95,11 @@ __all__ = [
     "policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "sequence_masked_is",
+    "sequence_truncated_is",
     "token_logprobs",
     "token_logprobs_and_entropy",
+    "token_masked_is",
+    "token_truncated_is",
     "value_loss",
 ]

@@ -1,4 +1,5 @@
-"""Policy, value, KL and preference losses, and how a token-level loss becomes one number.
+"""Policy, value, KL and preference losses, importance weights for the engine/learner mismatch,
+and how a token-level loss becomes one number.
 
 Shapes: ``logp``, ``old_logp``, ``advantages``, ``mask`` are ``[B, T]``; ``mask`` is {0, 1}
 float or bool. Every loss is computed in float32 (bf16 log-probabilities are upcast), masked
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from learner.algorithms.registry import POLICY_LOSSES
+from learner.algorithms.registry import IS_CORRECTIONS, POLICY_LOSSES, ISCorrection, ISWeights
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to ±20 before ``exp`` so one wild token cannot overflow the loss."""
@@ -154,6 +155,75 @@ def aggregate_loss(
         per_row = row_sum / (norm_len if norm_len is not None else loss.shape[-1])
     denom = has_tokens.sum().clamp(min=1) if normalizer is None else normalizer
     return torch.where(has_tokens, per_row, 0.0).sum() / denom
+
+
+IS_LEVELS = {
+    "token": "r_t, each token's own ratio",
+    "sequence": "s_i = Π_t r_t, the row's likelihood ratio (on every token of the row)",
+    "geometric": "g_i = (Π_t r_t)^(1/L_i), the row's geometric-mean ratio (on every token of the "
+    "row): unlike s_i, its band does not narrow with the row's length",
+}
+"""The level of an IS correction: which ratio each token's weight is made from."""
+
+
+def _is_correction(level: str, masked: bool) -> ISCorrection:
+    """The ``IS_CORRECTIONS`` entry ``<level>-truncate`` or ``<level>-mask``."""
+
+    def correction(
+        old_logp: torch.Tensor,
+        sampling_logp: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cap: float,
+        low: float | None = None,
+    ) -> ISWeights:
+        _check_same(mask, old_logp=old_logp, sampling_logp=sampling_logp)
+        valid = mask.bool()
+        log_r = torch.where(valid, _f32(old_logp) - _f32(sampling_logp), 0.0)
+        if level == "token":
+            ratio = log_r.exp()
+        else:  # [B, 1]; the log clamped to ±20 so that a long row cannot overflow
+            total = log_r.sum(-1, keepdim=True)
+            if level == "geometric":
+                total = total / valid.sum(-1, keepdim=True).clamp(min=1)
+            ratio = total.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+        ratio = ratio.expand_as(log_r)
+        if not masked:
+            return ISWeights(torch.where(valid, ratio.clamp(max=cap), 0.0), torch.zeros_like(valid))
+        low = 1.0 / cap if low is None else low
+        if not 0.0 < low < cap:
+            raise ValueError(f"the IS band needs 0 < low < cap, got low {low}, cap {cap}")
+        keep = valid & (ratio >= low) & (ratio <= cap)
+        return ISWeights(torch.where(keep, ratio, 0.0), valid & ~keep)
+
+    name = f"{level}-{'mask' if masked else 'truncate'}"
+    how = (
+        "the ratio where it lies in [low, cap] (low defaults to 1 / cap), else 0: the token "
+        "is dropped"
+        if masked
+        else "min(ratio, cap)"
+    )
+    correction.__name__ = correction.__qualname__ = (
+        f"{level}_{'masked' if masked else 'truncated'}_is"
+    )
+    correction.__doc__ = (
+        f"IS correction ``{name}``: the ratio is {IS_LEVELS[level]}, with r_t = exp(old_t − "
+        f"sampling_t); each valid token's weight is {how}. Padding weighs 0."
+    )
+    return correction
+
+
+for _level in IS_LEVELS:
+    for _masked in (False, True):
+        IS_CORRECTIONS.add(
+            f"{_level}-{'mask' if _masked else 'truncate'}", _is_correction(_level, _masked)
+        )
+token_truncated_is = IS_CORRECTIONS["token-truncate"]
+sequence_truncated_is = IS_CORRECTIONS["sequence-truncate"]
+geometric_truncated_is = IS_CORRECTIONS["geometric-truncate"]
+token_masked_is = IS_CORRECTIONS["token-mask"]
+sequence_masked_is = IS_CORRECTIONS["sequence-mask"]
+geometric_masked_is = IS_CORRECTIONS["geometric-mask"]
 
 
 def _clipped_surrogate(

@@ -7,7 +7,9 @@ calls the result without knowing which variant it got (no ``if name == "gae"`` a
   gamma=1.0, lam=1.0, episode_ids=None) -> (advantages[B, T], returns[B, T])`` — see
   ``AdvantageEstimator``;
 - ``POLICY_LOSSES[name](logp, old_logp, advantages, mask, *, clip_low, clip_high,
-  dual_clip=None, agg=..., normalizer=None, group_tokens=None) -> (loss, metrics)`` — see ``PolicyLoss``.
+  dual_clip=None, agg=..., normalizer=None, group_tokens=None) -> (loss, metrics)`` — see ``PolicyLoss``;
+- ``IS_CORRECTIONS[name](old_logp, sampling_logp, mask, *, cap, low=None) -> ISWeights`` — the
+  importance weights that correct the engine/learner mismatch, see ``ISCorrection``.
 
 Registering a name twice is an error (a silent overwrite would make a config name mean whichever
 module was imported last); looking up an unknown name raises ``UnknownNameError`` listing the
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -153,5 +155,30 @@ class PolicyLoss(Protocol):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
+class ISWeights(NamedTuple):
+    """What an IS correction gives: ``[B, T]`` weights (0 at padding and at dropped tokens) and
+    ``dropped`` (bool ``[B, T]``: valid tokens a masked mode left out)."""
+
+    weights: torch.Tensor
+    dropped: torch.Tensor
+
+
+class ISCorrection(Protocol):
+    """The one signature of every entry in ``IS_CORRECTIONS``: ``r_t = exp(old − sampling)`` per
+    token, turned into weights (truncated at ``cap`` or masked outside ``[low, cap]``; ``low``
+    defaults to ``1 / cap``) at the token, sequence or geometric-mean level."""
+
+    def __call__(
+        self,
+        old_logp: torch.Tensor,
+        sampling_logp: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cap: float,
+        low: float | None = None,
+    ) -> ISWeights: ...
+
+
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+IS_CORRECTIONS: Registry[ISCorrection] = Registry("IS correction")

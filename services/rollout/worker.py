@@ -176,6 +176,10 @@ class RolloutWorker:
         await asyncio.sleep(self.cfg.poll_interval_s)
         self.metrics.wait_seconds.labels(reason).inc(self.cfg.poll_interval_s)
 
+    async def fresh(self, version: int) -> bool:
+        """Whether an engine at ``version`` is within ``max_staleness`` (the pool's ``admit``)."""
+        return await self.learner_version() - version <= self.cfg.max_staleness
+
     async def wait_for_fresh_weights(self) -> int:
         """Block until the engines are at most ``max_staleness`` behind; returns their version."""
         reason = ""
@@ -565,7 +569,7 @@ def build_worker(
             control_token=token,
         )
 
-    return RolloutWorker(
+    worker = RolloutWorker(
         cfg=rc,
         namespace=rc.namespace or cfg.run.name,
         worker_id=rc.worker_id or f"{socket.gethostname()}-{os.getpid()}",
@@ -585,3 +589,5 @@ def build_worker(
         limits=limits,
         notices=notices,
     )
+    pool.admit = worker.fresh  # a replica back from a failure serves once within max_staleness
+    return worker

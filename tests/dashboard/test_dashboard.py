@@ -54,12 +54,16 @@ def test_jsonl_fields_are_keys_the_learner_writes() -> None:
     import learner.metrics as learner_metrics
 
     written = set(learner_metrics.GAUGES) | {f"time_{p}" for p in learner_metrics.PHASES}
-    assert jsonl_fields() <= written, sorted(jsonl_fields() - written)
+    lags = {f"{learner_metrics.LAG_PREFIX}{k}": str(k) for k in range(8)}
+    assert jsonl_fields() <= written | set(lags), sorted(jsonl_fields() - written - set(lags))
     # A field and the gauge it stands for when the log is missing must be the same quantity.
     for chart in CHARTS:
         for s in chart.series:
             if s.field in learner_metrics.GAUGES:
                 assert s.metric == f"dynamo_learner_{s.field}", s
+            if s.field in lags:
+                assert s.metric == "dynamo_learner_mismatch_kl_by_lag", s
+                assert s.labels == {"lag": lags[s.field]}, s
 
 
 def test_a_chart_does_not_mix_log_lines_and_scraped_lines() -> None:

@@ -121,11 +121,15 @@ LAYOUT_TOLERANCE = 1e-4  # how far two layouts of the same ranks' work may diffe
 
 
 def assert_same_training(a: list[dict], b: list[dict], tol: float = LAYOUT_TOLERANCE) -> None:
-    """Two runs' step records agree step by step: loss terms, gradient norm, modulation."""
+    """Two runs' step records agree step by step: loss terms, gradient norm, modulation, and the
+    engine/learner mismatch (sums and IS-weight quantiles gathered over the ranks)."""
     import pytest
 
     assert [r["step"] for r in a] == [r["step"] for r in b]
+    keys = ("loss", "grad_norm", "kl", "entropy", "beta_stab_mean", "beta_comp_mean",
+            "mismatch_kl_token_mean", "mismatch_kl_seq_mean", "is_weight_p1", "is_weight_p50",
+            "is_weight_p99", "is_masked_share")  # fmt: skip
     for x, y in zip(a, b, strict=True):
-        for key in ("loss", "grad_norm", "kl", "entropy", "beta_stab_mean", "beta_comp_mean"):
+        for key in keys:
             assert x[key] == pytest.approx(y[key], abs=tol), (x["step"], key)
         assert x["update_losses"] == pytest.approx(y["update_losses"], abs=tol)

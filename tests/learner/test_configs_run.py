@@ -76,8 +76,10 @@ def test_shipped_config_trains(
          "learner.algorithm.agg=seq-mean-token-mean", "learner.algorithm.is_cap=null",
          "learner.optim.schedule=cosine", "learner.optim.warmup_steps=2",
          "learner.optim.total_steps=3"],
+        ["learner.algorithm.is_mode=geometric-mask", "learner.algorithm.is_low=0.98",
+         "learner.algorithm.is_cap=1.02"],
     ],
-    ids=["rloo", "drgrpo", "reinforce_pp_baseline"],
+    ids=["rloo", "drgrpo", "reinforce_pp_baseline", "geometric_mask"],
 )  # fmt: skip
 def test_advantage_and_aggregation_variants_train(
     variant: list[str], tiny_model: Path, redis_url: str, tmp_path: Path
@@ -99,5 +101,11 @@ def test_advantage_and_aggregation_variants_train(
     records = read_log(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["kl"] >= 0 for r in records)
+    for r in records:  # the mismatch figures of every step (learner.objective.mismatch_record)
+        assert r["mismatch_kl_token_mean"] >= 0 and r["mismatch_kl_seq_mean"] >= 0
+        assert r["is_weight_p1"] <= r["is_weight_p50"] <= r["is_weight_p99"]
+        assert 0 <= r["is_masked_share"] <= 1 and "mismatch_kl_lag0" in r
+    if "learner.algorithm.is_mode=geometric-mask" in variant:  # test data: sampling far off
+        assert all(r["is_masked_share"] > 0 for r in records), records
     if "learner.optim.warmup_steps=2" in variant:  # linear warmup over the two steps
         assert [r["lr"] for r in records] == pytest.approx([5e-4, 1e-3])

@@ -1,5 +1,6 @@
-"""A dead engine does not stall the learner's push: ``kill -9`` of one of two real embedded
-engines in the middle of a push (while it is paused for the update, its broadcast under way).
+"""A dead or stopped engine does not stall the learner's push: ``kill -9`` of one of two real
+embedded engines in the middle of a push (while it is paused for the update, its broadcast under
+way); SIGSTOP of one, before a push and in the middle of one.
 
 The learner's real push (``learner.push.DistributedPush``, one-rank gloo world standing for the
 learner, the vLLM-shaped protocol so that "mid-push" is observable as the engine's pause) must
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from torch import nn
 
 from dynamo_rl.contracts.weight_control import read_version, weight_protocol
 from dynamo_rl.procs import ServiceProcess, free_port
@@ -26,6 +28,7 @@ from learner.model import load_policy
 from learner.push import DistributedPush
 from learner.tiny_model import build_tiny_model
 from tests.conftest import REPO
+from tests.reliability.helpers import frozen, send_signal
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +46,12 @@ def _engine(model: Path, log: Path, port: int) -> ServiceProcess:
     return proc
 
 
-def _kill_when_paused(proc: ServiceProcess, url: str, killed: list[float]) -> threading.Thread:
+def _signal_when_paused(
+    proc: ServiceProcess, url: str, sent: list[float], sig: int = signal.SIGKILL
+) -> threading.Thread:
+    """``sig`` to the engine once it is paused for a push (its transfer is next); the time in
+    ``sent``."""
+
     def watch() -> None:
         deadline = time.monotonic() + TIMEOUT_S
         with httpx.Client(timeout=5) as http:
@@ -53,25 +61,32 @@ def _kill_when_paused(proc: ServiceProcess, url: str, killed: list[float]) -> th
                         break
                 except httpx.HTTPError:
                     pass
-        os.kill(proc.pid, signal.SIGKILL)
-        killed.append(time.monotonic())
+        os.kill(proc.pid, sig)
+        sent.append(time.monotonic())
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
 
 
-def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None) -> None:
-    # ~30M parameters (120 MB float32): the transfer lasts long enough to be cut in the middle.
+def _two_engines(
+    tmp_path: Path,
+) -> tuple[Path, nn.Module, list[int], list[str], list[ServiceProcess], DistributedPush]:
+    """A model of ~30M parameters (120 MB float32: a transfer lasts long enough to be cut in the
+    middle), two real engines serving it, and a vLLM-shaped push to them."""
     model_dir = build_tiny_model(tmp_path / "m", hidden_size=512, num_layers=8, num_heads=8,
                                  num_kv_heads=2)  # fmt: skip
-    policy = load_policy(str(model_dir))
-    proto = weight_protocol("vllm")
     ports = [free_port(), free_port()]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
     procs = [_engine(model_dir, tmp_path / f"engine{i}.log", p) for i, p in enumerate(ports)]
     push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
-                           protocol=proto)  # fmt: skip
+                           protocol=weight_protocol("vllm"))  # fmt: skip
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    return model_dir, load_policy(str(model_dir)), ports, urls, procs, push
+
+
+def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None) -> None:
+    model_dir, policy, ports, urls, procs, push = _two_engines(tmp_path)
+    proto = push.protocol
     try:
         first = push.push(policy, 1, urls)
         assert first.ok and not first.failed, first.error
@@ -79,7 +94,7 @@ def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None)
 
         # kill -9 engine 0 once it is paused for push 2 (its transfer is next).
         killed: list[float] = []
-        watcher = _kill_when_paused(procs[0], urls[0], killed)
+        watcher = _signal_when_paused(procs[0], urls[0], killed)
         second = push.push(policy, 2, urls)
         returned = time.monotonic()
         watcher.join(timeout=5)
@@ -108,6 +123,64 @@ def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None)
         assert fourth.ok and not fourth.failed, fourth.error
         assert [read_version(proto, u) for u in urls] == [4, 4]
     finally:
+        push.close()
+        for proc in procs:
+            proc.stop()
+
+
+def test_a_stopped_engine_leaves_the_push_and_catches_up(tmp_path: Path, one_rank: None) -> None:
+    """SIGSTOP, which no socket notices: the engine is left out within 10 s by the version read
+    that opens the push (stopped before it) or by the push's heartbeat (stopped mid-transfer),
+    and once continued (SIGCONT) a later push brings it up to date."""
+    _, policy, _, urls, procs, push = _two_engines(tmp_path)
+    proto = push.protocol
+    stopped = procs[0].pid
+    try:
+        assert push.push(policy, 1, urls).ok
+        # Stopped before the push: the opening version read gets no answer.
+        with frozen([stopped]):
+            t0 = time.monotonic()
+            second = push.push(policy, 2, urls)
+            took = time.monotonic() - t0
+        assert took < PROMPT_BOUND_S, f"the push took {took:.1f}s with a stopped engine"
+        print(f"stopped before the push: it returned in {took:.1f}s")
+        assert second.ok and second.failed == (urls[0],), second.error
+        assert "unreachable" in second.error
+        assert read_version(proto, urls[1]) == 2
+        # Continued: the next push catches it up.
+        third = push.push(policy, 3, urls)
+        assert third.ok and not third.failed, third.error
+        assert [read_version(proto, u) for u in urls] == [3, 3]
+
+        # Stopped mid-push (paused for the update, its transfer next): the heartbeat leaves it out.
+        sent: list[float] = []
+        watcher = _signal_when_paused(procs[0], urls[0], sent, signal.SIGSTOP)
+        try:
+            fourth = push.push(policy, 4, urls)
+            returned = time.monotonic()
+            watcher.join(timeout=5)
+            assert sent, "the engine was never seen paused"
+            took = returned - sent[0]
+            assert took < PROMPT_BOUND_S, f"the push went on {took:.1f}s after the stop"
+            print(f"stopped mid-push: it returned {took:.1f}s after the stop")
+            assert fourth.ok and fourth.failed == (urls[0],), fourth.error
+            assert "stopped answering" in fourth.error
+            assert read_version(proto, urls[1]) == 4
+            assert not httpx.get(f"{urls[1]}/is_paused").json()["is_paused"]
+        finally:
+            send_signal([stopped], signal.SIGCONT)
+        # Continued: a later push brings it up to date (the first may still find it busy with
+        # the abandoned transfer).
+        version, deadline = 4, time.monotonic() + TIMEOUT_S
+        while read_version(proto, urls[0]) != version:
+            assert time.monotonic() < deadline, "the continued engine was never caught up"
+            version += 1
+            assert push.push(policy, version, urls).ok
+        assert read_version(proto, urls[1]) == version
+        assert not httpx.get(f"{urls[0]}/is_paused").json()["is_paused"]
+        print(f"caught up at push {version}")
+    finally:
+        send_signal([stopped], signal.SIGCONT)
         push.close()
         for proc in procs:
             proc.stop()

@@ -91,7 +91,8 @@ def test_a_restarted_single_engine_gets_the_weights_again(tmp_path: Path, redis_
     engine, and the step on it pushes: so the worker is killed too, and restarts at its gate.)"""
     name = "oneengine"
     run = UpRun(tmp_path / "run", name, 12, "up.restart.backoff_s=1.0",
-                "learner.push.timeout_s=15", redis_url=redis_url)  # fmt: skip
+                "learner.push.timeout_s=15", "rollout.max_staleness=1",
+                redis_url=redis_url)  # fmt: skip
     client = redis.Redis.from_url(redis_url)
     stream, group = keys.trajectory_stream(name), keys.learner_group(name)
 

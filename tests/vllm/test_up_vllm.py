@@ -1,5 +1,6 @@
 """``dynamo-rl up`` with ``engine.kind=vllm``: real vLLM servers sample, the learner pushes to them,
-and a vLLM server killed with ``kill -9`` mid-run is restarted by ``up`` while training goes on.
+and a vLLM server killed with ``kill -9`` mid-run is restarted by ``up`` while training goes on,
+with ``rollout.max_staleness: 1`` (the restarted server gets the current weights pushed).
 
 One small run (the quickstart's tiny-model shape: vLLM's CPU attention needs a head size it
 supports), ``up.engines=1``: at most one vLLM server at a time.
@@ -48,9 +49,9 @@ def test_up_with_vllm_pushes_and_restarts_a_killed_server(tmp_path: Path) -> Non
         # A push into a server that died must not hold the learner for push.timeout_s's default.
         "learner.push.timeout_s=60",
         # A restarted vLLM serves engine.model (version 0) until the next push, and vLLM has no
-        # load-from-disk fallback wired: with the default gate (1) the worker would wait for a
-        # push that needs a step that needs its rollouts. Here it samples on, off-policy.
-        "rollout.max_staleness=100",
+        # load-from-disk route: the worker's gate (1) holds it until the learner, finding the
+        # engine behind while it waits for groups, pushes to it again (learner/rl.py CATCH_UP_S).
+        "rollout.max_staleness=1",
         # Unseeded: vLLM 0.32's CPU engine dies on a seeded request prefilled in chunks.
         "rollout.sampling.seed=null",
         "learner.checkpoint.every=100",
@@ -91,3 +92,9 @@ def test_up_with_vllm_pushes_and_restarts_a_killed_server(tmp_path: Path) -> Non
     assert any(s < KILL_AFTER_STEP for s in pushed), pushed
     assert any(s > KILL_AFTER_STEP + 1 for s in pushed), (pushed, log[-3000:])
     assert records[STEPS]["weight_version"] > KILL_AFTER_STEP
+    # The restarted server (version 0) served no rollout before the learner pushed to it (the
+    # worker's pool holds it, "too old to serve"): no step trained on a sample KILL_AFTER_STEP or
+    # more versions old.
+    lags = {int(k.removeprefix("mismatch_kl_lag")) for r in records.values() for k in r
+            if k.startswith("mismatch_kl_lag")}  # fmt: skip
+    assert max(lags) < KILL_AFTER_STEP, lags

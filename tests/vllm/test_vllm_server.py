@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dynamo_rl.contracts.weight_control import VLLMWeights, read_version
+from learner.objective import mismatch_record, mismatch_sums
 from services.rollout.engines.base import Sampling
 from services.rollout.engines.openai import OpenAICompletionsEngine
 from tests.vllm.conftest import VLLMServers, completions, learner_push, reload_from_disk
@@ -228,6 +229,7 @@ def test_logprobs_match_learner_forward(
     policy = load_lm(server.model)
     scale = 1.0 if mode == "raw_logprobs" else temperature
     worst, other_gap = 0.0, 0.0
+    totals: dict[str, float] = {}
     for i, choice in enumerate(choices):
         prompt = PROMPTS[i // 2]
         response = choice["token_ids"]
@@ -238,7 +240,13 @@ def test_logprobs_match_learner_forward(
         if temperature != 1.0:
             other = learner_logprobs(policy, prompt, response, temperature / scale)
             other_gap = max(other_gap, float((got - other).abs().max()))
+        # The learner's step figure of this mismatch (its own code: k3 of engine vs learner).
+        sums, _ = mismatch_sums(want[None], got[None], torch.ones(1, len(got)), None, [0])
+        for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + v
     assert worst < 1e-3, f"{mode} at T={temperature}: max |vLLM - learner| = {worst:.2e}"
+    kl = mismatch_record(totals, torch.ones(1))["mismatch_kl_token_mean"]
+    assert kl < 1e-5, f"{mode} at T={temperature}: mismatch KL {kl:.2e}"
     if temperature != 1.0:
         # The two modes differ measurably here, so the check above tells them apart.
         assert other_gap > 1e-2

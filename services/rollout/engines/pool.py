@@ -9,6 +9,11 @@ replica at once. When every replica is benched the pool waits for the
 earliest to come back and tries again — forever by default, or until ``max_wait_s`` — so a worker
 rides out an engine restart instead of dying. A request error (4xx) or protocol error is not the
 replica's fault and is raised immediately.
+
+A replica back from a failure may have restarted on the weights it was started with: with
+``admit`` (the worker's: within ``rollout.max_staleness`` of the learner), it serves again only
+once ``admit`` accepts its weight version — held back (benched for ``backoff_s`` at a time) until
+the learner has pushed the current weights to it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from dynamo_rl.retry import Backoff
@@ -34,6 +39,7 @@ class _Replica:
     in_flight: int = 0
     failures: int = 0
     benched_until: float = 0.0
+    held: bool = False  # back from a failure, its weight version not admitted yet (logged once)
 
 
 class EnginePool:
@@ -48,6 +54,7 @@ class EnginePool:
         max_wait_s: float = 0.0,
         on_failure: Callable[[str, Exception], None] | None = None,
         on_wait: Callable[[float], None] | None = None,
+        admit: Callable[[int], Awaitable[bool]] | None = None,
     ) -> None:
         # An empty pool is allowed when replicas are discovered later (EnginePool.add).
         self.replicas = [_Replica(e) for e in engines]
@@ -55,6 +62,8 @@ class EnginePool:
         self.max_wait_s = max_wait_s
         self._on_failure = on_failure
         self._on_wait = on_wait
+        self.admit = admit
+        """Whether a replica back from a failure may serve at the weight version it reports."""
         self._turn = itertools.count()
 
     @property
@@ -86,6 +95,28 @@ class EnginePool:
         log.log(level, "engine %s failed (%s); benched for %.1fs", replica.engine.url, error, delay)
         if self._on_failure is not None:
             self._on_failure(replica.engine.url, error)
+
+    async def _admitted(self, replica: _Replica) -> bool:
+        """A replica back from a failure: whether ``admit`` accepts its weight version now (else
+        it is benched for ``backoff_s`` and asked again)."""
+        if self.admit is None or not replica.failures:
+            return True
+        try:
+            version = await replica.engine.weight_version()
+        except EngineUnavailable as e:
+            self._bench(replica, e)
+            return False
+        if await self.admit(version):
+            if replica.held:
+                log.info("engine %s serves again at weight version %d", replica.engine.url, version)
+            replica.held = False
+            return True
+        if not replica.held:
+            log.warning("engine %s is back at weight version %d, too old to serve: held until "
+                        "the learner pushes to it", replica.engine.url, version)  # fmt: skip
+        replica.held = True
+        replica.benched_until = time.monotonic() + self.backoff.base_s
+        return False
 
     async def _wait_for_replica(self, waiting_since: float) -> None:
         now = time.monotonic()
@@ -125,6 +156,8 @@ class EnginePool:
                     waiting_since = time.monotonic()
                     log.warning("every engine replica is down; waiting for one to come back")
                 await self._wait_for_replica(waiting_since)
+                continue
+            if not await self._admitted(replica):
                 continue
             replica.in_flight += 1
             try:

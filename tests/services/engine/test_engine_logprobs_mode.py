@@ -15,6 +15,7 @@ import torch
 from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
 from learner.batch import collate, samples_from_groups
 from learner.model import load_policy
+from learner.objective import mismatch_record, mismatch_sums
 from learner.rl import policy_forward
 from tests.services.engine.engine_util import complete, running_engine
 
@@ -87,6 +88,13 @@ def test_processed_logprobs_match_the_learner_at_temperature(engine: str, model_
     with torch.no_grad():
         raw, _, _ = policy_forward(load_policy(str(model_dir)).eval(), raw_mb)
     assert float((raw - mb.sampling_logprobs)[tok].abs().max()) > 1e-2
+    # The step's mismatch figure (k3 KL engine ‖ learner) is ~0 against the tempered forward pass
+    # only: what the dashboard's mismatch chart shows for an engine that reports processed ones.
+    lags = [0] * len(raw_mb.rows)
+    tempered = mismatch_record(*mismatch_sums(logp, mb.sampling_logprobs, mb.mask, None, lags))
+    untempered_kl = mismatch_record(*mismatch_sums(raw, mb.sampling_logprobs, mb.mask, None, lags))
+    assert tempered["mismatch_kl_token_mean"] < 1e-7, tempered
+    assert untempered_kl["mismatch_kl_token_mean"] > 1e-3, untempered_kl
 
 
 def test_processed_logprobs_are_of_the_top_k_distribution(engine: str, model_dir: Path) -> None:

@@ -307,3 +307,48 @@ def test_pool_waits_while_the_only_replica_is_frozen_and_resumes(engine) -> None
     samples = run(go())
     assert len(samples) == 2
     assert len(failures) >= 1
+
+
+def test_pool_holds_a_replica_back_from_a_failure_until_its_weights_are_fresh(engine) -> None:
+    """A replica that failed (here frozen, its requests timing out) and answers again may have
+    restarted on old weights: the pool sends it requests again only once ``admit`` accepts the
+    version it reports (the worker's: within ``rollout.max_staleness`` of the learner)."""
+    proc, url = engine
+    client = OpenAICompletionsEngine(url, model="m", timeout_s=1.0)
+    learner = {"version": 0}
+    asked: list[int] = []
+
+    async def admit(version: int) -> bool:
+        asked.append(version)
+        return learner["version"] - version <= 1
+
+    pool = EnginePool([client], backoff_s=0.2, backoff_max_s=0.5, admit=admit)
+
+    async def until(cond, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def go() -> tuple[list[Sample], int]:
+        try:
+            version = await client.weight_version()
+            learner["version"] = version + 5  # the learner has moved on: too old to serve
+            await pool.generate(PROMPT, 1, Sampling(max_tokens=2))
+            assert asked == []  # a replica that has not failed is not asked
+            proc.signal(signal.SIGSTOP)
+            try:
+                task = asyncio.create_task(pool.generate(PROMPT, 2, Sampling(max_tokens=4)))
+                await until(lambda: pool.replicas[0].failures >= 1, "the frozen replica to fail")
+            finally:
+                proc.signal(signal.SIGCONT)
+            await until(lambda: len(asked) >= 3, "the pool to ask the replica's version again")
+            assert not task.done() and pool.replicas[0].held
+            learner["version"] = version + 1  # pushed to: within max_staleness 1
+            return await asyncio.wait_for(task, 60), version
+        finally:
+            await pool.aclose()
+
+    samples, version = run(go())
+    assert len(samples) == 2
+    assert set(asked) == {version} and not pool.replicas[0].held
