@@ -91,6 +91,8 @@ def learner_record(step: int) -> dict[str, float]:
         "grad_var_ratio": 0.8 + 0.1 * rng.random(),
         "grad_zero_adv_share": 0.3 * rng.random(),
         "push_seconds": 0.3 + 0.05 * rng.random(),
+        "push_bytes": 3_748_128,
+        "weight_version": step,
         "time_read": 0.02 + 0.01 * rng.random(),
         "time_forward": 0.4 + 0.05 * rng.random(),
         "time_backward": 0.8 + 0.1 * rng.random(),
