@@ -75,12 +75,16 @@ class WarmStartConfig(Section):
     """Steps of each extension."""
     max_extensions: Annotated[int, Field(ge=0)] = 3
     """Extensions before ``up`` gives up with an error naming the tiers still not learned."""
-    demos: Literal["answers", "tool_calls"] = "answers"
-    """``products`` task: what the warm start imitates: the direct answers (``answers``), or
-    episodes of the ``rollout.env`` tools environment that call the calculator and copy its output
-    (``tool_calls``; needs ``rollout.prompt_template: raw``)."""
+    demos: Literal["answers", "tool_calls", "half_tool_calls"] = "answers"
+    """``products`` and ``when`` tasks: what the warm start imitates: the direct answers
+    (``answers``), or episodes of the ``rollout.env`` environment (``tools`` with the calculator,
+    or ``code_interpreter``) that call the tool and copy its output (``tool_calls``; needs
+    ``rollout.prompt_template: raw``); ``when`` also ``half_tool_calls``: the tool on a random
+    half of the questions whatever their tier (seeded by ``run.seed``), direct answers on the
+    others."""
     rows: Annotated[int, Field(ge=0)] = 0
-    """``products`` task: train questions the warm start sees (the first ones; 0: all)."""
+    """``products`` and ``when`` tasks: train questions the warm start sees (the first ones; 0:
+    all)."""
 
     @model_validator(mode="after")
     def _target_needs_check(self) -> WarmStartConfig:
@@ -130,9 +134,13 @@ class UpConfig(Section):
     """Rollout worker processes (they shard the dataset)."""
     learner_procs: Count = 1
     """Learner ranks under torchrun (FSDP2)."""
-    task: Literal["arith", "products"] = "arith"
+    task: Literal["arith", "products", "when"] = "arith"
     """Built-in task generated into the run folder when ``rollout.dataset`` is unset: ``arith``
-    (the quickstart's tiers) or ``products`` (multi-digit products, the agent recipe's)."""
+    (the quickstart's tiers), ``products`` (multi-digit products, the agent recipe's) or ``when``
+    (easy sums and hard products mixed, the when-to-call recipe's; ``tasks.when``)."""
+    task_tiers: list[Literal["easy", "hard", "two_calls"]] = ["easy", "hard"]
+    """``when`` task: its tiers, in equal shares (``easy``: 3-digit + 1-digit sums; ``hard``:
+    4-digit x 3-digit products; ``two_calls``: ``(a*b)+(c*d)``, demonstrated with two calls)."""
     task_train: Annotated[int, Field(ge=1)] = 3000
     """Train prompts of the generated task."""
     task_test: Annotated[int, Field(ge=1)] = 1000
@@ -143,3 +151,18 @@ class UpConfig(Section):
     health_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     """How long each service may take to answer its health check."""
     restart: RestartConfig = RestartConfig()
+    sft_control: bool = False
+    """The SFT-continuation control instead of RL: after the evaluation before, ``up`` goes on
+    with supervised training on the warm start's own demonstrations for the same compute as the
+    RL run — ``learner.max_steps`` steps of ``learner.train_batch_size`` x ``rollout.n`` rows each
+    (RL's optimizer steps and sequences per step), at ``up.warm_start.lr`` — loads the result into
+    the engines and evaluates after as RL would (``products`` and ``when`` tasks)."""
+
+    @model_validator(mode="after")
+    def _tiers_once(self) -> UpConfig:
+        if not self.task_tiers or len(set(self.task_tiers)) != len(self.task_tiers):
+            raise ValueError(
+                f"up.task_tiers: each of easy, hard, two_calls at most once and at least one, "
+                f"got {self.task_tiers}"
+            )
+        return self
