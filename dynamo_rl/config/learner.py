@@ -190,6 +190,11 @@ class AlgorithmConfig(Section):
     is_cap: Annotated[float, Field(ge=1)] | None = 2.0
     """Cap of the truncated importance weight exp(logp_old − logp_sampling) that corrects the
     engine/learner mismatch and staleness; null: no correction."""
+    train_observations: bool = False
+    """Mask ablation (off by default; never for real training): multi-turn samples train their
+    observation tokens too — the tool output and template markers the environment added, loss
+    mask 0 — as if the model had sampled them (their importance weight 1, since the engine gave
+    them no log-prob)."""
 
 
 class CriticConfig(Section):
