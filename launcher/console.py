@@ -134,9 +134,12 @@ class NoticeBoard:
         self.notices = NoticeTail(list(folders))
         self.say = say
         self.logs = logs
+        self.shown: list[Notice] = []
+        """Every notice printed so far (``up``'s summary counts them)."""
 
     def poll(self) -> list[Notice]:
         new = self.notices.poll()
+        self.shown += new
         for n in new:
             self.say(notice_line(n, self.logs))
         return new

@@ -87,6 +87,7 @@ def test_each_warning_is_shown_once_naming_the_service_and_its_log(tmp_path: Pat
         f"warning from rollout0: 2 of 3 prompts exceed 8 (more in {logs / 'rollout0.log'})",
         "warning from sft: m (more in the sft service's log)",
     ]
+    assert [n.service for n in board.shown] == ["rollout0", "sft"]  # what up's summary counts
 
 
 def test_the_data_summary_names_rows_sources_context_and_the_setting() -> None:
