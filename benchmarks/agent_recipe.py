@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,8 +72,16 @@ def run_dir_of(runs: Path, recipe: str, seed: int) -> Path:
     return runs / f"{recipe}-seed{seed}"
 
 
-def run_up(run_dir: Path, recipe: str, seed: int, quick: bool) -> list[float]:
-    """One ``dynamo-rl up`` run (blocking); the 1-minute load average sampled while it ran."""
+def run_up(
+    run_dir: Path,
+    recipe: str,
+    seed: int,
+    quick: bool,
+    config: Path | None = None,
+    overrides: Sequence[str] = (),
+) -> list[float]:
+    """One ``dynamo-rl up`` run (blocking) of ``config`` (default the recipe's) with
+    ``overrides`` last; the 1-minute load average sampled while it ran."""
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [
         sys.executable,
@@ -80,10 +89,11 @@ def run_up(run_dir: Path, recipe: str, seed: int, quick: bool) -> list[float]:
         "dynamo_rl.cli",
         "up",
         "--config",
-        str(RECIPES[recipe]),
+        str(config or RECIPES[recipe]),
         f"run.seed={seed}",
         f"run.dir={run_dir}",
         *(QUICK if quick else []),
+        *overrides,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     load: list[float] = []

@@ -30,6 +30,8 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    ``up.rollout_workers`` rollout workers; a progress line per learner step (step, rollouts used,
    reward, train accuracy, tokens/s, ETA; ``no signal`` when every reward was equal) read from
    the learner's ``metrics.jsonl``. It ends when the learner reaches ``learner.max_steps``.
+   With ``up.sft_control`` the SFT-continuation control replaces it: supervised training on the
+   warm start's demonstrations at RL's steps x batch, loaded into the engines from disk.
 6. **Held-out accuracy after RL**, on the engines that hold the last pushed weights; the summary
    prints both figures, and they go to the experiment trackers (``learner.trackers``:
    TensorBoard, wandb) as ``eval/<before|after>/accuracy`` and per data source, at the last step.
@@ -272,14 +274,15 @@ class Launcher:
         if test_data is None or ev.prompts == 0:
             return None
         out = self.run_dir / f"eval_{label}.json"
-        self.say(f"held-out accuracy {label} RL ({ev.prompts} prompts x {ev.samples} samples)")
+        what = "the SFT control" if self.cfg.up.sft_control else "RL"
+        self.say(f"held-out accuracy {label} {what} ({ev.prompts} prompts x {ev.samples} samples)")
         self.run_step(
             f"eval-{label}",
             cli_argv("eval", *self.config_args(), "--data", test_data, "--limit", str(ev.prompts),
                      "--n", str(ev.samples), "--temperature", str(ev.temperature), "--out", str(out)),
         )  # fmt: skip
         result = json.loads(out.read_text())
-        self.say(f"held-out accuracy {label} RL: {result['accuracy']:.3f}")
+        self.say(f"held-out accuracy {label} {what}: {result['accuracy']:.3f}")
         return result
 
     def train(self, cfg: ExperimentConfig) -> None:

@@ -8,10 +8,13 @@ Three recipes feed one loop:
 - **The built-in arithmetic task** (``up.task: arith``): the train rows of ``up.warm_start.tiers``.
   With ``check_rows``, that many train rows per tier are held out and checked; an extension trains
   on a mix that gives the tiers not yet learned ``FOCUS_SHARE`` of each batch.
-- **The products task** (the agent recipe): the first ``up.warm_start.rows`` train questions, as
-  direct answers or (``demos: tool_calls``) two-turn demonstrations that call the calculator of
-  the ``rollout.env`` tools environment (:func:`tasks.products.tool_demos`). It is checked on the
-  next ``check_rows`` train questions; an extension trains longer on the same rows.
+- **The products and when tasks** (the agent recipes): the first ``up.warm_start.rows`` train
+  questions, as direct answers or (``demos: tool_calls``) demonstrations that call the tool of
+  the ``rollout.env`` environment (:func:`tasks.products.tool_demos`; the when task's
+  :func:`tasks.when.demos`, which also writes ``half_tool_calls``: the tool on a random half).
+  It is checked on the next ``check_rows`` train questions, per tier; an extension trains longer
+  on the same rows. The same rows feed the SFT-continuation control (:meth:`WarmStart.control`,
+  ``up.sft_control``).
 
 Each sft call's steps (step, loss, steps/s, ETA) and checks (exact match) reach the console as
 it trains (:class:`launcher.console.WarmStartProgress`, reading the sft run's step log).
@@ -237,7 +240,12 @@ class WarmStart:
             )
         steps, batch = cfg.learner.max_steps or 0, cfg.learner.train_batch_size * cfg.rollout.n
         self.sft(
-            sft, out, str(data), steps, label=" control (RL's steps x batch)", batch_size=batch
+            sft,
+            out,
+            str(data),
+            steps,
+            label=" continued: the SFT control at RL's steps x batch",
+            batch_size=batch,
         )
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -151,8 +152,10 @@ async def evaluate(
                     })  # fmt: skip
             return results, [e.transcript for e in episodes]
 
+    t0 = time.monotonic()
     try:
         answers = await asyncio.gather(*(one(r) for r in records))
+        elapsed = time.monotonic() - t0
         versions = await pool.weight_versions()
     finally:
         await pool.aclose()
@@ -198,7 +201,10 @@ async def evaluate(
                 for res, _ in answers]  # fmt: skip
     extra: dict[str, Any] = {}
     if episode_stats:  # multi-turn episodes were played
-        extra["episodes"] = episode_summary(episode_stats, rc.env.name)
+        played = episode_summary(episode_stats, rc.env.name)
+        # Throughput: every episode played (generated, its tools run, verified) per second.
+        extra["episodes"] = {**played, "wall_s": round(elapsed, 3),
+                             "episodes_per_second": len(episode_stats) / max(elapsed, 1e-9)}  # fmt: skip
     return {
         **extra,
         **summary(scores),
