@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from agent_recipe import result_of, run_up  # noqa: E402 - one way to run and read an up run
+from agent_recipe import out_path, result_of, run_up, write_doc  # noqa: E402 - one way to run and read an up run
 from agent_when import tiers_of  # noqa: E402 - per-tier figures of an evaluation
 
 CONFIG = REPO / "configs" / "agent_code.yaml"
@@ -54,16 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny smoke settings")
     p.add_argument("overrides", nargs="*", help="config overrides (key=value)")
     args = p.parse_args(argv)
-    default = (
-        "/tmp/agent_code_quick.json"
-        if args.quick
-        else REPO / "benchmarks" / "results" / "agent_code.json"
-    )
-    out = Path(args.out or default)
+    out = out_path(args.out, args.quick, "agent_code")
     run_dir = Path(args.runs).resolve() / f"code-seed{args.seed}"
-    if not (run_dir / "summary.json").exists():
-        print(f"code seed {args.seed}: running {run_dir}", flush=True)
-        run_up(run_dir, "code", args.seed, args.quick, CONFIG, args.overrides)
+    run_up(run_dir, "code", args.seed, args.quick, CONFIG, args.overrides)
     record = result_of(run_dir)
     record.pop("curve", None)
     for which in ("before", "after"):
@@ -85,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         "(load_average_1m)",
         "record": record,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    print(out)
+    write_doc(out, doc)
     return 0
 
 

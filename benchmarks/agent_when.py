@@ -38,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from agent_recipe import result_of, run_up  # noqa: E402 - one way to run and read an up run
+from agent_recipe import out_path, result_of, run_up, write_doc  # noqa: E402 - one way to run and read an up run
 from sample_efficiency import paired  # noqa: E402 - the paired-by-seed interval
 
 CONFIG = REPO / "configs" / "agent_when.yaml"
@@ -104,6 +104,25 @@ def summarise(records: list[dict], arms: list[str]) -> dict:
     return out
 
 
+def seed_record(seed: int, arms: list[str], runs: Path, quick: bool, overrides: list[str]) -> dict:
+    """One seed: each arm run (unless done) and read, a line printed per arm."""
+    record: dict = {"seed": seed}
+    for arm in arms:
+        run_dir = runs / f"{arm}-seed{seed}"
+        run_up(run_dir, arm, seed, quick, CONFIG, [*overrides, *ARMS[arm]])
+        record[arm] = a = arm_record(run_dir)
+        rates = ", ".join(
+            f"{t} calls {a['tiers_before'][t]['tool_call_rate']:.2f}->"
+            f"{a['tiers_after'][t]['tool_call_rate']:.2f}"
+            for t in TIERS
+            if t in a["call_rate_change"]
+        )
+        print(f"seed {seed} {arm}: accuracy {100 * a['accuracy_before']:.1f}% -> "
+              f"{100 * a['accuracy_after']:.1f}% ({a['gain_points']:+.1f} points); {rates}",
+              flush=True)  # fmt: skip
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", default="0,1,2,3,4", help="run.seed values (default 0,1,2,3,4)")
@@ -118,33 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         p.error(f"--arms: unknown {', '.join(unknown)}; allowed: {', '.join(ARMS)}")
-    default_out = (
-        "/tmp/agent_when_quick.json"
-        if args.quick
-        else REPO / "benchmarks" / "results" / "agent_when.json"
-    )
-    out = Path(args.out or default_out)
     runs = Path(args.runs).resolve()
-    records = []
-    for seed in seeds:
-        record: dict = {"seed": seed}
-        for arm in arms:
-            run_dir = runs / f"{arm}-seed{seed}"
-            if not (run_dir / "summary.json").exists():
-                print(f"{arm} seed {seed}: running {run_dir}", flush=True)
-                run_up(run_dir, arm, seed, args.quick, CONFIG, [*args.overrides, *ARMS[arm]])
-            record[arm] = arm_record(run_dir)
-            a = record[arm]
-            rates = ", ".join(
-                f"{t} calls {a['tiers_before'][t]['tool_call_rate']:.2f}->"
-                f"{a['tiers_after'][t]['tool_call_rate']:.2f}"
-                for t in TIERS
-                if t in a["call_rate_change"]
-            )
-            print(f"seed {seed} {arm}: accuracy {100 * a['accuracy_before']:.1f}% -> "
-                  f"{100 * a['accuracy_after']:.1f}% ({a['gain_points']:+.1f} points); {rates}",
-                  flush=True)  # fmt: skip
-        records.append(record)
+    records = [seed_record(seed, arms, runs, args.quick, args.overrides) for seed in seeds]
     summary = summarise(records, arms)
     doc = {
         "command": "dynamo-rl up --config configs/agent_when.yaml run.seed=N "
@@ -163,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in summary.items():
         lo, hi = value["ci"]
         print(f"{key}: mean {value['mean']} [{lo:.3f}, {hi:.3f}] over {value['n']} seed(s)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    print(out)
+    write_doc(out_path(args.out, args.quick, "agent_when"), doc)
     return 0
 
 
