@@ -10,8 +10,8 @@ Three recipes feed one loop:
   on a mix that gives the tiers not yet learned ``FOCUS_SHARE`` of each batch.
 - **The products and when tasks** (the agent recipes): the first ``up.warm_start.rows`` train
   questions, as direct answers or (``demos: tool_calls``) demonstrations that call the tool of
-  the ``rollout.env`` environment (:func:`tasks.products.tool_demos`; the when task's
-  :func:`tasks.when.demos`, which also writes ``half_tool_calls``: the tool on a random half).
+  the ``rollout.env`` environment, or (``half_tool_calls``) those on a random half and the
+  direct answers on the others (:func:`tasks.when.demos`).
   It is checked on the next ``check_rows`` train questions, per tier; an extension trains longer
   on the same rows. The same rows feed the SFT-continuation control (:meth:`WarmStart.control`,
   ``up.sft_control``).
@@ -204,17 +204,11 @@ class WarmStart:
                 f"up.warm_start.demos={ws.demos}: needs rollout.env.name=tools (with the "
                 "calculator tool) or code_interpreter, and rollout.prompt_template=raw"
             )
-        if self.cfg.up.task == "when":
+        if ws.demos != "answers" or self.cfg.up.task == "when":
             from tasks.when import demos
 
             seed = self.cfg.run.seed
             rows, check = demos(rows, env, ws.demos, seed), demos(check, env, ws.demos, seed + 1)
-        elif ws.demos == "half_tool_calls":
-            raise RuntimeError("up.warm_start.demos=half_tool_calls: the when task's (up.task)")
-        elif ws.demos == "tool_calls":
-            from tasks.products import tool_demos
-
-            rows, check = tool_demos(rows, env), tool_demos(check, env)
         path = demonstrations(self.data, ws.demos)
         _write(rows, path)
         if not check:
@@ -228,7 +222,7 @@ class WarmStart:
         )
 
     def control(self, sft: Path, out: Path) -> None:
-        """The SFT-continuation control (``up.sft_control``): the warm-started ``sft`` trained on
+        """The SFT-continuation control (``up.sft_control``): the warm-started ``sft`` trained
         on the warm start's own demonstrations for RL's compute, ``learner.max_steps`` steps of
         ``learner.train_batch_size`` x ``rollout.n`` rows, into ``out``."""
         cfg = self.cfg

@@ -18,9 +18,10 @@ tier            question               what it takes
 The tiers of a split come in turn (row ``i`` has tier ``tiers[i % len(tiers)]``), so each has the
 same share; train and test never share a question.
 
-The warm starts (:func:`demos`): ``tool_calls`` demonstrates the tool on every question,
-``half_tool_calls`` on a random half of them whatever their tier (seeded) and the direct answer on
-the others, ``answers`` the direct answers only. A tool demonstration is one supervised row per
+The warm starts (:func:`demos`; ``up`` writes the ``products`` task's tool demonstrations with it
+too): ``tool_calls`` demonstrates the tool on every question, ``half_tool_calls`` on a random
+half of them whatever their tier (seeded) and the direct answer on the others, ``answers`` the
+direct answers only. A tool demonstration is one supervised row per
 model turn, written as :func:`tasks.products.episode_demo` plays it in the ``rollout.env``
 environment (the calculator of ``tools``, or a cell printing the expression in
 ``code_interpreter``). The warm start runs before the services, so a ``code_interpreter``

@@ -79,9 +79,8 @@ class WarmStartConfig(Section):
     """``products`` and ``when`` tasks: what the warm start imitates: the direct answers
     (``answers``), or episodes of the ``rollout.env`` environment (``tools`` with the calculator,
     or ``code_interpreter``) that call the tool and copy its output (``tool_calls``; needs
-    ``rollout.prompt_template: raw``); ``when`` also ``half_tool_calls``: the tool on a random
-    half of the questions whatever their tier (seeded by ``run.seed``), direct answers on the
-    others."""
+    ``rollout.prompt_template: raw``), or ``half_tool_calls``: the tool on a random half of the
+    questions whatever their tier (seeded by ``run.seed``), direct answers on the others."""
     rows: Annotated[int, Field(ge=0)] = 0
     """``products`` and ``when`` tasks: train questions the warm start sees (the first ones; 0:
     all)."""
