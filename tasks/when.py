@@ -7,7 +7,8 @@ same boxed-answer route); ``extra_info.tier`` names each question's kind:
 ==============  =====================  ===========================================================
 tier            question               what it takes
 ==============  =====================  ===========================================================
-``easy``        ``482+7=``             a 3-digit plus a 1-digit number: a tiny model answers it in
+``easy``        ``4821+172=``          a 4-digit plus a 3-digit number without carries (each
+                                       answer digit the sum of two): a tiny model answers it in
                                        its head, a call only costs
 ``hard``        ``4821*372=``          a 4-digit times a 3-digit number (7-digit product): out of
                                        reach without the tool
@@ -16,7 +17,10 @@ tier            question               what it takes
 ==============  =====================  ===========================================================
 
 The tiers of a split come in turn (row ``i`` has tier ``tiers[i % len(tiers)]``), so each has the
-same share; train and test never share a question.
+same share; train and test never share a question. ``easy`` and ``hard`` questions have the same
+length, so what a demonstration copies (the question into the call) sits at the same distance in
+both: with 3-digit + 1-digit sums (``482+7=``) the tiny model's warm start learned no copy in
+1,400 steps (``docs/benchmarks.md``, "When to call").
 
 The warm starts (:func:`demos`; ``up`` writes the ``products`` task's tool demonstrations with it
 too): ``tool_calls`` demonstrates the tool on every question, ``half_tool_calls`` on a random
@@ -57,8 +61,10 @@ _TWO = re.compile(r"^\((\d+)\*(\d+)\)\+\((\d+)\*(\d+)\)=$")
 
 def _question(rng: random.Random, tier: str) -> tuple[str, int]:
     if tier == "easy":
-        a, b = rng.randint(100, 999), rng.randint(1, 9)
-        return f"{a}+{b}=", a + b
+        while True:
+            a, b = rng.randint(1000, 9999), rng.randint(100, 999)
+            if all(int(x) + int(y) < 10 for x, y in zip(str(a)[1:], str(b), strict=True)):
+                return f"{a}+{b}=", a + b
     if tier == "hard":
         while True:
             a, b = rng.randint(1000, 9999), rng.randint(100, 999)

@@ -138,7 +138,7 @@ class UpConfig(Section):
     (the quickstart's tiers), ``products`` (multi-digit products, the agent recipe's) or ``when``
     (easy sums and hard products mixed, the when-to-call recipe's; ``tasks.when``)."""
     task_tiers: list[Literal["easy", "hard", "two_calls"]] = ["easy", "hard"]
-    """``when`` task: its tiers, in equal shares (``easy``: 3-digit + 1-digit sums; ``hard``:
+    """``when`` task: its tiers, in equal shares (``easy``: 4-digit + 3-digit sums without carries; ``hard``:
     4-digit x 3-digit products; ``two_calls``: ``(a*b)+(c*d)``, demonstrated with two calls)."""
     task_train: Annotated[int, Field(ge=1)] = 3000
     """Train prompts of the generated task."""
