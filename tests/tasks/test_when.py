@@ -30,7 +30,9 @@ def test_rows_mix_the_tiers_in_turn_with_their_answers() -> None:
         if tier == "easy":  # the same length as hard, each answer digit a sum of two
             a, b = q.removesuffix("=").split("+")
             assert (len(a), len(b), int(a) + int(b)) == (4, 3, value)
-            assert str(value) == a[0] + "".join(str(int(x) + int(y)) for x, y in zip(a[1:], b, strict=True))
+            assert str(value) == a[0] + "".join(
+                str(int(x) + int(y)) for x, y in zip(a[1:], b, strict=True)
+            )
         elif tier == "hard":
             a, b = q.removesuffix("=").split("*")
             assert (len(a), len(b), len(str(value)), int(a) * int(b)) == (4, 3, 7, value)
