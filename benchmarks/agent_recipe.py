@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,8 +72,20 @@ def run_dir_of(runs: Path, recipe: str, seed: int) -> Path:
     return runs / f"{recipe}-seed{seed}"
 
 
-def run_up(run_dir: Path, recipe: str, seed: int, quick: bool) -> list[float]:
-    """One ``dynamo-rl up`` run (blocking); the 1-minute load average sampled while it ran."""
+def run_up(
+    run_dir: Path,
+    recipe: str,
+    seed: int,
+    quick: bool,
+    config: Path | None = None,
+    overrides: Sequence[str] = (),
+) -> list[float]:
+    """One ``dynamo-rl up`` run (blocking) of ``config`` (default the recipe's) with
+    ``overrides`` last, unless ``run_dir`` holds a finished run (its ``summary.json``); the
+    1-minute load average sampled while it ran ([] when it did not run)."""
+    if (run_dir / "summary.json").exists():
+        return []
+    print(f"{recipe} seed {seed}: running {run_dir}", flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [
         sys.executable,
@@ -80,10 +93,11 @@ def run_up(run_dir: Path, recipe: str, seed: int, quick: bool) -> list[float]:
         "dynamo_rl.cli",
         "up",
         "--config",
-        str(RECIPES[recipe]),
+        str(config or RECIPES[recipe]),
         f"run.seed={seed}",
         f"run.dir={run_dir}",
         *(QUICK if quick else []),
+        *overrides,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     load: list[float] = []
@@ -228,6 +242,22 @@ def settings_of(quick: bool) -> dict:
     return out
 
 
+def out_path(given: str | None, quick: bool, name: str) -> Path:
+    """``--out``, else ``/tmp/<name>_quick.json`` (``--quick``) or
+    ``benchmarks/results/<name>.json``."""
+    default = (
+        f"/tmp/{name}_quick.json" if quick else REPO / "benchmarks" / "results" / f"{name}.json"
+    )
+    return Path(given or default)
+
+
+def write_doc(out: Path, doc: dict) -> None:
+    """The result JSON, its folder made; its path printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    print(out)
+
+
 def span(values: list[float]) -> dict:
     return {"min": min(values), "max": max(values), "mean": round(sum(values) / len(values), 4)}
 
@@ -240,21 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny smoke settings")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    default_out = (
-        "/tmp/agent_recipe_quick.json"
-        if args.quick
-        else (REPO / "benchmarks" / "results" / "agent_recipe.json")
-    )
-    out = Path(args.out or default_out)
+    out = out_path(args.out, args.quick, "agent_recipe")
     runs = Path(args.runs).resolve()
     records = []
     for seed in seeds:
         record: dict = {"seed": seed}
         for recipe in RECIPES:
             run_dir = run_dir_of(runs, recipe, seed)
-            if not (run_dir / "summary.json").exists():
-                print(f"{recipe} seed {seed}: running {run_dir}", flush=True)
-                run_up(run_dir, recipe, seed, args.quick)
+            run_up(run_dir, recipe, seed, args.quick)
             record[recipe] = result_of(run_dir)
         record["margin_points"] = round(
             100 * (record["tools"]["accuracy_after"] - record["text"]["accuracy_after"]), 2
@@ -295,9 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         f"margin (tool-RL - text-only RL, after): {min(margins):+.1f} .. {max(margins):+.1f} "
         f"points over {len(margins)} seeds"
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(out)
+    write_doc(out, doc)
     return 0
 
 

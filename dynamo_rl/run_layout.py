@@ -3,6 +3,7 @@ writes, that ``dynamo-rl sft`` defaults to and that the dashboard and the consol
 
 - ``<run.dir>/model/init``: the fresh tiny model ``up`` builds when no model is given;
 - ``<run.dir>/model/sft``: that model after ``up``'s supervised warm start (RL starts here);
+- ``<run.dir>/model/sft_control``: the SFT-continuation control's model (``up.sft_control``);
 - ``<out>.run``: the run folder of the ``sft`` call that writes ``<out>`` (its step log,
   ``metrics.jsonl``, and its warnings), unless ``run.dir`` says otherwise.
 """
@@ -25,3 +26,8 @@ def warm_start_model(run_dir: Path) -> Path:
 def sft_run_dir(out: Path) -> Path:
     """The run folder of the ``sft`` call that writes the model folder ``out`` (``<out>.run``)."""
     return out.with_name(out.name + ".run")
+
+
+def sft_control_model(run_dir: Path) -> Path:
+    """The SFT-continuation control's model (``<run.dir>/model/sft_control``)."""
+    return run_dir / "model" / "sft_control"

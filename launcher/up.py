@@ -30,6 +30,8 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    ``up.rollout_workers`` rollout workers; a progress line per learner step (step, rollouts used,
    reward, train accuracy, tokens/s, ETA; ``no signal`` when every reward was equal) read from
    the learner's ``metrics.jsonl``. It ends when the learner reaches ``learner.max_steps``.
+   With ``up.sft_control`` the SFT-continuation control replaces it: supervised training on the
+   warm start's demonstrations at RL's steps x batch, loaded into the engines from disk.
 6. **Held-out accuracy after RL**, on the engines that hold the last pushed weights; the summary
    prints both figures, and they go to the experiment trackers (``learner.trackers``:
    TensorBoard, wandb) as ``eval/<before|after>/accuracy`` and per data source, at the last step.
@@ -68,7 +70,7 @@ from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.notices import FILE
 from dynamo_rl.procs import ServiceProcess, free_port, start_redis
 from dynamo_rl.redis_client import redact_url
-from dynamo_rl.run_layout import init_model, sft_run_dir, warm_start_model
+from dynamo_rl.run_layout import init_model, sft_control_model, sft_run_dir, warm_start_model
 from launcher.console import NoticeBoard, StepProgress, data_lines
 from launcher.service_table import SERVICES, cli_argv, engine_service
 from launcher.supervisor import Interrupted, Supervisor
@@ -136,18 +138,22 @@ class Launcher:
     def prepare_data(self) -> tuple[str, str | None]:
         if self.cfg.rollout.dataset:
             return self.cfg.rollout.dataset, None
-        if self.cfg.up.task == "products":
-            from tasks.products import write_task
-        elif self.cfg.up.task == "longtail":
-            from tasks.longtail import write_task
-        else:
-            from tasks.arith import write_task
-
         data = self.run_dir / "data"
         if not (data / "train.parquet").exists():
             self.say(f"writing the {self.cfg.up.task} task to {data}")
             up = self.cfg.up
-            write_task(data, up.task_train, up.task_test, seed=self.cfg.run.seed)
+            if up.task == "when":
+                from tasks.when import write_task as write_when
+
+                write_when(data, up.task_train, up.task_test, self.cfg.run.seed, up.task_tiers)
+            else:
+                if up.task == "products":
+                    from tasks.products import write_task
+                elif up.task == "longtail":
+                    from tasks.longtail import write_task
+                else:
+                    from tasks.arith import write_task
+                write_task(data, up.task_train, up.task_test, seed=self.cfg.run.seed)
         return str(data / "train.parquet"), str(data / "test.parquet")
 
     def prepare_model(self, dataset: str) -> str:
@@ -270,14 +276,15 @@ class Launcher:
         if test_data is None or ev.prompts == 0:
             return None
         out = self.run_dir / f"eval_{label}.json"
-        self.say(f"held-out accuracy {label} RL ({ev.prompts} prompts x {ev.samples} samples)")
+        what = "the SFT control" if self.cfg.up.sft_control else "RL"
+        self.say(f"held-out accuracy {label} {what} ({ev.prompts} prompts x {ev.samples} samples)")
         self.run_step(
             f"eval-{label}",
             cli_argv("eval", *self.config_args(), "--data", test_data, "--limit", str(ev.prompts),
                      "--n", str(ev.samples), "--temperature", str(ev.temperature), "--out", str(out)),
         )  # fmt: skip
         result = json.loads(out.read_text())
-        self.say(f"held-out accuracy {label} RL: {result['accuracy']:.3f}")
+        self.say(f"held-out accuracy {label} {what}: {result['accuracy']:.3f}")
         return result
 
     def train(self, cfg: ExperimentConfig) -> None:
@@ -306,6 +313,23 @@ class Launcher:
         for name in [*workers, "learner"]:
             sup.release(name)
 
+    def sft_control(self, cfg: ExperimentConfig) -> None:
+        """``up.sft_control``: supervised training on the warm start's demonstrations for RL's
+        compute instead of RL (:meth:`launcher.warm_start.WarmStart.control`), the result loaded
+        into every engine (its ``/update_weights_from_disk``, weight version 1)."""
+        from dynamo_rl.contracts.weight_control import send, weight_protocol
+
+        out = sft_control_model(self.run_dir)
+        if not (out / "config.json").exists():
+            warm = WarmStart(cfg, self.run_dir, self.run_step, self.say)
+            warm.control(warm_start_model(self.run_dir), out)
+        protocol = weight_protocol(cfg.rollout.weight_api, pause_mode=cfg.rollout.vllm_pause_mode)
+        token = self.cfg.endpoints.control_token  # the resolved config leaves it out
+        headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
+        for url in cfg.endpoints.engine_urls:
+            send(protocol, url, protocol.update_from_disk(str(out), 1), headers=headers)
+        self.say(f"SFT control loaded into {len(cfg.endpoints.engine_urls)} engine(s)")
+
     def run(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -316,7 +340,10 @@ class Launcher:
                 cfg = self.resolve(dataset, model)
                 self.start_services(cfg)
                 before = self.evaluate(test_data, "before")
-                self.train(cfg)
+                if cfg.up.sft_control:
+                    self.sft_control(cfg)
+                else:
+                    self.train(cfg)
                 after = self.evaluate(test_data, "after")
                 self.track(cfg, before, after)
                 self.summary(before, after)

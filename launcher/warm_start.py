@@ -8,10 +8,13 @@ Three recipes feed one loop:
 - **The built-in arithmetic task** (``up.task: arith``): the train rows of ``up.warm_start.tiers``.
   With ``check_rows``, that many train rows per tier are held out and checked; an extension trains
   on a mix that gives the tiers not yet learned ``FOCUS_SHARE`` of each batch.
-- **The products task** (the agent recipe): the first ``up.warm_start.rows`` train questions, as
-  direct answers or (``demos: tool_calls``) two-turn demonstrations that call the calculator of
-  the ``rollout.env`` tools environment (:func:`tasks.products.tool_demos`). It is checked on the
-  next ``check_rows`` train questions; an extension trains longer on the same rows.
+- **The products and when tasks** (the agent recipes): the first ``up.warm_start.rows`` train
+  questions, as direct answers or (``demos: tool_calls``) demonstrations that call the tool of
+  the ``rollout.env`` environment, or (``half_tool_calls``) those on a random half and the
+  direct answers on the others (:func:`tasks.when.demos`).
+  It is checked on the next ``check_rows`` train questions, per tier; an extension trains longer
+  on the same rows. The same rows feed the SFT-continuation control (:meth:`WarmStart.control`,
+  ``up.sft_control``).
 
 Each sft call's steps (step, loss, steps/s, ETA) and checks (exact match) reach the console as
 it trains (:class:`launcher.console.WarmStartProgress`, reading the sft run's step log).
@@ -73,6 +76,12 @@ def tier_accuracy(sft: Path, tiers: list[str]) -> dict[str, float]:
     return {t: float(last.get(f"eval_exact/{t}", 0.0)) for t in tiers}
 
 
+def demonstrations(data: Path, demos: str) -> Path:
+    """Where the ``products``/``when`` warm start writes its supervised rows (the SFT control
+    trains on the same file)."""
+    return data / f"warm_start_{demos}.parquet"
+
+
 def _write(rows: list[dict[str, Any]], path: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -109,7 +118,8 @@ class WarmStart:
         if self.cfg.rollout.dataset:
             self.sft(init, sft, self.cfg.rollout.dataset, self.ws.steps)
             return
-        check = self.products(init, sft) if self.cfg.up.task == "products" else self.task(init, sft)
+        demos = self.cfg.up.task in ("products", "when")
+        check = self.products(init, sft) if demos else self.task(init, sft)
         if check is not None:
             self.checked(init, sft, check)
 
@@ -122,6 +132,7 @@ class WarmStart:
         options: Sequence[str] = (),
         overrides: Sequence[str] = (),
         label: str = "",
+        batch_size: int | None = None,
     ) -> None:
         """One ``dynamo-rl sft`` call, its progress on the console; a later call with more steps
         resumes the same run."""
@@ -132,7 +143,7 @@ class WarmStart:
             "sft",
             cli_argv("sft", "--model", str(init), "--data", data,
                      "--out", str(sft), "--steps", str(steps), "--lr", str(ws.lr),
-                     "--batch-size", str(ws.batch_size), *options,
+                     "--batch-size", str(batch_size or ws.batch_size), *options,
                      "--seed", str(self.cfg.run.seed),
                      f"learner.optim.grad_clip={ws.grad_clip or 'null'}",
                      f"learner.optim.weight_decay={ws.weight_decay}",
@@ -184,17 +195,22 @@ class WarmStart:
                 "up.warm_start.check_rows: no train questions left after up.warm_start.rows to "
                 "check the warm start on; lower up.warm_start.rows or raise up.task_train"
             )
-        if ws.demos == "tool_calls":
-            from tasks.products import tool_demos
+        env = self.cfg.rollout.env
+        if ws.demos != "answers" and (
+            env.name not in ("tools", "code_interpreter")
+            or self.cfg.rollout.prompt_template != "raw"
+        ):
+            raise RuntimeError(
+                f"up.warm_start.demos={ws.demos}: needs rollout.env.name=tools (with the "
+                "calculator tool) or code_interpreter, and rollout.prompt_template=raw"
+            )
+        if ws.demos != "answers" or self.cfg.up.task == "when":
+            from tasks.when import demos
 
-            env = self.cfg.rollout.env
-            if env.name != "tools" or self.cfg.rollout.prompt_template != "raw":
-                raise RuntimeError(
-                    "up.warm_start.demos=tool_calls: needs rollout.env.name=tools (with the "
-                    "calculator tool) and rollout.prompt_template=raw"
-                )
-            rows, check = tool_demos(rows, env), tool_demos(check, env)
-        path = _write(rows, self.data / f"warm_start_{ws.demos}.parquet")
+            seed = self.cfg.run.seed
+            rows, check = demos(rows, env, ws.demos, seed), demos(check, env, ws.demos, seed + 1)
+        path = demonstrations(self.data, ws.demos)
+        _write(rows, path)
         if not check:
             self.sft(init, sft, str(path), ws.steps)
             return None
@@ -203,6 +219,27 @@ class WarmStart:
             check_rows=check,
             tiers=sorted({r["extra_info"]["tier"] for r in check}),
             what=f"greedy exact match on {len(check)} rows of unseen train questions",
+        )
+
+    def control(self, sft: Path, out: Path) -> None:
+        """The SFT-continuation control (``up.sft_control``): the warm-started ``sft`` trained
+        on the warm start's own demonstrations for RL's compute, ``learner.max_steps`` steps of
+        ``learner.train_batch_size`` x ``rollout.n`` rows, into ``out``."""
+        cfg = self.cfg
+        data = demonstrations(self.data, self.ws.demos)
+        if not data.exists():
+            raise RuntimeError(
+                f"up.sft_control: no warm-start demonstrations at {data} (the products and when "
+                "tasks write them, with up.warm_start.steps > 0)"
+            )
+        steps, batch = cfg.learner.max_steps or 0, cfg.learner.train_batch_size * cfg.rollout.n
+        self.sft(
+            sft,
+            out,
+            str(data),
+            steps,
+            label=" continued: the SFT control at RL's steps x batch",
+            batch_size=batch,
         )
 
     # -- the loop ---------------------------------------------------------------------------------

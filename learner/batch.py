@@ -54,17 +54,28 @@ class Sample:
     """Multi-turn episodes: tool calls made in this sample's turns."""
     tool_errors: int = 0
     """Multi-turn episodes: those of the calls that failed or were malformed."""
+    observations_trained: bool = False
+    """The mask ablation (``learner.algorithm.train_observations``): the observation tokens
+    (loss mask 0) are trained too."""
 
     def trained(self) -> list[float]:
-        """1.0 at each response token the loss counts, 0.0 at observation tokens."""
-        if self.loss_mask is None:
+        """1.0 at each response token the loss counts, 0.0 at observation tokens (unless the
+        ablation trains them)."""
+        if self.loss_mask is None or self.observations_trained:
             return [1.0] * len(self.response)
         return [float(m) for m in self.loss_mask]
+
+    def unsampled(self) -> list[float]:
+        """1.0 at the tokens the ablation trains that the engine did not sample (0.0 elsewhere):
+        their sampling log-prob is no log-prob."""
+        if self.loss_mask is None or not self.observations_trained:
+            return [0.0] * len(self.response)
+        return [1.0 - float(m) for m in self.loss_mask]
 
     @property
     def model_tokens(self) -> int:
         """Tokens the loss counts (length normalisation, overlong penalties)."""
-        return len(self.response) if self.loss_mask is None else int(sum(self.loss_mask))
+        return int(sum(self.trained()))
 
 
 def sampling_temperature(group: Any) -> float:
@@ -120,8 +131,11 @@ def uniform_group(group: Any) -> bool:
     return not bool(keep.any())
 
 
-def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
-    """Flatten decoded ``TrajectoryGroup`` protobufs into samples; group index = list position."""
+def samples_from_groups(
+    groups: list[Any], weight_version: int, train_observations: bool = False
+) -> list[Sample]:
+    """Flatten decoded ``TrajectoryGroup`` protobufs into samples; group index = list position.
+    ``train_observations``: the mask ablation (:attr:`Sample.observations_trained`)."""
     out: list[Sample] = []
     for gi, g in enumerate(groups):
         prompt = list(g.prompt_token_ids)
@@ -147,6 +161,7 @@ def samples_from_groups(groups: list[Any], weight_version: int) -> list[Sample]:
                     turns=len(r.turns),
                     tool_calls=sum(len(t.tool_calls) for t in r.turns),
                     tool_errors=sum(1 for t in r.turns for c in t.tool_calls if c.error),
+                    observations_trained=train_observations,
                 )
             )
     return out
@@ -218,7 +233,13 @@ def collate(samples: list[Sample], rows: list[int], pad_id: int) -> MicroBatch:
             mask[i, :lr] = torch.tensor(s.trained())
             sampling[i, :lr] = torch.tensor(s.sampling_logprobs)
     temperature = torch.tensor([s.temperature for s in chosen], dtype=torch.float32)
-    return MicroBatch(list(rows), input_ids, attention, response, mask, sampling, temperature)
+    mb = MicroBatch(list(rows), input_ids, attention, response, mask, sampling, temperature)
+    if any(s.observations_trained for s in chosen):
+        unsampled = torch.zeros((b, t_len))
+        for i, s in enumerate(chosen):
+            unsampled[i, : len(s.response)] = torch.tensor(s.unsampled())
+        mb.extra["unsampled"] = unsampled
+    return mb
 
 
 def scale_by_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

@@ -238,7 +238,9 @@ class RLTrainer(Trainer):
         self.uncommitted.extend(consumed)
         if not kept:
             return {"kind": "stop"}
-        samples = samples_from_groups(kept, self.weight_version)
+        samples = samples_from_groups(
+            kept, self.weight_version, self.lc.algorithm.train_observations
+        )
         return {
             "kind": "batch",
             "samples": samples,
@@ -379,6 +381,9 @@ class RLTrainer(Trainer):
                 for mb in mbs:
                     logp, entropy, values = self._forward(self.model, mb)
                     mb.extra["old_logp"] = logp
+                    if "unsampled" in mb.extra:  # the mask ablation: on-policy by fiat
+                        unsampled = mb.extra["unsampled"].bool()
+                        mb.sampling_logprobs = torch.where(unsampled, logp, mb.sampling_logprobs)
                     mb.extra["old_entropy"] = entropy
                     if values is not None:
                         mb.extra["old_values"] = values

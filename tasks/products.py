@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,31 +85,64 @@ def calculator_call(expression: str) -> str:
     return f"<tool_call>{body}</tool_call>"
 
 
-async def _demo(env_config: EnvConfig, row: Mapping[str, Any], eos: str) -> list[dict]:
+def call_text(env_config: EnvConfig, expression: str) -> str:
+    """How a demonstration asks the environment ``env_config`` for ``expression``'s value: a
+    ``calculator`` call (``tools``) or a fenced cell printing it (``code_interpreter``)."""
+    if env_config.name == "tools":
+        return calculator_call(expression)
+    if env_config.name == "code_interpreter":
+        return f"```python\nprint({expression})\n```"
+    raise ValueError(
+        f"rollout.env.name: demonstrations call a tool in 'tools' or 'code_interpreter', "
+        f"got {env_config.name!r}"
+    )
+
+
+Plan = Callable[[Mapping[str, Any], list[str]], "str | None"]
+"""A demonstration's calls: given the row and the tool outputs so far, the next expression to
+ask for, or None to answer."""
+
+
+def one_call(row: Mapping[str, Any], outputs: list[str]) -> str | None:
+    """The products task's plan: the question's expression, once."""
+    return None if outputs else str(row["prompt"][-1]["content"]).removesuffix("=")
+
+
+async def episode_demo(
+    env_config: EnvConfig, row: Mapping[str, Any], plan: Plan, eos: str, sandbox: Any = None
+) -> list[dict]:
+    """One supervised row per model turn of the episode ``plan`` writes in the environment:
+    each call from the text kept so far, then the final answer. The prompts are what the rollout
+    loop keeps: each sampled turn with its end token, then the observation as the raw template
+    renders it after the turn."""
     from dynamo_rl.envs import EnvContext, make_env
 
-    env = make_env(EnvContext(env_config, None, seed=0))
+    env = make_env(EnvContext(env_config, sandbox, seed=0))
     try:
         messages = list(
             await env.reset({**row, "ground_truth": row["reward_model"]["ground_truth"]})
         )
-        first = render_raw(messages)
-        question = str(row["prompt"][-1]["content"]).removesuffix("=")
-        call = calculator_call(question)
-        step = await env.step(call)
-        calls = (step.info or {}).get("tool_calls", [])
-        if step.done or len(calls) != 1 or calls[0].error:
-            raise ValueError(
-                f"the environment did not run the demonstration's call {call!r}: {step}"
-            )
+        plain = kept = render_raw(messages)
+        out: list[dict] = []
+        outputs: list[str] = []
+        while (expression := plan(row, outputs)) is not None:
+            call = call_text(env_config, expression)
+            out.append({**row, "prompt": kept, "extra_info": {**row["extra_info"], "answer": call}})
+            step = await env.step(call)
+            calls = (step.info or {}).get("tool_calls", [])
+            if step.done or len(calls) != 1 or calls[0].error:
+                raise ValueError(
+                    f"the environment did not run the demonstration's call {call!r}: {step}"
+                )
+            messages = [*messages, {"role": "assistant", "content": call}, *step.observation]
+            rendered = render_raw(messages)
+            kept = kept + call + eos + rendered[len(plain + call) :]
+            plain = rendered
+            outputs.append(str(step.observation[-1]["content"]).strip())
         answer = row["extra_info"]["answer"]
-        # The rollout loop keeps the sampled turn's ids (its end token included), then appends
-        # the observation as the template renders it after the turn.
-        second = render_raw([*messages, {"role": "assistant", "content": call}, *step.observation])
-        second = first + call + eos + second[len(first + call) :]
         return [
-            {**row, "prompt": first, "extra_info": {**row["extra_info"], "answer": call}},
-            {**row, "prompt": second, "extra_info": {**row["extra_info"], "answer": answer}},
+            *out,
+            {**row, "prompt": kept, "extra_info": {**row["extra_info"], "answer": answer}},
         ]
     finally:
         await env.aclose()
@@ -130,7 +163,7 @@ def tool_demos(
     async def all_demos() -> list[dict]:
         out: list[dict] = []
         for row in rows:
-            out += await _demo(env_config, row, eos)
+            out += await episode_demo(env_config, row, one_call, eos)
         return out
 
     return asyncio.run(all_demos())

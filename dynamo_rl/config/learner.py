@@ -207,6 +207,11 @@ class AlgorithmConfig(Section):
     geometric mean of r). ``docs/learner.md`` says when to use which."""
     is_low: Annotated[float, Field(gt=0, lt=1)] | None = None
     """Lower edge of the masked modes' band; null: 1 / is_cap. Only the ``*-mask`` modes use it."""
+    train_observations: bool = False
+    """Mask ablation (off by default; never for real training): multi-turn samples train their
+    observation tokens too — the tool output and template markers the environment added, loss
+    mask 0 — as if the model had sampled them (their importance weight 1, since the engine gave
+    them no log-prob)."""
 
     @model_validator(mode="after")
     def _check_is(self) -> AlgorithmConfig:

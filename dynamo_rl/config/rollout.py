@@ -82,6 +82,10 @@ class EnvConfig(Section):
     reward."""
     malformed_penalty: Annotated[float, Field(ge=0)] = 0.0
     """Subtracted from the reward once per malformed tool call."""
+    tool_call_cost: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+    """Subtracted from the reward the learner trains on once per tool call (malformed ones
+    included), in 0..1; never from the outcome's ``correct`` (the evaluation's accuracy, the
+    allocator's successes)."""
     guess_low: int = 1
     """guess_number: smallest secret."""
     guess_high: int = 100

@@ -75,12 +75,15 @@ class WarmStartConfig(Section):
     """Steps of each extension."""
     max_extensions: Annotated[int, Field(ge=0)] = 3
     """Extensions before ``up`` gives up with an error naming the tiers still not learned."""
-    demos: Literal["answers", "tool_calls"] = "answers"
-    """``products`` task: what the warm start imitates: the direct answers (``answers``), or
-    episodes of the ``rollout.env`` tools environment that call the calculator and copy its output
-    (``tool_calls``; needs ``rollout.prompt_template: raw``)."""
+    demos: Literal["answers", "tool_calls", "half_tool_calls"] = "answers"
+    """``products`` and ``when`` tasks: what the warm start imitates: the direct answers
+    (``answers``), or episodes of the ``rollout.env`` environment (``tools`` with the calculator,
+    or ``code_interpreter``) that call the tool and copy its output (``tool_calls``; needs
+    ``rollout.prompt_template: raw``), or ``half_tool_calls``: the tool on a random half of the
+    questions whatever their tier (seeded by ``run.seed``), direct answers on the others."""
     rows: Annotated[int, Field(ge=0)] = 0
-    """``products`` task: train questions the warm start sees (the first ones; 0: all)."""
+    """``products`` and ``when`` tasks: train questions the warm start sees (the first ones; 0:
+    all)."""
 
     @model_validator(mode="after")
     def _target_needs_check(self) -> WarmStartConfig:
@@ -130,11 +133,15 @@ class UpConfig(Section):
     """Rollout worker processes (they shard the dataset)."""
     learner_procs: Count = 1
     """Learner ranks under torchrun (FSDP2)."""
-    task: Literal["arith", "products", "longtail"] = "arith"
+    task: Literal["arith", "products", "when", "longtail"] = "arith"
     """Built-in task generated into the run folder when ``rollout.dataset`` is unset: ``arith``
-    (the quickstart's tiers), ``products`` (multi-digit products, the agent recipe's) or
-    ``longtail`` (short sums and long worked ones, responses over ten times longer: the
-    update-mode benchmark's; warm start it with ``up.warm_start.tiers: [short, long]``)."""
+    (the quickstart's tiers), ``products`` (multi-digit products, the agent recipe's), ``when``
+    (easy sums and hard products mixed, the when-to-call recipe's; ``tasks.when``) or ``longtail``
+    (short sums and long worked ones, responses over ten times longer: the update-mode
+    benchmark's; warm start it with ``up.warm_start.tiers: [short, long]``)."""
+    task_tiers: list[Literal["easy", "hard", "two_calls"]] = ["easy", "hard"]
+    """``when`` task: its tiers, in equal shares (``easy``: 4-digit + 3-digit sums without carries; ``hard``:
+    4-digit x 3-digit products; ``two_calls``: ``(a*b)+(c*d)``, demonstrated with two calls)."""
     task_train: Annotated[int, Field(ge=1)] = 3000
     """Train prompts of the generated task."""
     task_test: Annotated[int, Field(ge=1)] = 1000
@@ -145,3 +152,18 @@ class UpConfig(Section):
     health_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     """How long each service may take to answer its health check."""
     restart: RestartConfig = RestartConfig()
+    sft_control: bool = False
+    """The SFT-continuation control instead of RL: after the evaluation before, ``up`` goes on
+    with supervised training on the warm start's own demonstrations for the same compute as the
+    RL run — ``learner.max_steps`` steps of ``learner.train_batch_size`` x ``rollout.n`` rows each
+    (RL's optimizer steps and sequences per step), at ``up.warm_start.lr`` — loads the result into
+    the engines and evaluates after as RL would (``products`` and ``when`` tasks)."""
+
+    @model_validator(mode="after")
+    def _tiers_once(self) -> UpConfig:
+        if not self.task_tiers or len(set(self.task_tiers)) != len(self.task_tiers):
+            raise ValueError(
+                f"up.task_tiers: each of easy, hard, two_calls at most once and at least one, "
+                f"got {self.task_tiers}"
+            )
+        return self

@@ -400,7 +400,8 @@ def episode_responses(
     A segment is credited with what follows its first token: the outcome, plus the per-turn
     rewards after discount (``rollout.env.turn_rewards``: turn ``k`` of ``K`` counts
     ``turn_reward_discount^(K-1-k)``, placed on its last model token) of its own turns and the
-    later segments' turns, minus ``malformed_penalty`` per malformed call in those turns; the
+    later segments' turns, minus ``malformed_penalty`` per malformed call and ``tool_call_cost``
+    per call in those turns (``correct`` stays the outcome's); the
     first segment (and an episode that did not fork) so gets the episode's return. Each segment's
     ``finish_reason`` is its last turn's. ``prompt_token_ids`` is set only where a segment's
     prompt is not the group's (a fork)."""
@@ -417,8 +418,10 @@ def episode_responses(
         """The reward of segment ``first``: the outcome and its own and later turns' rewards."""
         later = [t for s in episode.segments[first:] for t in s.turns]
         malformed = sum(c.malformed for t in later for c in t.tool_calls)
+        calls = sum(len(t.tool_calls) for t in later)
         turn_rewards = sum(placed[id(t)] for t in later if id(t) in placed)
-        return res.score + turn_rewards - env_cfg.malformed_penalty * malformed
+        return (res.score + turn_rewards - env_cfg.malformed_penalty * malformed
+                - env_cfg.tool_call_cost * calls)  # fmt: skip
 
     def response(seg: Segment, score: float, text: str, **episode_fields: Any) -> Response:
         return Response(token_ids=seg.token_ids, logprobs=seg.logprobs, reward=score,

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -147,11 +148,14 @@ async def evaluate(
                         "tool_calls": len(calls),
                         "tool_errors": sum(1 for c in calls if c.error),
                         "dropped": e.dropped is not None,
+                        "tier": record.tier,
                     })  # fmt: skip
             return results, [e.transcript for e in episodes]
 
+    t0 = time.monotonic()
     try:
         answers = await asyncio.gather(*(one(r) for r in records))
+        elapsed = time.monotonic() - t0
         versions = await pool.weight_versions()
     finally:
         await pool.aclose()
@@ -197,7 +201,10 @@ async def evaluate(
                 for res, _ in answers]  # fmt: skip
     extra: dict[str, Any] = {}
     if episode_stats:  # multi-turn episodes were played
-        extra["episodes"] = episode_summary(episode_stats, rc.env.name)
+        played = episode_summary(episode_stats, rc.env.name)
+        # Throughput: every episode played (generated, its tools run, verified) per second.
+        extra["episodes"] = {**played, "wall_s": round(elapsed, 3),
+                             "episodes_per_second": len(episode_stats) / max(elapsed, 1e-9)}  # fmt: skip
     return {
         **extra,
         **summary(scores),
@@ -213,7 +220,11 @@ async def evaluate(
         "prompts_refused": len(refused),
         "by_data_source": {k: summary(v) for k, v in sorted(by_source.items())},
         # Rows with a difficulty tier (the arith task's extra_info.tier); {} when none has one.
-        "by_tier": {k: summary(v) for k, v in sorted(by_tier.items())},
+        # Multi-turn episodes add each tier's episode figures (tool-call rate, ...).
+        "by_tier": {
+            k: {**summary(v), **tier_episodes(episode_stats, k, rc.env.name)}
+            for k, v in sorted(by_tier.items())
+        },
         "metrics": summarize(outcomes, ks, resamples=bootstrap, seed=cfg.run.seed)["metrics"],
         "example_prompt": lengths.rendered[records[0].prompt_id][0],  # as sent
     }
@@ -233,6 +244,13 @@ def episode_summary(stats: list[dict[str, Any]], env: str) -> dict[str, Any]:
         "tool_error_rate": sum(s["tool_errors"] for s in stats) / calls if calls else 0.0,
         "dropped": sum(1 for s in stats if s["dropped"]),
     }
+
+
+def tier_episodes(stats: list[dict[str, Any]], tier: str, env: str) -> dict[str, Any]:
+    """``{"episodes": <episode_summary of the tier's episodes>}``, or {} when none was played
+    (single-turn)."""
+    mine = [s for s in stats if s.get("tier") == tier]
+    return {"episodes": episode_summary(mine, env)} if mine else {}
 
 
 def is_override(spec: str) -> bool:

@@ -47,6 +47,8 @@ def _warm_start(tmp_path: Path, config: str, checks: list[dict[str, float]], *ov
     )  # fmt: skip
     if cfg.up.task == "products":
         from tasks.products import write_task
+    elif cfg.up.task == "when":
+        from tasks.when import write_task
     else:
         from tasks.arith import write_task
     write_task(tmp_path / "data", 200, 10, seed=0)
@@ -138,3 +140,38 @@ def test_a_target_counts_the_extensions_from_the_step_the_check_stopped_at(tmp_p
     # The fake's first check is at its --steps (10): the extension trains to 13, not 10 + 10.
     assert [c["--steps"] for c in sft.calls] == ["10", "13"]
     assert "until the check's exact match reaches 0.5, at most: 10 steps" in out.getvalue()
+
+
+def test_when_checks_each_tier_and_the_sft_control_trains_on_the_same_rows_at_rls_compute(
+    tmp_path: Path,
+) -> None:
+    """The when task's half-and-half warm start is checked per tier; the SFT control then
+    trains the warm-started model on the same demonstrations for learner.max_steps steps of
+    train_batch_size x rollout.n rows."""
+    ws, sft, out = _warm_start(
+        tmp_path, "agent_when.yaml", [{"easy": 0.9, "hard": 0.8}, {}],
+        "up.warm_start.rows=20", "up.warm_start.check_rows=6", "learner.max_steps=7",
+        "learner.train_batch_size=3", "rollout.n=5",
+    )  # fmt: skip
+    ws.run(tmp_path / "init", tmp_path / "sft")
+    assert "warm start checked (greedy exact match on " in out.getvalue()
+    assert "easy 0.90, hard 0.80" in out.getvalue()
+    rows = tmp_path / "data" / "warm_start_half_tool_calls.parquet"
+    demos = pq.read_table(rows).to_pylist()
+    called = {r["prompt"].split("\n")[1].split("=")[0] for r in demos if r["extra_info"]["called"]}
+    direct = {
+        r["prompt"].split("\n")[1].split("=")[0] for r in demos if not r["extra_info"]["called"]
+    }
+    assert len(called) == len(direct) == 10  # half of the 20 questions call
+    ws.control(tmp_path / "sft", tmp_path / "control")
+    control = sft.calls[-1]
+    assert (control["--model"], control["--out"], control["--data"]) == (
+        str(tmp_path / "sft"),
+        str(tmp_path / "control"),
+        str(rows),
+    )
+    assert (control["--steps"], control["--batch-size"]) == ("7", "15")
+    assert control["--lr"] == str(ws.ws.lr)
+    rows.unlink()
+    with pytest.raises(RuntimeError, match=r"up\.sft_control: no warm-start demonstrations"):
+        ws.control(tmp_path / "sft", tmp_path / "control")

@@ -182,3 +182,48 @@ def test_step_record_counts_turns_tool_calls_and_errors_of_episodes() -> None:
         prompt_id="q", prompt_token_ids=[1], responses=[Response(token_ids=[5], logprobs=[-1.0])]
     )
     assert episode_stats(samples_from_groups([single], 0)) == {}  # single-turn: no figures
+
+
+def test_the_mask_ablation_trains_the_observation_tokens() -> None:
+    """``learner.algorithm.train_observations``: every response token is trained — the mask,
+    the normaliser and the loss's gradient reach the observation tokens — and those tokens,
+    which the engine never sampled, get importance weight 1 after the learner's old pass."""
+    from dataclasses import replace
+
+    samples = [replace(s, observations_trained=True) for s in episode_samples(0)]
+    plain = episode_samples(0)
+    assert sum(s.model_tokens for s in samples) == sum(len(s.response) for s in samples) == 25
+    assert sum(s.model_tokens for s in plain) == 16  # without the ablation
+    lc = SimpleNamespace(mini_batch_size=4, train_batch_size=4, micro_batch_size=4)
+    env = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
+    me = SimpleNamespace(lc=lc, env=env, pad_id=0, agg="token-mean")
+    _, [[mb]] = RLTrainer._plan(me, samples)
+    observation = torch.zeros_like(mb.mask)
+    for j, i in enumerate(mb.rows):
+        s = samples[i]
+        assert mb.mask[j, : len(s.response)].tolist() == [1.0] * len(s.response)
+        if s.loss_mask is not None:
+            observation[j, : len(s.response)] = 1 - torch.tensor(s.loss_mask, dtype=torch.float)
+    assert observation.sum() == 9 and torch.equal(mb.extra["unsampled"], observation)
+    _, [[plain_mb]] = RLTrainer._plan(me, plain)
+    assert "unsampled" not in plain_mb.extra and not (plain_mb.mask * observation).any()
+
+    # The old pass: the observation tokens' sampling log-probs become the learner's own.
+    old = -torch.rand(mb.mask.shape) - 0.1
+    me.model, me.ref = None, None
+    me._forward = lambda _model, _mb: (old, torch.zeros_like(old), None)
+    RLTrainer._old_pass(me, [[mb]])
+    assert torch.equal(mb.sampling_logprobs[observation == 1], old[observation == 1])
+    kept = (observation == 0) & (mb.mask == 1)
+    assert not torch.equal(mb.sampling_logprobs[kept], old[kept])
+
+    # The loss's gradient reaches the observation tokens.
+    logp = old.clone().requires_grad_(True)
+    adv = torch.ones_like(mb.mask)
+    out = rl_objective(
+        ObjectiveInputs(logp=logp, old_logp=old, advantages=adv, mask=mb.mask),
+        AlgorithmConfig(policy_loss=PPO),
+        normalizer=float(mb.mask.sum()),
+    )
+    out.loss.backward()
+    assert (logp.grad[observation == 1] != 0).all()

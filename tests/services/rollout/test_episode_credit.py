@@ -216,3 +216,32 @@ def test_each_segment_has_its_own_finish_reason(engine: str, conversation: Conve
     group = group_of([episode], [1.0], conversation, EnvConfig())
     assert [r.finish_reason for r in group.responses] == reasons
     assert [s.truncated for s in samples_from_groups([group], 0)] == [True, False, True]
+
+
+def test_the_tool_call_cost_reaches_the_learners_reward_but_not_correct(
+    engine: str, conversation: Conversation
+) -> None:
+    """``tool_call_cost`` is charged once per call of a segment's own and later turns, on the
+    reward the learner reads from the stream; the outcome's ``correct`` (accuracy, the
+    allocator's successes) is untouched."""
+    [episode, other] = play(engine, conversation, [3, 1])
+    calls = [sum(len(t.tool_calls) for t in seg.turns) for seg in episode.segments]
+    assert sum(calls) >= 2
+    env = EnvConfig(tool_call_cost=0.1)
+    group = group_of([episode, other], [1.0, 0.0], conversation, env)
+    expected = [1.0 - 0.1 * sum(calls[k:]) for k in range(3)]
+    expected.append(0.0 - 0.1 * len(other.tool_calls))
+    assert [r.reward for r in group.responses] == pytest.approx(expected)
+    assert [r.correct for r in group.responses] == [True, True, True, False]
+    samples = samples_from_groups([group], 0)
+    assert [s.reward for s in samples] == pytest.approx(expected)
+    free = group_of([episode, other], [1.0, 0.0], conversation, EnvConfig())
+    assert [r.reward for r in free.responses] == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_the_tool_call_cost_is_checked_and_named() -> None:
+    from pydantic import ValidationError
+
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValidationError, match="tool_call_cost"):
+            EnvConfig(tool_call_cost=bad)

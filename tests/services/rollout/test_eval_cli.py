@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -172,7 +173,9 @@ def test_eval_plays_episodes_when_an_environment_is_set(tmp_path: Path) -> None:
         "--samples", str(samples), "rollout.sampling.max_tokens=4", "rollout.env.name=guess_number",
         "rollout.env.max_turns=3",
     )  # fmt: skip
+    t0 = time.monotonic()
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done_s = time.monotonic() - t0
     assert done.returncode == 0, done.stderr[-3000:]
     bench = json.loads(out.read_text())["benchmarks"]["data"]
     episodes = bench["episodes"]
@@ -183,6 +186,9 @@ def test_eval_plays_episodes_when_an_environment_is_set(tmp_path: Path) -> None:
     assert episodes["turns_mean"] > 1.5  # feedback came back and the episodes went on
     assert episodes["tool_call_rate"] == 0.0 and episodes["dropped"] == 0
     assert bench["accuracy"] == pytest.approx(sum(x["correct"] for x in lines) / len(lines))
+    # Throughput: the 10 episodes over the time they took.
+    assert 0 < episodes["wall_s"] < done_s
+    assert episodes["episodes_per_second"] == pytest.approx(10 / episodes["wall_s"], rel=1e-2)
 
 
 def test_episode_summary_counts_calls_errors_and_turns() -> None:
