@@ -189,7 +189,10 @@ def test_two_agents_train_like_one_agent_with_two_processes(
     name, metrics_port = "twonodes", free_port()
     fixed = make_groups(4, sizes=FIXED_SIZES)
     engine = _start_engine(service, tiny_model, redis_url, name)
-    train = [*RECIPE, *FIXED_LAYOUT, "learner.max_steps=4", "learner.stream.wait_timeout_s=120"]
+    # The agents read the overlay's experiment file, the lone agent the defaults: the weighting,
+    # which the two differ in, is set for both.
+    train = [*RECIPE, *FIXED_LAYOUT, "learner.max_steps=4", "learner.stream.wait_timeout_s=120",
+             "learner.algorithm.agg=prompt-mean"]  # fmt: skip
     overrides = [
         *base_overrides(tiny_model, tmp_path / name, redis_url, name), *train,
         f"learner.metrics_port={metrics_port}", "learner.push.every=1",
