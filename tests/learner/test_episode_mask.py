@@ -194,7 +194,8 @@ def test_the_mask_ablation_trains_the_observation_tokens() -> None:
     plain = episode_samples(0)
     assert sum(s.model_tokens for s in samples) == sum(len(s.response) for s in samples) == 25
     assert sum(s.model_tokens for s in plain) == 16  # without the ablation
-    lc = SimpleNamespace(mini_batch_size=4, train_batch_size=4, micro_batch_size=4)
+    lc = SimpleNamespace(mini_batch_size=4, train_batch_size=4, micro_batch_size=4,
+                         needs_reference=False)  # fmt: skip
     env = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
     me = SimpleNamespace(lc=lc, env=env, pad_id=0, agg="token-mean")
     _, [[mb]] = RLTrainer._plan(me, samples)
@@ -210,7 +211,7 @@ def test_the_mask_ablation_trains_the_observation_tokens() -> None:
 
     # The old pass: the observation tokens' sampling log-probs become the learner's own.
     old = -torch.rand(mb.mask.shape) - 0.1
-    me.model, me.ref = None, None
+    me.model = None
     me._forward = lambda _model, _mb: (old, torch.zeros_like(old), None)
     RLTrainer._old_pass(me, [[mb]])
     assert torch.equal(mb.sampling_logprobs[observation == 1], old[observation == 1])
