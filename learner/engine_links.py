@@ -8,7 +8,7 @@ alone: a version read that does not answer leaves the engine out of the push at 
 abandoned mid-transfer is released on a thread (:func:`release_when_done`), never by the caller.
 While a push is under way every engine in it is watched (:class:`Heartbeat`, ``GET /health``): one
 that stops answering (stopped with SIGSTOP, a hung host) is left out within
-:data:`PROBE_TIMEOUT_S` plus a beat, wherever the push is, rather than at ``push.timeout_s``.
+``learner.push.silent_s`` plus a beat, wherever the push is, rather than at ``push.timeout_s``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ from dynamo_rl.procs import free_port
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 5.0
-"""Deadline of the version read that opens a push (a dead engine refuses it at once), and how long
-an engine in a push may leave its :class:`Heartbeat` unanswered before it is left out."""
+"""Deadline of the version read that opens a push (a dead engine refuses it at once)."""
 WATCH_S = 0.25
 """How often a wait on an engine's broadcasts looks at that engine's HTTP call."""
 BEAT_S = 1.0
@@ -78,10 +77,14 @@ class Job:
 
 class Heartbeat:
     """``GET /health`` to one engine every :data:`BEAT_S` on a thread of its own, while a push is
-    under way: :attr:`silent` once the engine has not answered for :data:`PROBE_TIMEOUT_S`."""
+    under way: :attr:`silent` once the engine has not answered for ``silent_s``
+    (``learner.push.silent_s``)."""
 
-    def __init__(self, url: str, protocol: WeightProtocol, headers: dict[str, str]) -> None:
+    def __init__(
+        self, url: str, protocol: WeightProtocol, headers: dict[str, str], silent_s: float
+    ) -> None:
         self.url = url
+        self.silent_s = silent_s
         self.answered = time.monotonic()
         self._stop = threading.Event()
         ask = functools.partial(send, protocol, url, LIVENESS, headers=headers,
@@ -97,13 +100,13 @@ class Heartbeat:
 
     @property
     def silent(self) -> bool:
-        return time.monotonic() - self.answered > PROBE_TIMEOUT_S
+        return time.monotonic() - self.answered > self.silent_s
 
     def stop(self) -> None:
         self._stop.set()
 
 
-SILENT = f"stopped answering (no answer to GET /health for {PROBE_TIMEOUT_S:g} s)"
+SILENT = "stopped answering (no answer to GET /health for learner.push.silent_s)"
 
 
 def wait_job(job: Job, until: float, beat: Heartbeat | None) -> bool:
@@ -181,6 +184,7 @@ class EngineLinks:
     backend: str
     flat_bytes: int  # the receiver's bucket size; 0: one tensor per broadcast
     group_prefix: str
+    silent_s: float  # learner.push.silent_s: see Heartbeat
     links: dict[str, Link] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)  # engines sent before_update in this push
     beats: dict[str, Heartbeat] = field(default_factory=dict)  # engines in this push, watched
@@ -272,7 +276,8 @@ class EngineLinks:
                 time.sleep(0.05)
         live = [self.links[u] for u in engines if u in self.links and u not in failed]
         self.paused = {link.url for link in live}
-        self.beats = {link.url: Heartbeat(link.url, self.protocol, self.headers) for link in live}
+        self.beats = {link.url: Heartbeat(link.url, self.protocol, self.headers, self.silent_s)
+                      for link in live}  # fmt: skip
         pausing = {link.url: self.start(link.url, self.protocol.before_update()) for link in live}
         until = time.monotonic() + self.timeout_s
         for url, job in pausing.items():

@@ -23,7 +23,7 @@ Two transports behind one small interface (:class:`WeightTransport`):
      (:mod:`dynamo_rl.contracts.weight_layout`, ``push.bucket_mb``);
   4. waits on each engine's broadcasts under a watchdog: a broadcast error (a dead peer closes
      its socket), the engine's ``update`` call failing (connection refused or reset), the engine
-     no longer answering ``GET /health`` for :data:`~learner.engine_links.PROBE_TIMEOUT_S` (a
+     no longer answering ``GET /health`` for ``learner.push.silent_s`` (a
      stopped process: :class:`~learner.engine_links.Heartbeat`, from step 2 to the end), or the
      push's deadline (``push.timeout_s``) drops that engine from the push, its transfer
      abandoned, while the others go on;
@@ -144,6 +144,7 @@ class DistributedPush:
         device: torch.device | None = None,
         group_prefix: str = "dynamo-push",
         protocol: WeightProtocol | None = None,
+        silent_s: float = 30.0,
     ) -> None:
         self.master_address = master_address
         self.bucket_bytes = int(bucket_mb * 2**20)
@@ -158,7 +159,7 @@ class DistributedPush:
         self.engines = EngineLinks(
             protocol=self.protocol, headers=self.headers, master_address=master_address,
             timeout_s=timeout_s, backend=self.backend, flat_bytes=self.flat_bytes,
-            group_prefix=group_prefix,
+            group_prefix=group_prefix, silent_s=silent_s,
         )  # fmt: skip
 
     def _parts(self, params: list[tuple[str, nn.Parameter]]) -> list[Bucket]:

@@ -329,6 +329,7 @@ class Trainer:
             master_address=p.master_address,
             bucket_mb=p.bucket_mb,
             timeout_s=p.timeout_s,
+            silent_s=p.silent_s,
             headers=headers,
             device=self.env.device,
             group_prefix=f"dynamo-push-{self.namespace}",

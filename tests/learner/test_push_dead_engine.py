@@ -79,7 +79,7 @@ def _two_engines(
     ports = [free_port(), free_port()]
     procs = [_engine(model_dir, tmp_path / f"engine{i}.log", p) for i, p in enumerate(ports)]
     push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
-                           protocol=weight_protocol("vllm"))  # fmt: skip
+                           protocol=weight_protocol("vllm"), silent_s=5.0)  # fmt: skip
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     return model_dir, load_policy(str(model_dir)), ports, urls, procs, push
 
