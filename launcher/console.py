@@ -134,12 +134,14 @@ class NoticeBoard:
         self.notices = NoticeTail(list(folders))
         self.say = say
         self.logs = logs
-        self.shown: list[Notice] = []
-        """Every notice printed so far (``up``'s summary counts them)."""
+
+    @property
+    def shown(self) -> list[Notice]:
+        """Every notice printed so far, in order (``up``'s summary counts them)."""
+        return list(self.notices.seen.values())
 
     def poll(self) -> list[Notice]:
         new = self.notices.poll()
-        self.shown += new
         for n in new:
             self.say(notice_line(n, self.logs))
         return new
