@@ -85,6 +85,13 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_tensor(t: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum of a CPU tensor over ranks (in place; returned for chaining)."""
+    if dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
 def all_gather_object(obj: Any) -> list[Any]:
     if dist.get_world_size() == 1:
         return [obj]

@@ -56,7 +56,7 @@ from learner.batch import (
     to_rows,
     uniform_group,
 )
-from learner.dist import all_gather_object, all_reduce_sum, broadcast_object
+from learner.dist import all_gather_object, all_reduce_sum, all_reduce_tensor, broadcast_object
 from learner.grad_report import GradStatsCollector, step_fields
 from learner.model import PolicyModel
 from learner.objective import (
@@ -67,6 +67,7 @@ from learner.objective import (
     mismatch_record,
     mismatch_sums,
     rl_objective,
+    weight_sketch,
 )
 from learner.trainer import Trainer
 
@@ -269,7 +270,7 @@ class RLTrainer(Trainer):
         t_forward = time.perf_counter() - t_start
         rewards, lengths, kl_in_reward = self._advantages(samples, plan)
         sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums, this rank
-        is_weights = self._is_weights(samples, plan, sums)
+        is_sketch = self._is_weights(samples, plan, sums)
         if self.grad_stats is not None:
             self.grad_stats.reset()
         t_fwd, t_bwd, t_opt, update_losses, grad_norm = self._updates(samples, minis, plan, sums)
@@ -280,7 +281,7 @@ class RLTrainer(Trainer):
         for part in all_gather_object(dict(sums)):
             for k, v in part.items():
                 totals[k] += v
-        is_weights = torch.cat(all_gather_object(is_weights))
+        is_sketch = all_reduce_tensor(is_sketch)
         n = len(samples)
         updates = lc.ppo_epochs * len(minis)
         tokens = max(totals["tokens"], 1.0)
@@ -291,7 +292,7 @@ class RLTrainer(Trainer):
             "grad_norm": grad_norm,
             "lr": self.scheduler.get_last_lr()[0],
             "entropy": totals["old_entropy"] / tokens,
-            **mismatch_record(totals, is_weights),
+            **mismatch_record(totals, is_sketch),
             "groups": batch["groups"],
             "groups_skipped": batch["skipped"],
             # Stream ids this step consumed (trained or skipped): exactly-once is checkable.
@@ -454,8 +455,9 @@ class RLTrainer(Trainer):
         self, samples: list[Sample], plan: list[list[MicroBatch]], sums: dict[str, float]
     ) -> torch.Tensor:
         """IS weights per micro-batch (``learner.algorithm.is_mode``, fixed for the step), the
-        mismatch sums of this rank's tokens, and their IS weights (for the step's quantiles)."""
-        weights = [torch.zeros(0)]
+        mismatch sums of this rank's tokens, and the sketch of their IS weights (for the step's
+        quantiles; :func:`learner.objective.weight_sketch`)."""
+        sketch = weight_sketch(torch.zeros(0))
         for mbs in plan:
             for mb in mbs:
                 if not mb.rows:
@@ -466,14 +468,12 @@ class RLTrainer(Trainer):
                 if correction is not None:
                     mb.extra["is_weights"] = correction.weights
                 lags = [samples[r].staleness for r in mb.rows]
-                mb_sums, mb_weights = mismatch_sums(
-                    old, mb.sampling_logprobs, tok, correction, lags
-                )
+                mb_sums, mb_sketch = mismatch_sums(old, mb.sampling_logprobs, tok, correction, lags)
                 for k, v in mb_sums.items():
                     sums[k] += v
-                weights.append(mb_weights)
+                sketch += mb_sketch
                 sums["old_entropy"] += float((mb.extra["old_entropy"] * tok).sum())
-        return torch.cat(weights)
+        return sketch
 
     def _updates(
         self,

@@ -10,7 +10,17 @@ import torch
 
 from dynamo_rl.config.learner import AlgorithmConfig
 from learner.metrics import LearnerMetrics
-from learner.objective import importance_weights, mismatch_record, mismatch_sums
+from learner.objective import (
+    IS_QUANTILES,
+    SKETCH_SIZE,
+    importance_weights,
+    mismatch_record,
+    mismatch_sums,
+    sketch_quantiles,
+    weight_sketch,
+)
+
+SKETCH_REL = math.exp(0.0025) - 1  # a sketch quantile's largest relative error
 
 
 def rows(seed: int) -> list[tuple[list[float], list[float], int]]:
@@ -74,18 +84,44 @@ def test_the_step_figures_equal_their_loop_twin_over_micro_batches() -> None:
     data = rows(0)
     algo = AlgorithmConfig(is_cap=2.0, is_mode="sequence-mask")
     totals: dict[str, float] = {}
-    weights = []
+    sketch = weight_sketch(torch.zeros(0))
     for part in (data[:2], data[2:5], data[5:]):  # three micro-batches of different widths
         old, samp, mask, lags = micro_batch(part)
         sums, w = mismatch_sums(old, samp, mask, importance_weights(algo, old, samp, mask), lags)
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + v
-        weights.append(w)
-    got = mismatch_record(totals, torch.cat(weights))
+        sketch += w
+    got = mismatch_record(totals, sketch)
     want = loop_record(data, algo)
     assert want["is_masked_share"] > 0 and set(got) == set(want)
     for key, value in want.items():
-        assert math.isclose(got[key], value, rel_tol=1e-5, abs_tol=1e-6), (key, got[key], value)
+        rel = SKETCH_REL if key.startswith("is_weight_p") else 1e-5
+        assert math.isclose(got[key], value, rel_tol=rel, abs_tol=1e-6), (key, got[key], value)
+
+
+def test_the_weight_sketch_is_fixed_size_adds_up_and_keeps_quantiles_within_its_bound() -> None:
+    """What ranks all-reduce: 64 KB whatever the token count; the sum of the parts' sketches is
+    the whole's; its quantiles are torch.quantile's within 0.25%, zeros (dropped tokens) and
+    weights far outside the bins' range included."""
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(20_000, generator=gen, dtype=torch.float64) * 0.8).exp()
+    w[::7] = 0.0  # a masked mode's dropped tokens
+    w[:3] = torch.tensor([1e-12, 1e12, 1.0])
+    whole = weight_sketch(w)
+    assert whole.shape == weight_sketch(w[:5]).shape == (SKETCH_SIZE,)
+    assert SKETCH_SIZE * 8 <= 65 * 1024
+    assert torch.equal(weight_sketch(w[:1234]) + weight_sketch(w[1234:]), whole)
+    assert int(whole.sum()) == w.numel() and int(whole[0]) == int((w == 0).sum())
+    got = sketch_quantiles(whole)
+    for q in IS_QUANTILES:
+        want = float(torch.quantile(w, q))
+        assert math.isclose(got[f"is_weight_p{round(q * 100)}"], want, rel_tol=SKETCH_REL), q
+    few = torch.tensor([0.5, 2.0, 8.0])  # sparse: the interpolation between ranks matters
+    for q in IS_QUANTILES:
+        want = float(torch.quantile(few, q))
+        assert math.isclose(sketch_quantiles(weight_sketch(few))[f"is_weight_p{round(q * 100)}"],
+                            want, rel_tol=SKETCH_REL), q  # fmt: skip
+    assert sketch_quantiles(weight_sketch(torch.zeros(0))) == {}
 
 
 def test_without_a_correction_every_weight_is_one() -> None:
