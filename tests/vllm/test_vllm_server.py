@@ -171,7 +171,12 @@ def test_pushes_while_16_clients_sample_lose_no_request(
     errors: list[str] = []
 
     def client(i: int) -> None:
-        with httpx.Client(timeout=120.0) as http:
+        # A new connection per request: a kept-alive one can meet the server's keep-alive timer
+        # (uvicorn closes a connection idle for 5 s) if this process stalls between two requests,
+        # and the request then gets no answer although the server lost nothing. A request the
+        # server drops on its own connection still fails here.
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(timeout=120.0, limits=fresh) as http:
             while not stop.is_set():
                 body = {
                     "model": str(server.model),

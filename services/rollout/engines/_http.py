@@ -64,9 +64,13 @@ class HTTPReplica:
         self.timeout_s = timeout_s
         self._control_token = control_token
         # Generation requests are long; connection set-up should fail fast so the pool moves on.
+        # An idle connection is dropped after 2 s, before the engines' servers (uvicorn: 5 s)
+        # close it: a request sent on a connection the server is closing gets no answer.
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            limits=httpx.Limits(
+                max_connections=256, max_keepalive_connections=64, keepalive_expiry=2.0
+            ),
         )
 
     def _headers(self, control: bool) -> dict[str, str]:
