@@ -301,7 +301,8 @@ class PushConfig(Section):
     silent_s: Annotated[float, Field(gt=0)] = 30.0
     """An engine in a push that leaves ``GET /health`` unanswered this long (a SIGSTOPped or hung
     process) is left out of the push and caught up at a later one. Not lower than the longest
-    stall of a busy engine's HTTP server: a vLLM CPU server under load was seen silent for 5 s."""
+    stall of a busy engine's HTTP server: a vLLM CPU server on a tiny model answers nothing while
+    its batch runs, and was seen silent for 5 s under load (docs/learner.md)."""
     fallback_to_disk: bool = True
     """When a distributed push fails, export and ask engines to load from disk (not with
     rollout.weight_api=vllm: vLLM's weight-transfer API has no load-from-disk route)."""

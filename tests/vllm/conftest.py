@@ -138,10 +138,15 @@ class VLLMServers:
         self.run_dir = run_dir
         self.current: VLLMServer | None = None
 
-    def get(self, logprobs_mode: str = "raw_logprobs", lora: bool = False) -> VLLMServer:
-        """The live server of that mode (``lora``: started with runtime adapter loading)."""
+    def get(
+        self, logprobs_mode: str = "raw_logprobs", lora: bool = False, model: Path | None = None
+    ) -> VLLMServer:
+        """The live server of that mode (``lora``: started with runtime adapter loading) on
+        ``model`` (default: ``tiny_models.served``)."""
+        model = model or self.models.served
         current = self.current
-        if current is not None and (current.logprobs_mode, current.lora) == (logprobs_mode, lora):
+        key = (logprobs_mode, lora, model)
+        if current is not None and (current.logprobs_mode, current.lora, current.model) == key:
             if not self.current.proc.alive():
                 raise RuntimeError(f"vLLM server died:\n{self.current.proc.log_tail()}")
             return self.current
@@ -150,7 +155,7 @@ class VLLMServers:
         url = f"http://127.0.0.1:{port}"
         proc = ServiceProcess(
             f"vllm-{logprobs_mode}",
-            vllm_argv(self.models.served, port, logprobs_mode, lora),
+            vllm_argv(model, port, logprobs_mode, lora),
             self.run_dir / f"vllm-{logprobs_mode}.log",
             env=vllm_env(self.run_dir, lora),
             cwd=self.run_dir,
@@ -167,9 +172,7 @@ class VLLMServers:
         except BaseException:
             proc.stop()
             raise
-        self.current = VLLMServer(
-            url, self.models.served, logprobs_mode, proc, lora, start_s, warmup_s
-        )
+        self.current = VLLMServer(url, model, logprobs_mode, proc, lora, start_s, warmup_s)
         print(f"\nvLLM ({logprobs_mode}) ready in {start_s:.1f}s, warm-up {warmup_s:.1f}s")
         return self.current
 

@@ -4,6 +4,7 @@ interruptible-update tests of the embedded engine and of the real vLLM server sh
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +57,7 @@ def generate_across_push(
     push: Callable[[Any, int], None],
     *,
     weight_api: str,
-    running_metric: str,
+    running_metric: str | None,
     max_tokens: int,
     tolerance: float,
     first_version: int = 0,
@@ -64,16 +65,25 @@ def generate_across_push(
 ) -> tuple[Sample, dict[int, Any]]:
     """Greedy generations of ``max_tokens`` through the rollout client, each with a push of the
     next checkpoint (alternating; the engine serves ``checkpoints[0]`` at ``first_version``) as
-    the next version once the engine reports the request running, until one generation spans
-    the push. Every generation's tokens are checked against the learner under each token's
-    version; returns the spanning sample and the policy of each version."""
+    the next version once the request runs, until one generation spans the push. The request
+    runs once the engine's ``running_metric`` gauge rises; without one (vLLM updates its gauges
+    only at its stats interval, after an idle server has finished hundreds of tokens), once the
+    rollout client has sent it: an idle server starts a request as it arrives. Every
+    generation's tokens are checked against the learner under each token's version; returns the
+    spanning sample and the policy of each version."""
     policies = {first_version: checkpoints[0]}
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    sent = threading.Event()
+
+    async def on_request(request: httpx.Request) -> None:
+        if request.url.path == "/v1/completions":
+            sent.set()
 
     async def generate() -> Sample:
         client = OpenAICompletionsEngine(
             url, weight_api=weight_api, continue_aborted=weight_api == "vllm", timeout_s=300.0
         )
+        client.http._client.event_hooks["request"].append(on_request)
         try:
             [sample] = await client.generate(prompt, 1, sampling)
         finally:
@@ -83,12 +93,19 @@ def generate_across_push(
     with ThreadPoolExecutor(1) as pool:
         for k in range(1, attempts + 1):
             version = first_version + k
-            before = metric(url, running_metric)
+            before = metric(url, running_metric) if running_metric else 0.0
+            sent.clear()
             in_flight = pool.submit(asyncio.run, generate())
             deadline = time.monotonic() + 120
-            while metric(url, running_metric) <= before and not in_flight.done():
+            while not in_flight.done():
+                if running_metric is None:
+                    if sent.wait(0.01):
+                        break
+                elif metric(url, running_metric) > before:
+                    break
+                else:
+                    time.sleep(0.01)
                 assert time.monotonic() < deadline, "the request never started"
-                time.sleep(0.01)
             policy = checkpoints[k % len(checkpoints)]
             push(policy, version)
             policies[version] = policy
