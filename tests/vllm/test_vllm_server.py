@@ -171,10 +171,13 @@ def test_pushes_while_16_clients_sample_lose_no_request(
     errors: list[str] = []
 
     def client(i: int) -> None:
-        # A new connection per request: a kept-alive one can meet the server's keep-alive timer
-        # (uvicorn closes a connection idle for 5 s) if this process stalls between two requests,
-        # and the request then gets no answer although the server lost nothing. A request the
-        # server drops on its own connection still fails here.
+        # A new connection per request. On the tiny model vLLM's API server handles no I/O while
+        # its batch runs (its output handler does not yield: docs/learner.md, "Weight push"), and
+        # 16 clients keep the batch running; when the loop comes back, a keep-alive timer that
+        # fell due in the stall (uvicorn closes a connection idle for 5 s) can close a connection
+        # whose next request is already waiting to be read: that request gets no answer although
+        # the server lost nothing (seen once in CI). A request the server drops on a connection of
+        # its own still fails here.
         fresh = httpx.Limits(max_keepalive_connections=0)
         with httpx.Client(timeout=120.0, limits=fresh) as http:
             while not stop.is_set():
