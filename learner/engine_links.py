@@ -237,7 +237,9 @@ class EngineLinks:
         """Probe, (re)form groups, pause: the links that take part in this push."""
         for url in [u for u in self.links if u not in engines]:
             self.drop(url)
-        probe_s = min(PROBE_TIMEOUT_S, self.timeout_s)
+        # An engine too busy to answer soon is not a stopped one: the opening read waits as long
+        # as the heartbeat would (a vLLM CPU server sampling for 16 clients took up to 7 s).
+        probe_s = min(self.silent_s, self.timeout_s)
         probes = {
             u: Job(functools.partial(read_version, self.protocol, u, headers=self.headers,
                                      timeout_s=probe_s))

@@ -131,7 +131,8 @@ def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None)
 def test_a_stopped_engine_leaves_the_push_and_catches_up(tmp_path: Path, one_rank: None) -> None:
     """SIGSTOP, which no socket notices: the engine is left out within 10 s by the version read
     that opens the push (stopped before it) or by the push's heartbeat (stopped mid-transfer),
-    and once continued (SIGCONT) a later push brings it up to date."""
+    and once continued (SIGCONT) a later push brings it up to date; one silent for less than
+    ``silent_s`` when a push opens (busy, not stopped) takes part in it."""
     _, policy, _, urls, procs, push = _two_engines(tmp_path)
     proto = push.protocol
     stopped = procs[0].pid
@@ -179,6 +180,23 @@ def test_a_stopped_engine_leaves_the_push_and_catches_up(tmp_path: Path, one_ran
         assert read_version(proto, urls[1]) == version
         assert not httpx.get(f"{urls[0]}/is_paused").json()["is_paused"]
         print(f"caught up at push {version}")
+
+        # Busy, not stopped: an engine silent for less than silent_s when the push opens takes
+        # part (a loaded vLLM CPU server can take seconds to answer). A push with silent_s 12 s
+        # while engine 0 is stopped for the first 7 s of it.
+        push.close()
+        push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
+                               protocol=proto, silent_s=12.0)  # fmt: skip
+        send_signal([stopped], signal.SIGSTOP)
+        wake = threading.Timer(7.0, send_signal, ([stopped], signal.SIGCONT))
+        wake.start()
+        try:
+            version += 1
+            slow = push.push(policy, version, urls)
+        finally:
+            wake.join()
+        assert slow.ok and not slow.failed, slow.error
+        assert [read_version(proto, u) for u in urls] == [version, version]
     finally:
         send_signal([stopped], signal.SIGCONT)
         push.close()

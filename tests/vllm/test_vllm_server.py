@@ -171,10 +171,9 @@ def test_pushes_while_16_clients_sample_lose_no_request(
     errors: list[str] = []
 
     def client(i: int) -> None:
-        # A new connection per request. On the tiny model vLLM's API server handles no I/O while
-        # its batch runs (its output handler does not yield: docs/learner.md, "Weight push"), and
-        # 16 clients keep the batch running; when the loop comes back, a keep-alive timer that
-        # fell due in the stall (uvicorn closes a connection idle for 5 s) can close a connection
+        # A new connection per request. With 16 clients sampling, vLLM's API server on this
+        # machine answers in 1-7 s (docs/learner.md, "Weight push"); a keep-alive timer that fell
+        # due in such a stall (uvicorn closes a connection idle for 5 s) can close a connection
         # whose next request is already waiting to be read: that request gets no answer although
         # the server lost nothing (seen once in CI). A request the server drops on a connection of
         # its own still fails here.
