@@ -38,7 +38,8 @@ from dynamo_rl.procs import free_port
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 5.0
-"""Deadline of the version read that opens a push (a dead engine refuses it at once)."""
+"""Deadline of one short control call: a heartbeat's ``GET /health``, a ``recover``, a version read
+outside a push. The version read that opens a push waits ``learner.push.silent_s`` instead."""
 WATCH_S = 0.25
 """How often a wait on an engine's broadcasts looks at that engine's HTTP call."""
 BEAT_S = 1.0

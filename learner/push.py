@@ -8,9 +8,8 @@ Two transports behind one small interface (:class:`WeightTransport`):
   free port, a standalone gloo — NCCL on CUDA — group; the protocol's ``init_group`` call, the
   engine is rank 1), so an engine that dies or hangs fails alone. Per push, rank 0:
 
-  1. probes every engine (the protocol's version read,
-     :data:`~learner.engine_links.PROBE_TIMEOUT_S`): an engine that
-     does not answer is left out of this push at once; one whose version is not the one this
+  1. probes every engine (the protocol's version read, waiting up to ``learner.push.silent_s``):
+     an engine that does not answer is left out of this push; one whose version is not the one this
      link last gave it was restarted (or updated by someone else) and gets a new group;
   2. forms the missing groups (concurrently; an engine whose ``init_group`` call fails is left
      out without waiting for the group's timeout), then sends each engine the ``before_update``
