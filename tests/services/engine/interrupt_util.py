@@ -95,17 +95,17 @@ def generate_across_push(
             version = first_version + k
             before = metric(url, running_metric) if running_metric else 0.0
             sent.clear()
+
+            def running(before: float = before) -> bool:
+                if running_metric is None:
+                    return sent.is_set()
+                return metric(url, running_metric) > before
+
             in_flight = pool.submit(asyncio.run, generate())
             deadline = time.monotonic() + 120
-            while not in_flight.done():
-                if running_metric is None:
-                    if sent.wait(0.01):
-                        break
-                elif metric(url, running_metric) > before:
-                    break
-                else:
-                    time.sleep(0.01)
+            while not in_flight.done() and not running():
                 assert time.monotonic() < deadline, "the request never started"
+                time.sleep(0.01)
             policy = checkpoints[k % len(checkpoints)]
             push(policy, version)
             policies[version] = policy
