@@ -52,6 +52,12 @@ def engines_key(namespace: str) -> str:
     return f"{PREFIX}:engines:{_check(namespace)}"
 
 
+def engine_pulse_key(namespace: str) -> str:
+    """Hash of serving engines' pulses (url -> a counter each engine raises every second while its
+    serving process runs; ``dynamo_rl.contracts.engine.EnginePulse``)."""
+    return f"{PREFIX}:pulse:{_check(namespace)}"
+
+
 def lease_key(namespace: str, worker_id: str) -> str:
     """A rollout worker's lease on the prompts it holds (expires if the worker dies)."""
     return f"{PREFIX}:lease:{_check(namespace)}:{worker_id}"

@@ -8,7 +8,9 @@ alone: a version read that does not answer leaves the engine out of the push at 
 abandoned mid-transfer is released on a thread (:func:`release_when_done`), never by the caller.
 While a push is under way every engine in it is watched (:class:`Heartbeat`, ``GET /health``): one
 that stops answering (stopped with SIGSTOP, a hung host) is left out within
-``learner.push.silent_s`` plus a beat, wherever the push is, rather than at ``push.timeout_s``.
+``learner.push.stopped_s`` plus a beat when its pulse in Redis stands still too (else
+``learner.push.silent_s``: busy, not stopped), wherever the push is, rather than at
+``push.timeout_s``.
 """
 
 from __future__ import annotations
@@ -78,19 +80,33 @@ class Job:
 
 class Heartbeat:
     """``GET /health`` to one engine every :data:`BEAT_S` on a thread of its own, while a push is
-    under way: :attr:`silent` once the engine has not answered for ``silent_s``
-    (``learner.push.silent_s``)."""
+    under way, and a look at the engine's pulse in Redis (``pulse()``: its counter, None when it
+    has none; :class:`dynamo_rl.contracts.engine.EnginePulse`). :attr:`silent` once the engine
+    has not answered for ``silent_s`` (``learner.push.silent_s``: busy or not), or for
+    ``stopped_s`` while its pulse has stood still as long (``learner.push.stopped_s``: stopped,
+    not busy). An engine whose pulse was never read is judged by ``silent_s`` alone."""
 
     def __init__(
-        self, url: str, protocol: WeightProtocol, headers: dict[str, str], silent_s: float
+        self,
+        url: str,
+        protocol: WeightProtocol,
+        headers: dict[str, str],
+        silent_s: float,
+        stopped_s: float | None = None,
+        pulse: Callable[[], int | None] | None = None,
     ) -> None:
         self.url = url
         self.silent_s = silent_s
-        self.answered = time.monotonic()
+        self.stopped_s = silent_s if stopped_s is None else stopped_s
+        self.answered = self.pulsed = time.monotonic()
+        self.pulse_value: int | None = None  # the last counter read; None: no pulse known
         self._stop = threading.Event()
         ask = functools.partial(send, protocol, url, LIVENESS, headers=headers,
                                 timeout_s=PROBE_TIMEOUT_S)  # fmt: skip
         threading.Thread(target=self._run, args=(ask,), daemon=True, name=f"beat-{url}").start()
+        if pulse is not None:
+            threading.Thread(target=self._watch_pulse, args=(pulse,), daemon=True,
+                             name=f"pulse-{url}").start()  # fmt: skip
 
     def _run(self, ask: Callable[[], Any]) -> None:
         while not self._stop.is_set():
@@ -99,15 +115,32 @@ class Heartbeat:
                 self.answered = time.monotonic()
             self._stop.wait(BEAT_S)
 
+    def _watch_pulse(self, pulse: Callable[[], int | None]) -> None:
+        while not self._stop.is_set():
+            try:
+                value = pulse()
+            except Exception:  # Redis unreachable: the pulse tells nothing
+                value = None
+            if value is None or value != self.pulse_value:
+                self.pulsed = time.monotonic()
+            self.pulse_value = value
+            self._stop.wait(BEAT_S)
+
     @property
     def silent(self) -> bool:
-        return time.monotonic() - self.answered > self.silent_s
+        now = time.monotonic()
+        quiet = now - self.answered
+        still = now - self.pulsed if self.pulse_value is not None else 0.0
+        return quiet > self.silent_s or (quiet > self.stopped_s and still > self.stopped_s)
 
     def stop(self) -> None:
         self._stop.set()
 
 
-SILENT = "stopped answering (no answer to GET /health for learner.push.silent_s)"
+SILENT = (
+    "stopped answering (no answer to GET /health for learner.push.silent_s, or for "
+    "learner.push.stopped_s with its pulse in Redis standing still)"
+)
 
 
 def wait_job(job: Job, until: float, beat: Heartbeat | None) -> bool:
@@ -186,6 +219,8 @@ class EngineLinks:
     flat_bytes: int  # the receiver's bucket size; 0: one tensor per broadcast
     group_prefix: str
     silent_s: float  # learner.push.silent_s: see Heartbeat
+    stopped_s: float | None = None  # learner.push.stopped_s: see Heartbeat (None: silent_s)
+    pulse: Callable[[str], int | None] | None = None  # an engine's pulse counter in Redis
     links: dict[str, Link] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)  # engines sent before_update in this push
     beats: dict[str, Heartbeat] = field(default_factory=dict)  # engines in this push, watched
@@ -239,18 +274,23 @@ class EngineLinks:
         for url in [u for u in self.links if u not in engines]:
             self.drop(url)
         # An engine too busy to answer soon is not a stopped one: the opening read waits as long
-        # as the heartbeat would (a vLLM CPU server sampling for 16 clients took up to 7 s).
+        # as the heartbeat would (a vLLM CPU server sampling for 16 clients took up to 7 s), and
+        # the heartbeat watches it from here on.
         probe_s = min(self.silent_s, self.timeout_s)
+        self.beats = {u: self._beat(u) for u in engines}
         probes = {
             u: Job(functools.partial(read_version, self.protocol, u, headers=self.headers,
                                      timeout_s=probe_s))
             for u in engines
         }  # fmt: skip
+        until = time.monotonic() + probe_s + 5
         for url, probe in probes.items():
-            probe.wait(probe_s + 5)
+            wait_job(probe, until, self.beats[url])
             link = self.links.get(url)
             if not probe.done or probe.error:
-                failed[url] = f"unreachable: {probe.error or 'no answer'}"
+                reason = SILENT if self.beats[url].silent and not probe.done else "no answer"
+                failed[url] = f"unreachable: {probe.error or reason}"
+                self.beats.pop(url).stop()
                 self.drop(url)
             elif link is not None and probe.result != link.version:
                 log.warning("engine %s reports version %s, not %s: it restarted; new push group",
@@ -279,8 +319,8 @@ class EngineLinks:
                 time.sleep(0.05)
         live = [self.links[u] for u in engines if u in self.links and u not in failed]
         self.paused = {link.url for link in live}
-        self.beats = {link.url: Heartbeat(link.url, self.protocol, self.headers, self.silent_s)
-                      for link in live}  # fmt: skip
+        for url in [u for u in self.beats if u not in self.paused]:
+            self.beats.pop(url).stop()
         pausing = {link.url: self.start(link.url, self.protocol.before_update()) for link in live}
         until = time.monotonic() + self.timeout_s
         for url, job in pausing.items():
@@ -289,6 +329,10 @@ class EngineLinks:
                                             "before_update: no answer")  # fmt: skip
                 self.drop(url)
         return [link for link in live if link.url not in failed]
+
+    def _beat(self, url: str) -> Heartbeat:
+        pulse = None if self.pulse is None else functools.partial(self.pulse, url)
+        return Heartbeat(url, self.protocol, self.headers, self.silent_s, self.stopped_s, pulse)
 
     def end_push(self) -> list[str]:
         """Stop watching the engines of the push that ended; those that had fallen silent."""

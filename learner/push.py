@@ -8,9 +8,10 @@ Two transports behind one small interface (:class:`WeightTransport`):
   free port, a standalone gloo — NCCL on CUDA — group; the protocol's ``init_group`` call, the
   engine is rank 1), so an engine that dies or hangs fails alone. Per push, rank 0:
 
-  1. probes every engine (the protocol's version read, waiting up to ``learner.push.silent_s``):
-     an engine that does not answer is left out of this push; one whose version is not the one this
-     link last gave it was restarted (or updated by someone else) and gets a new group;
+  1. probes every engine (the protocol's version read, waiting up to ``learner.push.silent_s``,
+     or ``learner.push.stopped_s`` when the engine's pulse in Redis stands still): an engine that
+     does not answer is left out of this push; one whose version is not the one this link last
+     gave it was restarted (or updated by someone else) and gets a new group;
   2. forms the missing groups (concurrently; an engine whose ``init_group`` call fails is left
      out without waiting for the group's timeout), then sends each engine the ``before_update``
      calls (vLLM: pause, start) and starts its ``update`` call (names, dtypes, shapes);
@@ -22,8 +23,9 @@ Two transports behind one small interface (:class:`WeightTransport`):
      (:mod:`dynamo_rl.contracts.weight_layout`, ``push.bucket_mb``);
   4. waits on each engine's broadcasts under a watchdog: a broadcast error (a dead peer closes
      its socket), the engine's ``update`` call failing (connection refused or reset), the engine
-     no longer answering ``GET /health`` for ``learner.push.silent_s`` (a
-     stopped process: :class:`~learner.engine_links.Heartbeat`, from step 2 to the end), or the
+     no longer answering ``GET /health`` (:class:`~learner.engine_links.Heartbeat`, from step 1
+     to the end: for ``learner.push.stopped_s`` with its pulse in Redis standing still — a
+     stopped process, a hung host — or for ``learner.push.silent_s`` whatever its pulse), or the
      push's deadline (``push.timeout_s``) drops that engine from the push, its transfer
      abandoned, while the others go on;
   5. finishes each engine on its own thread (its ``update`` answer, then ``after_update``: vLLM's
@@ -56,6 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dynamo_rl.config.learner import PushConfig
 from dynamo_rl.contracts.engine import list_engines
 from dynamo_rl.contracts.weight_control import (
     Call,
@@ -124,6 +127,10 @@ def served_weight_version(transport: WeightTransport, url: str) -> int:
                         timeout_s=PROBE_TIMEOUT_S)  # fmt: skip
 
 
+SILENT_S_DEFAULT: float = PushConfig.model_fields["silent_s"].default
+"""``learner.push.silent_s``'s default, for a push built outside a config (tests, benchmarks)."""
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -143,7 +150,9 @@ class DistributedPush:
         device: torch.device | None = None,
         group_prefix: str = "dynamo-push",
         protocol: WeightProtocol | None = None,
-        silent_s: float = 30.0,
+        silent_s: float = SILENT_S_DEFAULT,
+        stopped_s: float | None = None,
+        pulse: Callable[[str], int | None] | None = None,
     ) -> None:
         self.master_address = master_address
         self.bucket_bytes = int(bucket_mb * 2**20)
@@ -158,7 +167,7 @@ class DistributedPush:
         self.engines = EngineLinks(
             protocol=self.protocol, headers=self.headers, master_address=master_address,
             timeout_s=timeout_s, backend=self.backend, flat_bytes=self.flat_bytes,
-            group_prefix=group_prefix, silent_s=silent_s,
+            group_prefix=group_prefix, silent_s=silent_s, stopped_s=stopped_s, pulse=pulse,
         )  # fmt: skip
 
     def _parts(self, params: list[tuple[str, nn.Parameter]]) -> list[Bucket]:

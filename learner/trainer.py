@@ -14,11 +14,12 @@ stream entries of the committed steps there).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -330,10 +331,23 @@ class Trainer:
             bucket_mb=p.bucket_mb,
             timeout_s=p.timeout_s,
             silent_s=p.silent_s,
+            stopped_s=p.stopped_s,
+            pulse=self._pulse_reader(),
             headers=headers,
             device=self.env.device,
             group_prefix=f"dynamo-push-{self.namespace}",
         )
+
+    def _pulse_reader(self) -> Callable[[str], int | None] | None:
+        """Rank 0: an engine's pulse counter in Redis (a client of its own, no retries: a Redis
+        outage makes the pulse unknown, never slows the heartbeat)."""
+        if not self.env.is_main:
+            return None
+        from dynamo_rl.contracts.engine import read_pulse
+        from dynamo_rl.redis_client import sync_client
+
+        client = sync_client(self.cfg.endpoints.redis_url, timeout_s=2.0)
+        return functools.partial(read_pulse, client, self.namespace)
 
     def _export_for_push(self, version: int) -> str | None:
         out = self.run_dir / "push" / f"version_{version:06d}"

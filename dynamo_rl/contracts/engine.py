@@ -14,6 +14,12 @@ No torch.
 - Registry — ``engines_key(ns)`` is a Redis hash: field = the engine's base URL, value = JSON
   ``{"url", "weight_version", "registered_unix"}``. :class:`EngineRegistry` writes an entry,
   :func:`parse_registry` reads the hash (one parser for every reader).
+- Pulse — ``engine_pulse_key(ns)`` is a Redis hash: field = the engine's base URL, value = a
+  counter the engine raises every :data:`PULSE_S` while its serving process runs
+  (:class:`EnginePulse`; :func:`read_pulse` reads it). It tells a busy engine, slow to answer
+  HTTP but running, from a stopped one (SIGSTOP, a hung host), whose pulse stands still: the
+  learner's push waits ``learner.push.silent_s`` for the first and ``learner.push.stopped_s`` for
+  the second. A counter, not a time stamp: no clock is compared across hosts.
 
 Requests are strict: an unknown field is an error (422 naming it), so a typo such as
 ``max_token`` is not silently ignored; a few OpenAI fields that clients commonly send are accepted
@@ -30,14 +36,15 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from dynamo_rl.keys import engines_key
+from dynamo_rl.keys import engine_pulse_key, engines_key
 from dynamo_rl.redis_client import redact_url, sync_client
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,7 @@ __all__ = [
     "CompletionResponse",
     "CompletionUsage",
     "EngineEntry",
+    "EnginePulse",
     "EngineRegistry",
     "EngineRequest",
     "GenerateFinishReason",
@@ -390,3 +398,67 @@ class EngineRegistry:
                 client.close()
         except Exception as e:
             log.warning("could not unregister from Redis: %s", e)
+
+
+PULSE_S = 1.0
+"""How often a serving engine raises its pulse (:class:`EnginePulse`)."""
+
+
+class EnginePulse:
+    """An engine's pulse in ``engine_pulse_key(ns)``: a counter under its URL, raised every
+    :data:`PULSE_S` on a thread of its own while ``running()`` says the serving process runs (the
+    embedded engine: always, from inside that process; the vLLM launcher: while no process of
+    vLLM's is stopped). A stopped or hung engine's pulse stands still. Redis trouble is logged
+    once, never fatal; the pulse goes on when Redis is back."""
+
+    def __init__(
+        self, redis_url: str, namespace: str, url: str, running: Callable[[], bool] | None = None
+    ) -> None:
+        self.redis_url = redis_url
+        self.key = engine_pulse_key(namespace)
+        self.url = url.rstrip("/")
+        self.running = running or (lambda: True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="engine-pulse")
+
+    def start(self) -> EnginePulse:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        client = sync_client(self.redis_url)
+        failing = False
+        try:
+            while not self._stop.is_set():
+                try:
+                    if self.running():
+                        client.hincrby(self.key, self.url, 1)
+                    failing = False
+                except Exception as e:
+                    if not failing:
+                        log.warning("engine pulse: could not write to Redis at %s: %s",
+                                    redact_url(self.redis_url), e)  # fmt: skip
+                    failing = True
+                self._stop.wait(PULSE_S)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Stop the pulse and remove it (the engine is shutting down)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            client = sync_client(self.redis_url)
+            try:
+                client.hdel(self.key, self.url)
+            finally:
+                client.close()
+        except Exception as e:
+            log.warning("could not remove the engine pulse from Redis: %s", e)
+
+
+def read_pulse(client: Any, namespace: str, url: str) -> int | None:
+    """An engine's pulse counter (None: it has none, e.g. not registered in Redis, or SGLang),
+    read with a sync Redis client."""
+    raw = client.hget(engine_pulse_key(namespace), url.rstrip("/"))
+    return None if raw is None else int(raw)

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from dynamo_rl.contracts.engine import EngineRegistry
+    from dynamo_rl.contracts.engine import EnginePulse, EngineRegistry
     from services.engine.app import create_app
     from services.engine.scheduler import Engine, load_model
 
@@ -110,11 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(cfg.run.seed)
     model, tokenizer = load_model(ecfg.model, ecfg.dtype, ecfg.device)
     name = ecfg.served_model_name or Path(ecfg.model).resolve().name
-    registry = None
+    registry = pulse = None
     if ecfg.register_in_redis:
         shown = "127.0.0.1" if ecfg.host in ("0.0.0.0", "::") else ecfg.host
         url = ecfg.advertise_url or f"http://{shown}:{port}"
         registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
+        # Raised from inside this process: a SIGSTOP or a hung host stops it.
+        pulse = EnginePulse(cfg.endpoints.redis_url, cfg.run.name, url).start()
     engine = Engine(
         model, tokenizer, ecfg, name, token_value, registry, seed=cfg.run.seed,
         interruptible=cfg.rollout.update_mode == "interrupt",
@@ -129,5 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uvicorn.Server(
         uvicorn.Config(app, log_level=cfg.run.log_level, access_log=False, lifespan="on")
     )
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if pulse is not None:
+            pulse.stop()
     return 0

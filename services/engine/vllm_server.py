@@ -18,7 +18,9 @@ What ``dynamo-rl up`` runs for each engine when ``engine.kind=vllm`` (the ``vllm
    environment has its own packages, the plugin among them);
 2. starts it as its child (same process group: stopping this process's group stops vLLM and its
    engine-core process too), waits for ``/health`` and then registers the server in Redis
-   (``engines_key(run.name)``, like the embedded engine does on start) unless
+   (``engines_key(run.name)``, like the embedded engine does on start) and raises its pulse
+   (:class:`~dynamo_rl.contracts.engine.EnginePulse`, every second while no process of this
+   process group — vLLM's API server, its engine core — is stopped: :func:`group_running`) unless
    ``engine.register_in_redis`` is false, and starts the engine's history in the run folder
    (:func:`record_history`: vLLM's ``/metrics`` scraped every ``run.history.interval_s``, plus
    the weight version);
@@ -34,6 +36,7 @@ name ``vllm``), hence ``python -m``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -122,6 +125,20 @@ def record_history(cfg: ExperimentConfig, local: str) -> History | None:
     return scraped.record_run(cfg.run, str(cfg.engine.port))
 
 
+def group_running(pgid: int) -> bool:
+    """Whether no process of process group ``pgid`` is stopped (SIGSTOP, or stopped by a tracer),
+    read from ``/proc`` (where there is none, True: the pulse cannot tell)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] in ("T", "t"):
+            return False
+    return True
+
+
 def _watch(proc: subprocess.Popen, healthy, unhealthy_exit_s: float) -> int | None:
     """Wait for vLLM to exit; stop it when ``/health`` has failed for ``unhealthy_exit_s``
     (returns 1 then: the supervisor restarts the pair), else its exit status."""
@@ -184,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
 
-    registry = None
+    registry = pulse = None
     healthy = http_ok(f"{local}/health")
     t0 = time.monotonic()
     poll = Backoff(base_s=0.1, cap_s=2.0, jitter=0.0)
@@ -196,16 +213,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ready:
             log.info("vLLM ready at %s after %.1fs", url, time.monotonic() - t0)
             if ecfg.register_in_redis:
-                from dynamo_rl.contracts.engine import EngineRegistry
+                from dynamo_rl.contracts.engine import EnginePulse, EngineRegistry
 
                 # A (re)started server holds engine.model's weights (version 0) until a push.
                 registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
                 registry.register(0)
+                # vLLM runs in this process's group.
+                running = functools.partial(group_running, os.getpgid(0))
+                pulse = EnginePulse(cfg.endpoints.redis_url, cfg.run.name, url, running).start()
             record_history(cfg, local)
             break
         time.sleep(poll.delay(attempt))
         attempt += 1
     code = _watch(proc, healthy, cfg.engine.vllm.unhealthy_exit_s)
+    if pulse is not None:
+        pulse.stop()
     if registry is not None:
         registry.unregister()
     log.info("vLLM exited with code %s", code)

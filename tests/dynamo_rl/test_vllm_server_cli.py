@@ -5,6 +5,7 @@ config, and the refusals that come before anything starts. The server itself run
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -132,6 +133,83 @@ def test_a_server_that_stops_answering_health_is_stopped(tmp_path: Path) -> None
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]
     assert "vLLM ready at" in result.stderr and "/health failed for" in result.stderr
+
+
+SERVING_SERVER = """#!{python}
+# Stands in for a vLLM API server: answers /health until stopped.
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
+"""
+
+
+def test_the_pulse_stands_still_while_a_process_of_vllms_is_stopped(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The launcher registers the server and raises its pulse in Redis while no process of its
+    group is stopped: SIGSTOP of the server (a child of the launcher) stills it, SIGCONT lets it
+    move on, and the pulse is removed when the launcher stops."""
+    import signal
+    import sys
+    import time
+
+    from dynamo_rl.contracts.engine import read_pulse
+    from dynamo_rl.procs import free_port
+    from dynamo_rl.redis_client import sync_client
+
+    script = tmp_path / "python"
+    script.write_text(SERVING_SERVER.format(python=sys.executable))
+    script.chmod(0o755)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    client = sync_client(redis_url)
+    proc = subprocess.Popen(
+        dynamo_rl_argv("vllm-server", "engine.model=/m", f"engine.port={port}",
+                       f"engine.vllm.python={script}", f"endpoints.redis_url={redis_url}",
+                       "run.name=pulse", f"run.dir={tmp_path}"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    def pulse_after(value: int, within_s: float) -> int:
+        deadline = time.monotonic() + within_s
+        while (now := read_pulse(client, "pulse", url) or 0) <= value:
+            assert time.monotonic() < deadline, f"the pulse stayed at {now}"
+            time.sleep(0.1)
+        return now
+
+    try:
+        first = pulse_after(0, 60)
+        pulse_after(first, 5)  # it moves
+        [server] = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        os.kill(int(server), signal.SIGSTOP)
+        # A pulse raised before the launcher saw the stop may still land: from the first
+        # unchanged read 1.5 s apart, the pulse must then stand still for three pulses' time.
+        still, deadline = read_pulse(client, "pulse", url), time.monotonic() + 10
+        while True:
+            time.sleep(1.5)
+            now = read_pulse(client, "pulse", url)
+            if now == still:
+                break
+            assert time.monotonic() < deadline, "the pulse kept moving while vLLM was stopped"
+            still = now
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            assert read_pulse(client, "pulse", url) == still, "the pulse moved while stopped"
+            time.sleep(0.1)
+        os.kill(int(server), signal.SIGCONT)
+        pulse_after(still or 0, 5)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert read_pulse(client, "pulse", url) is None, err[-2000:]
+    client.close()
 
 
 def test_a_lora_policy_starts_vllm_with_runtime_adapter_loading() -> None:

@@ -11,6 +11,7 @@ version; the next push, with the dead engine still registered, too; and once the
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -21,8 +22,11 @@ import httpx
 import pytest
 from torch import nn
 
+from dynamo_rl.config.learner import PushConfig
+from dynamo_rl.contracts.engine import read_pulse
 from dynamo_rl.contracts.weight_control import read_version, weight_protocol
 from dynamo_rl.procs import ServiceProcess, free_port
+from dynamo_rl.redis_client import sync_client
 from launcher.service_table import SERVICES
 from learner.model import load_policy
 from learner.push import DistributedPush
@@ -34,13 +38,17 @@ pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 120.0  # push.timeout_s: what a stalled push would wait
 PROMPT_BOUND_S = 10.0  # the brief: the learner goes on within 10 s of the kill
+NS = "dead-engine"  # run.name of the engines that raise pulses
 
 
-def _engine(model: Path, log: Path, port: int) -> ServiceProcess:
+def _engine(model: Path, log: Path, port: int, redis_url: str | None = None) -> ServiceProcess:
+    """A real embedded engine; with ``redis_url`` it registers there (namespace ``NS``) and
+    raises its pulse."""
     env = {k: v for k, v in os.environ.items() if k != "DYNAMO_CONTROL_TOKEN"}
     env["OMP_NUM_THREADS"] = "1"
+    redis = [f"endpoints.redis_url={redis_url}", f"run.name={NS}"] if redis_url else []
     proc, _url = SERVICES["engine"].start(
-        log, "--model", str(model), f"engine.weight_update_timeout_s={TIMEOUT_S}",
+        log, "--model", str(model), f"engine.weight_update_timeout_s={TIMEOUT_S}", *redis,
         port=port, env=env, cwd=REPO, timeout=180,
     )  # fmt: skip
     return proc
@@ -70,16 +78,27 @@ def _signal_when_paused(
 
 
 def _two_engines(
-    tmp_path: Path,
+    tmp_path: Path, redis_url: str | None = None
 ) -> tuple[Path, nn.Module, list[int], list[str], list[ServiceProcess], DistributedPush]:
     """A model of ~30M parameters (120 MB float32: a transfer lasts long enough to be cut in the
-    middle), two real engines serving it, and a vLLM-shaped push to them."""
+    middle), two real engines serving it, and a vLLM-shaped push to them. Without ``redis_url``
+    the push waits ``silent_s`` 5 s for a silent engine; with it, the engines raise their pulses
+    there and the push reads them with the config's defaults (``stopped_s`` 5 s for an engine
+    whose pulse stands still, ``silent_s`` 30 s for one whose pulse moves), as the learner does."""
     model_dir = build_tiny_model(tmp_path / "m", hidden_size=512, num_layers=8, num_heads=8,
                                  num_kv_heads=2)  # fmt: skip
     ports = [free_port(), free_port()]
-    procs = [_engine(model_dir, tmp_path / f"engine{i}.log", p) for i, p in enumerate(ports)]
-    push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
-                           protocol=weight_protocol("vllm"), silent_s=5.0)  # fmt: skip
+    procs = [_engine(model_dir, tmp_path / f"engine{i}.log", p, redis_url)
+             for i, p in enumerate(ports)]  # fmt: skip
+    if redis_url is None:
+        push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
+                               protocol=weight_protocol("vllm"), silent_s=5.0)  # fmt: skip
+    else:
+        defaults = PushConfig()
+        reader = functools.partial(read_pulse, sync_client(redis_url, timeout_s=2.0), NS)
+        push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
+                               protocol=weight_protocol("vllm"), silent_s=defaults.silent_s,
+                               stopped_s=defaults.stopped_s, pulse=reader)  # fmt: skip
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     return model_dir, load_policy(str(model_dir)), ports, urls, procs, push
 
@@ -128,12 +147,21 @@ def test_a_killed_engine_does_not_stall_the_push(tmp_path: Path, one_rank: None)
             proc.stop()
 
 
-def test_a_stopped_engine_leaves_the_push_and_catches_up(tmp_path: Path, one_rank: None) -> None:
-    """SIGSTOP, which no socket notices: the engine is left out within 10 s by the version read
-    that opens the push (stopped before it) or by the push's heartbeat (stopped mid-transfer),
-    and once continued (SIGCONT) a later push brings it up to date; one silent for less than
-    ``silent_s`` when a push opens (busy, not stopped) takes part in it."""
-    _, policy, _, urls, procs, push = _two_engines(tmp_path)
+def test_a_stopped_engine_leaves_the_push_and_catches_up(
+    tmp_path: Path, one_rank: None, redis_url: str
+) -> None:
+    """SIGSTOP, which no socket notices, with the default ``learner.push`` thresholds: the
+    engine's pulse in Redis stands still, and it is left out within 10 s by the version read
+    that opens the push (stopped before it) or by the push's heartbeat (stopped mid-transfer);
+    once continued (SIGCONT) a later push brings it up to date. Without a pulse, one silent for
+    less than ``silent_s`` when a push opens (busy, not stopped) takes part in it."""
+    _, policy, _, urls, procs, push = _two_engines(tmp_path, redis_url)
+    client = sync_client(redis_url)
+    deadline = time.monotonic() + 10
+    while any(read_pulse(client, NS, url) is None for url in urls):  # both raise their pulses
+        assert time.monotonic() < deadline, "an engine raised no pulse in Redis"
+        time.sleep(0.1)
+    client.close()
     proto = push.protocol
     stopped = procs[0].pid
     try:
@@ -182,8 +210,9 @@ def test_a_stopped_engine_leaves_the_push_and_catches_up(tmp_path: Path, one_ran
         print(f"caught up at push {version}")
 
         # Busy, not stopped: an engine silent for less than silent_s when the push opens takes
-        # part (a loaded vLLM CPU server can take seconds to answer). A push with silent_s 12 s
-        # while engine 0 is stopped for the first 7 s of it.
+        # part (a loaded vLLM CPU server can take seconds to answer). A push without pulses
+        # (nothing tells this SIGSTOP from a busy server) and silent_s 12 s while engine 0 is
+        # stopped for the first 7 s of it.
         push.close()
         push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
                                protocol=proto, silent_s=12.0)  # fmt: skip
