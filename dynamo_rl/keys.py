@@ -52,10 +52,10 @@ def engines_key(namespace: str) -> str:
     return f"{PREFIX}:engines:{_check(namespace)}"
 
 
-def engine_pulse_key(namespace: str) -> str:
-    """Hash of serving engines' pulses (url -> a counter each engine raises every second while its
-    serving process runs; ``dynamo_rl.contracts.engine.EnginePulse``)."""
-    return f"{PREFIX}:pulse:{_check(namespace)}"
+def engine_pulse_key(namespace: str, url: str) -> str:
+    """An engine's pulse: a counter the engine raises every second while its serving process
+    runs, expiring unless raised (``dynamo_rl.contracts.engine.EnginePulse``)."""
+    return f"{PREFIX}:pulse:{_check(namespace)}:{url.rstrip('/')}"
 
 
 def lease_key(namespace: str, worker_id: str) -> str:

@@ -19,6 +19,7 @@ import contextlib
 import datetime
 import functools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -80,11 +81,13 @@ class Job:
 
 class Heartbeat:
     """``GET /health`` to one engine every :data:`BEAT_S` on a thread of its own, while a push is
-    under way, and a look at the engine's pulse in Redis (``pulse()``: its counter, None when it
-    has none; :class:`dynamo_rl.contracts.engine.EnginePulse`). :attr:`silent` once the engine
-    has not answered for ``silent_s`` (``learner.push.silent_s``: busy or not), or for
-    ``stopped_s`` while its pulse has stood still as long (``learner.push.stopped_s``: stopped,
-    not busy). An engine whose pulse was never read is judged by ``silent_s`` alone."""
+    under way, and a read of the engine's pulse in Redis as often (``pulse()``: its counter, None
+    when it has none; :class:`dynamo_rl.contracts.engine.EnginePulse`). :attr:`silent` once the
+    engine has not answered for ``silent_s`` (``learner.push.silent_s``: busy or not), or for
+    ``stopped_s`` (``learner.push.stopped_s``: stopped, not busy) while the last
+    ``stopped_s / BEAT_S`` reads of its pulse all found it unchanged. Counting reads rather than
+    seconds keeps a stall of the learner's own threads from passing for a stopped engine. An
+    engine whose pulse is unknown is judged by ``silent_s`` alone."""
 
     def __init__(
         self,
@@ -98,8 +101,10 @@ class Heartbeat:
         self.url = url
         self.silent_s = silent_s
         self.stopped_s = silent_s if stopped_s is None else stopped_s
-        self.answered = self.pulsed = time.monotonic()
+        self.still_reads_needed = max(1, math.ceil(self.stopped_s / BEAT_S))
+        self.answered = time.monotonic()
         self.pulse_value: int | None = None  # the last counter read; None: no pulse known
+        self.still_reads = 0  # reads in a row that found the counter unchanged
         self._stop = threading.Event()
         ask = functools.partial(send, protocol, url, LIVENESS, headers=headers,
                                 timeout_s=PROBE_TIMEOUT_S)  # fmt: skip
@@ -121,17 +126,16 @@ class Heartbeat:
                 value = pulse()
             except Exception:  # Redis unreachable: the pulse tells nothing
                 value = None
-            if value is None or value != self.pulse_value:
-                self.pulsed = time.monotonic()
+            still = value is not None and value == self.pulse_value
+            self.still_reads = self.still_reads + 1 if still else 0
             self.pulse_value = value
             self._stop.wait(BEAT_S)
 
     @property
     def silent(self) -> bool:
-        now = time.monotonic()
-        quiet = now - self.answered
-        still = now - self.pulsed if self.pulse_value is not None else 0.0
-        return quiet > self.silent_s or (quiet > self.stopped_s and still > self.stopped_s)
+        quiet = time.monotonic() - self.answered
+        stopped = self.pulse_value is not None and self.still_reads >= self.still_reads_needed
+        return quiet > self.silent_s or (quiet > self.stopped_s and stopped)
 
     def stop(self) -> None:
         self._stop.set()
@@ -271,6 +275,7 @@ class EngineLinks:
 
     def prepare(self, engines: Sequence[str], failed: dict[str, str]) -> list[Link]:
         """Probe, (re)form groups, pause: the links that take part in this push."""
+        self.end_push()  # the beats of a push that ended in an error, if any
         for url in [u for u in self.links if u not in engines]:
             self.drop(url)
         # An engine too busy to answer soon is not a stopped one: the opening read waits as long
@@ -308,10 +313,12 @@ class EngineLinks:
                     else:
                         failed[url] = f"init_group: {init.error or 'no answer'}"
                         release_when_done(Link(url, link.name, group.result, link.store), [])
-                elif group.error or (init.done and init.error) or time.monotonic() > deadline:
+                elif (group.error or (init.done and init.error) or self.beats[url].silent
+                      or time.monotonic() > deadline):  # fmt: skip
                     # The group's construction, if still waiting for the engine, ends at its
                     # own timeout on its thread; this push does not wait for it.
-                    failed[url] = f"init_group: {init.error or group.error or 'timed out'}"
+                    silent = SILENT if self.beats[url].silent else "timed out"
+                    failed[url] = f"init_group: {init.error or group.error or silent}"
                 else:
                     continue
                 del forming[url]
@@ -394,5 +401,6 @@ class EngineLinks:
             log.warning("recovering engines after a failed push: %s", "; ".join(errors))
 
     def close(self) -> None:
+        self.end_push()
         for url in list(self.links):
             self.drop(url)

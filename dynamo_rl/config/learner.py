@@ -303,17 +303,20 @@ class PushConfig(Section):
     push and caught up at a later one, even while its pulse in Redis says it runs (busy). Not
     lower than the longest stall of a busy engine's HTTP server: a vLLM CPU server sampling for
     16 clients took up to 7 s to answer here (docs/learner.md)."""
-    stopped_s: Annotated[float, Field(gt=0)] = 5.0
+    stopped_s: Annotated[float, Field(ge=3)] = 5.0
     """An engine in a push that leaves ``GET /health`` unanswered this long while its pulse in
     Redis stands still as long too (a SIGSTOPped process, a hung host) is left out of the push;
     engines without a pulse (not registered in Redis, SGLang servers) are waited for
-    ``silent_s``. At most ``silent_s``."""
+    ``silent_s``. At least 3 s (three of the pulse's beats, one a second: a pulse late by a beat
+    is not a stop) and at most ``silent_s`` (when not set, lowered to a smaller ``silent_s``)."""
     fallback_to_disk: bool = True
     """When a distributed push fails, export and ask engines to load from disk (not with
     rollout.weight_api=vllm: vLLM's weight-transfer API has no load-from-disk route)."""
 
     @model_validator(mode="after")
     def _check_stopped(self) -> PushConfig:
+        if self.stopped_s > self.silent_s and "stopped_s" not in self.model_fields_set:
+            self.stopped_s = self.silent_s
         if self.stopped_s > self.silent_s:
             raise ValueError(
                 f"learner.push.stopped_s ({self.stopped_s:g}) must be at most "

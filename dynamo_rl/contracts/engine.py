@@ -14,8 +14,8 @@ No torch.
 - Registry — ``engines_key(ns)`` is a Redis hash: field = the engine's base URL, value = JSON
   ``{"url", "weight_version", "registered_unix"}``. :class:`EngineRegistry` writes an entry,
   :func:`parse_registry` reads the hash (one parser for every reader).
-- Pulse — ``engine_pulse_key(ns)`` is a Redis hash: field = the engine's base URL, value = a
-  counter the engine raises every :data:`PULSE_S` while its serving process runs
+- Pulse — ``engine_pulse_key(ns, url)`` is a counter the engine raises every :data:`PULSE_S`
+  while its serving process runs, expiring :data:`PULSE_TTL_S` after the last raise
   (:class:`EnginePulse`; :func:`read_pulse` reads it). It tells a busy engine, slow to answer
   HTTP but running, from a stopped one (SIGSTOP, a hung host), whose pulse stands still: the
   learner's push waits ``learner.push.silent_s`` for the first and ``learner.push.stopped_s`` for
@@ -402,21 +402,23 @@ class EngineRegistry:
 
 PULSE_S = 1.0
 """How often a serving engine raises its pulse (:class:`EnginePulse`)."""
+PULSE_TTL_S = 300
+"""A pulse no longer raised (an engine killed with ``kill -9``, or stopped that long) expires:
+a server without a pulse taking the URL over later is not judged by a stale one."""
 
 
 class EnginePulse:
-    """An engine's pulse in ``engine_pulse_key(ns)``: a counter under its URL, raised every
-    :data:`PULSE_S` on a thread of its own while ``running()`` says the serving process runs (the
-    embedded engine: always, from inside that process; the vLLM launcher: while no process of
-    vLLM's is stopped). A stopped or hung engine's pulse stands still. Redis trouble is logged
-    once, never fatal; the pulse goes on when Redis is back."""
+    """An engine's pulse, ``engine_pulse_key(ns, url)``: a counter raised every :data:`PULSE_S`
+    on a thread of its own while ``running()`` says the serving process runs (the embedded
+    engine: always, from inside that process; the vLLM launcher: while no process under it is
+    stopped). A stopped or hung engine's pulse stands still. Redis trouble is logged once, never
+    fatal; the pulse goes on when Redis is back. :meth:`stop` removes it."""
 
     def __init__(
         self, redis_url: str, namespace: str, url: str, running: Callable[[], bool] | None = None
     ) -> None:
         self.redis_url = redis_url
-        self.key = engine_pulse_key(namespace)
-        self.url = url.rstrip("/")
+        self.key = engine_pulse_key(namespace, url)
         self.running = running or (lambda: True)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="engine-pulse")
@@ -431,8 +433,16 @@ class EnginePulse:
         try:
             while not self._stop.is_set():
                 try:
-                    if self.running():
-                        client.hincrby(self.key, self.url, 1)
+                    running = self.running()
+                except Exception as e:
+                    log.warning("engine pulse: cannot tell whether the engine runs: %s", e)
+                    running = True
+                try:
+                    if running:
+                        pipe = client.pipeline(transaction=False)
+                        pipe.incr(self.key)
+                        pipe.expire(self.key, PULSE_TTL_S)
+                        pipe.execute()
                     failing = False
                 except Exception as e:
                     if not failing:
@@ -440,25 +450,20 @@ class EnginePulse:
                                     redact_url(self.redis_url), e)  # fmt: skip
                     failing = True
                 self._stop.wait(PULSE_S)
+            client.delete(self.key)  # after the last raise: none can land behind it
+        except Exception as e:
+            log.warning("could not remove the engine pulse from Redis: %s", e)
         finally:
             client.close()
 
     def stop(self) -> None:
         """Stop the pulse and remove it (the engine is shutting down)."""
         self._stop.set()
-        self._thread.join(timeout=5)
-        try:
-            client = sync_client(self.redis_url)
-            try:
-                client.hdel(self.key, self.url)
-            finally:
-                client.close()
-        except Exception as e:
-            log.warning("could not remove the engine pulse from Redis: %s", e)
+        self._thread.join()
 
 
 def read_pulse(client: Any, namespace: str, url: str) -> int | None:
-    """An engine's pulse counter (None: it has none, e.g. not registered in Redis, or SGLang),
-    read with a sync Redis client."""
-    raw = client.hget(engine_pulse_key(namespace), url.rstrip("/"))
+    """An engine's pulse counter (None: it has none, e.g. not registered in Redis, an SGLang
+    server, or one whose pulse expired), read with a sync Redis client."""
+    raw = client.get(engine_pulse_key(namespace, url))
     return None if raw is None else int(raw)

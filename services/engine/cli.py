@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = ecfg.advertise_url or f"http://{shown}:{port}"
         registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
         # Raised from inside this process: a SIGSTOP or a hung host stops it.
-        pulse = EnginePulse(cfg.endpoints.redis_url, cfg.run.name, url).start()
+        pulse = EnginePulse(cfg.endpoints.redis_url, cfg.run.name, url)
     engine = Engine(
         model, tokenizer, ecfg, name, token_value, registry, seed=cfg.run.seed,
         interruptible=cfg.rollout.update_mode == "interrupt",
@@ -131,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uvicorn.Server(
         uvicorn.Config(app, log_level=cfg.run.log_level, access_log=False, lifespan="on")
     )
+    if pulse is not None:
+        pulse.start()
     try:
         server.run(sockets=[sock])
     finally:

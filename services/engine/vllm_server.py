@@ -19,8 +19,8 @@ What ``dynamo-rl up`` runs for each engine when ``engine.kind=vllm`` (the ``vllm
 2. starts it as its child (same process group: stopping this process's group stops vLLM and its
    engine-core process too), waits for ``/health`` and then registers the server in Redis
    (``engines_key(run.name)``, like the embedded engine does on start) and raises its pulse
-   (:class:`~dynamo_rl.contracts.engine.EnginePulse`, every second while no process of this
-   process group — vLLM's API server, its engine core — is stopped: :func:`group_running`) unless
+   (:class:`~dynamo_rl.contracts.engine.EnginePulse`, every second while no process under this
+   one — vLLM's API server, its engine core — is stopped: :func:`tree_running`) unless
    ``engine.register_in_redis`` is false, and starts the engine's history in the run folder
    (:func:`record_history`: vLLM's ``/metrics`` scraped every ``run.history.interval_s``, plus
    the weight version);
@@ -125,17 +125,28 @@ def record_history(cfg: ExperimentConfig, local: str) -> History | None:
     return scraped.record_run(cfg.run, str(cfg.engine.port))
 
 
-def group_running(pgid: int) -> bool:
-    """Whether no process of process group ``pgid`` is stopped (SIGSTOP, or stopped by a tracer),
-    read from ``/proc`` (where there is none, True: the pulse cannot tell)."""
+def tree_running(root: int) -> bool:
+    """Whether no process under ``root`` (its children, theirs, ...) is stopped (SIGSTOP, or
+    stopped by a tracer), read from ``/proc`` (where there is none, True: the pulse cannot
+    tell)."""
+    children: dict[int, list[int]] = {}
+    states: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            head, tail = stat.read_text().rsplit(")", 1)
+            state, ppid = tail.split()[:2]
+            pid = int(head.split(" (", 1)[0])
+        except (OSError, ValueError):
             continue  # the process ended while we looked
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] in ("T", "t"):
+        states[pid] = state
+        children.setdefault(int(ppid), []).append(pid)
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if states.get(pid) in ("T", "t"):
             return False
+        todo.extend(children.get(pid, []))
     return True
 
 
@@ -218,8 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # A (re)started server holds engine.model's weights (version 0) until a push.
                 registry = EngineRegistry(cfg.endpoints.redis_url, cfg.run.name, url)
                 registry.register(0)
-                # vLLM runs in this process's group.
-                running = functools.partial(group_running, os.getpgid(0))
+                # vLLM's processes: this process's children and theirs.
+                running = functools.partial(tree_running, os.getpid())
                 pulse = EnginePulse(cfg.endpoints.redis_url, cfg.run.name, url, running).start()
             record_history(cfg, local)
             break

@@ -10,23 +10,25 @@ pulse is judged by ``silent_s`` alone.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from dynamo_rl.config.learner import PushConfig
-from dynamo_rl.contracts.engine import EnginePulse, read_pulse
+from dynamo_rl.contracts.engine import PULSE_TTL_S, EnginePulse, read_pulse
 from dynamo_rl.contracts.weight_control import weight_protocol
 from dynamo_rl.keys import engine_pulse_key
 from dynamo_rl.redis_client import sync_client
 from learner.engine_links import Heartbeat
-from services.engine.vllm_server import group_running
+from services.engine.vllm_server import tree_running
 
 NS = "pulse-test"
 URL = "http://10.0.0.7:8000"
@@ -89,15 +91,22 @@ def test_the_pulse_moves_while_running_stands_still_otherwise_and_is_removed(
     try:
         assert read_pulse(client, NS, "http://10.0.0.8:8000") is None  # no such engine
         wait_for(lambda: (read_pulse(client, NS, URL) or 0) >= 2, 10, "two pulses")
+        assert 0 < client.ttl(engine_pulse_key(NS, URL)) <= PULSE_TTL_S  # a pulse left expires
         running.clear()
-        time.sleep(0.1)  # a raise already under way lands
-        still = read_pulse(client, NS, URL)
+        # A raise already under way may still land: from the first two reads 1.5 s apart that
+        # agree, the pulse must stand still for two more pulses' time.
+        deadline = time.monotonic() + 10
+        while True:
+            still = read_pulse(client, NS, URL)
+            if holds_for(lambda v=still: read_pulse(client, NS, URL) == v, 1.5):
+                break
+            assert time.monotonic() < deadline, "the pulse kept moving while not running"
         assert holds_for(lambda: read_pulse(client, NS, URL) == still, 2.5)
         running.set()
         wait_for(lambda: (read_pulse(client, NS, URL) or 0) > (still or 0), 5, "the pulse again")
     finally:
         pulse.stop()
-    assert not client.hexists(engine_pulse_key(NS), URL)
+    assert not client.exists(engine_pulse_key(NS, URL))
     client.close()
 
 
@@ -110,7 +119,7 @@ def _pulse_of(redis_url: str, running: Callable[[], bool]) -> tuple[EnginePulse,
 
 @pytest.mark.parametrize("case", ["busy", "stopped", "no pulse"])
 def test_heartbeat_tells_a_stopped_engine_from_a_busy_one(redis_url: str, case: str) -> None:
-    stopped_s, silent_s = 1.5, 6.0
+    stopped_s, silent_s = 3.0, 8.0  # stopped_s' least allowed value
     running = threading.Event()
     running.set()
     pulse, reader = _pulse_of(redis_url, running.is_set) if case != "no pulse" else (None, None)
@@ -122,8 +131,8 @@ def test_heartbeat_tells_a_stopped_engine_from_a_busy_one(redis_url: str, case: 
             if case == "stopped":  # as a SIGSTOP does: HTTP and the pulse stop together
                 running.clear()
             took = wait_for(lambda: beat.silent, silent_s + 5, "silent")
-            if case == "stopped":  # no answer and a still pulse: stopped_s (plus a beat)
-                assert took < stopped_s + 2.5, f"a stopped engine was silent only after {took:.1f}s"
+            if case == "stopped":  # no answer and a still pulse: stopped_s (plus two beats)
+                assert took < stopped_s + 3, f"a stopped engine was silent only after {took:.1f}s"
             else:  # busy (its pulse moves) or unknown: waited for silent_s
                 assert took > silent_s - 1.5, f"a {case} engine was silent after {took:.1f}s"
             hung.clear()
@@ -134,21 +143,32 @@ def test_heartbeat_tells_a_stopped_engine_from_a_busy_one(redis_url: str, case: 
                 pulse.stop()
 
 
-def test_a_push_config_refuses_stopped_s_above_silent_s() -> None:
+def test_a_push_config_bounds_stopped_s() -> None:
     with pytest.raises(ValidationError, match="stopped_s"):
-        PushConfig(silent_s=4.0)  # stopped_s' default, 5 s, is above it
-    assert PushConfig(silent_s=4.0, stopped_s=4.0).stopped_s == 4.0
+        PushConfig(silent_s=4.0, stopped_s=5.0)
+    with pytest.raises(ValidationError, match="stopped_s"):
+        PushConfig(stopped_s=2.0)  # under three pulses
+    assert PushConfig(silent_s=4.0).stopped_s == 4.0  # the default follows a smaller silent_s
 
 
-def test_group_running_sees_a_stopped_process_of_the_group() -> None:
-    """The vLLM launcher's pulse stands still while any process of its group is stopped."""
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # its own group
+def test_tree_running_sees_a_stopped_descendant_and_nothing_else() -> None:
+    """The vLLM launcher's pulse stands still while a process under it is stopped (vLLM's API
+    server, its engine core), not while some other process is."""
+    shell = subprocess.Popen(["sh", "-c", "sleep 60; :"])  # sh waits on its child sleep
+    other = subprocess.Popen(["sleep", "60"])  # not under the shell
     try:
-        wait_for(lambda: group_running(proc.pid), 5, "running")
-        proc.send_signal(signal.SIGSTOP)
-        wait_for(lambda: not group_running(proc.pid), 5, "seen stopped")
-        proc.send_signal(signal.SIGCONT)
-        wait_for(lambda: group_running(proc.pid), 5, "seen running again")
+        children = Path(f"/proc/{shell.pid}/task/{shell.pid}/children")
+        wait_for(lambda: children.read_text().split() != [], 5, "the shell's child")
+        [child] = [int(c) for c in children.read_text().split()]
+        other.send_signal(signal.SIGSTOP)
+        wait_for(lambda: Path(f"/proc/{other.pid}/stat").read_text().split(")")[1].split()[0]
+                 == "T", 5, "the other process stopped")  # fmt: skip
+        assert tree_running(shell.pid), "a stopped process outside the tree stilled the pulse"
+        os.kill(child, signal.SIGSTOP)
+        wait_for(lambda: not tree_running(shell.pid), 5, "the stopped descendant seen")
+        os.kill(child, signal.SIGCONT)
+        wait_for(lambda: tree_running(shell.pid), 5, "seen running again")
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in (shell, other):
+            proc.kill()
+            proc.wait()
