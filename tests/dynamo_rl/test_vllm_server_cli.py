@@ -95,9 +95,9 @@ def test_up_refuses_sglang_before_starting_anything(tmp_path: Path) -> None:
     assert not run_dir.exists()
 
 
-HANGING_SERVER = """#!{python}
-# Stands in for a vLLM API server that hangs in its shutdown: /health answers, then the process
-# lives on without serving (what vLLM did after its engine core died).
+STAND_IN = """#!{python}
+# Stands in for a vLLM API server: /health answers; with a number of seconds, it then hangs
+# (the process lives on without serving, what vLLM did in its shutdown after its engine core died).
 import sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -110,21 +110,28 @@ class Health(BaseHTTPRequestHandler):
 port = int(sys.argv[sys.argv.index("--port") + 1])
 server = HTTPServer(("127.0.0.1", port), Health)
 threading.Thread(target=server.serve_forever, daemon=True).start()
-time.sleep(2)
+hang_after = {hang_after}
+time.sleep(hang_after or 1e9)
 server.shutdown(); server.server_close()
 while True:
     time.sleep(1)
 """
 
 
-def test_a_server_that_stops_answering_health_is_stopped(tmp_path: Path) -> None:
+def stand_in(tmp_path: Path, hang_after: float | None) -> Path:
+    """The stand-in as ``engine.vllm.python``."""
     import sys
 
+    script = tmp_path / "python"
+    script.write_text(STAND_IN.format(python=sys.executable, hang_after=hang_after))
+    script.chmod(0o755)
+    return script
+
+
+def test_a_server_that_stops_answering_health_is_stopped(tmp_path: Path) -> None:
     from dynamo_rl.procs import free_port
 
-    script = tmp_path / "python"
-    script.write_text(HANGING_SERVER.format(python=sys.executable))
-    script.chmod(0o755)
+    script = stand_in(tmp_path, hang_after=2)
     result = subprocess.run(
         dynamo_rl_argv("vllm-server", "engine.model=/m", f"engine.port={free_port()}",
                        f"engine.vllm.python={script}", "engine.vllm.unhealthy_exit_s=3",
@@ -135,21 +142,6 @@ def test_a_server_that_stops_answering_health_is_stopped(tmp_path: Path) -> None
     assert "vLLM ready at" in result.stderr and "/health failed for" in result.stderr
 
 
-SERVING_SERVER = """#!{python}
-# Stands in for a vLLM API server: answers /health until stopped.
-import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
-class Health(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def log_message(self, *a):
-        pass
-
-HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
-"""
-
-
 def test_the_pulse_stands_still_while_a_process_of_vllms_is_stopped(
     tmp_path: Path, redis_url: str
 ) -> None:
@@ -157,16 +149,13 @@ def test_the_pulse_stands_still_while_a_process_of_vllms_is_stopped(
     group is stopped: SIGSTOP of the server (a child of the launcher) stills it, SIGCONT lets it
     move on, and the pulse is removed when the launcher stops."""
     import signal
-    import sys
     import time
 
     from dynamo_rl.contracts.engine import read_pulse
     from dynamo_rl.procs import free_port
     from dynamo_rl.redis_client import sync_client
 
-    script = tmp_path / "python"
-    script.write_text(SERVING_SERVER.format(python=sys.executable))
-    script.chmod(0o755)
+    script = stand_in(tmp_path, hang_after=None)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     client = sync_client(redis_url)
