@@ -65,10 +65,42 @@ def tiers_of(eval_result: dict) -> dict[str, dict]:
     return out
 
 
+def start_split(run_dir: Path, last_version: int = 2) -> dict[str, dict]:
+    """Per tier, how often the episodes of RL's first steps (rollouts sampled at weight versions
+    up to ``last_version``, from the run's sample log) were correct when they called the tool and
+    when they answered directly: what the call cost is weighed against. Empty for an arm
+    without rollouts (the SFT control)."""
+    import pyarrow.parquet as pq
+
+    tier_of = {
+        f"{row['data_source']}-{row['extra_info']['index']}": row["extra_info"]["tier"]
+        for row in pq.read_table(run_dir / "data" / "train.parquet").to_pylist()
+    }
+    counts: dict[tuple[str, str], list[int]] = {}
+    for log in sorted((run_dir / "samples").glob("*.jsonl")):
+        for line in log.read_text().splitlines():
+            group = json.loads(line)
+            if group["weight_version"] > last_version:
+                continue
+            tier = tier_of[group["prompt_id"]]
+            for r in group["responses"]:
+                called = any(t["tool_calls"] for t in r["turns"]) or "<tool_call>" in r["text"]
+                c = counts.setdefault((tier, "call" if called else "direct"), [0, 0])
+                c[0] += bool(r["correct"])
+                c[1] += 1
+    out: dict[str, dict] = {}
+    for (tier, how), (right, n) in sorted(counts.items()):
+        out.setdefault(tier, {})[how] = {"episodes": n, "accuracy": round(right / n, 4)}
+    return out
+
+
 def arm_record(run_dir: Path) -> dict:
-    """One arm of one seed: ``agent_recipe.result_of``'s figures and the per-tier ones."""
+    """One arm of one seed: ``agent_recipe.result_of``'s figures, the per-tier ones, and (with
+    rollouts) :func:`start_split`."""
     out = result_of(run_dir)
     out.pop("curve", None)
+    if (run_dir / "samples").is_dir():
+        out["start_split"] = start_split(run_dir)
     for which in ("before", "after"):
         out[f"tiers_{which}"] = tiers_of(json.loads((run_dir / f"eval_{which}.json").read_text()))
     out["call_rate_change"] = {
@@ -117,9 +149,14 @@ def seed_record(seed: int, arms: list[str], runs: Path, quick: bool, overrides: 
             for t in TIERS
             if t in a["call_rate_change"]
         )
+        split = "; ".join(
+            f"{t} at RL's start: " + ", ".join(f"{how} {100 * f['accuracy']:.0f}% of {f['episodes']}"
+                                               for how, f in hows.items())
+            for t, hows in a.get("start_split", {}).items()
+        )  # fmt: skip
         print(f"seed {seed} {arm}: accuracy {100 * a['accuracy_before']:.1f}% -> "
-              f"{100 * a['accuracy_after']:.1f}% ({a['gain_points']:+.1f} points); {rates}",
-              flush=True)  # fmt: skip
+              f"{100 * a['accuracy_after']:.1f}% ({a['gain_points']:+.1f} points); {rates}"
+              + (f"; {split}" if split else ""), flush=True)  # fmt: skip
     return record
 
 

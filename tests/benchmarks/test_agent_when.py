@@ -57,6 +57,39 @@ def test_tiers_of_reads_accuracy_and_call_rate_per_tier(aw) -> None:
     }
 
 
+def test_start_split_counts_calls_and_direct_answers_per_tier_at_rls_start(
+    aw, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "data").mkdir()
+    rows = [{"data_source": "products", "extra_info": {"index": i, "tier": t}}
+            for i, t in enumerate(["easy", "hard"])]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data" / "train.parquet")
+
+    def response(correct: bool, calls: int, text: str = "") -> dict:
+        return {"correct": correct, "text": text,
+                "turns": [{"tool_calls": [{"name": "calculator"}] * calls}]}  # fmt: skip
+
+    groups = [
+        {"prompt_id": "products-0", "weight_version": 0, "responses": [
+            response(True, 1), response(False, 0), response(True, 0), response(False, 0)]},
+        {"prompt_id": "products-1", "weight_version": 2, "responses": [
+            response(True, 1), response(False, 0, "<tool_call>{unclosed")]},  # a malformed call
+        {"prompt_id": "products-1", "weight_version": 3, "responses": [response(True, 0)]},
+    ]  # fmt: skip
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "worker0.jsonl").write_text(
+        "\n".join(json.dumps(g) for g in groups) + "\n"
+    )
+    assert aw.start_split(tmp_path) == {
+        "easy": {"call": {"episodes": 1, "accuracy": 1.0},
+                 "direct": {"episodes": 3, "accuracy": round(1 / 3, 4)}},
+        "hard": {"call": {"episodes": 2, "accuracy": 0.5}},  # version 3 is past RL's start
+    }  # fmt: skip
+
+
 @pytest.mark.slow
 def test_quick_run_writes_one_record_per_seed_with_all_three_arms(aw, tmp_path: Path) -> None:
     out = tmp_path / "quick.json"
@@ -71,6 +104,7 @@ def test_quick_run_writes_one_record_per_seed_with_all_three_arms(aw, tmp_path: 
             assert set(r[f"tiers_{which}"]) == {"easy", "hard"}
             assert all(t["tool_call_rate"] is not None for t in r[f"tiers_{which}"].values())
         assert set(r["call_rate_change"]) == {"easy", "hard"}
+        assert ("start_split" in r) == (name != "sft")  # the SFT control samples no rollouts
     runs = tmp_path / "runs"
     # RL trained 2 steps; the SFT control trained none of RL's but its own sft run, at RL's
     # compute (2 steps of 4 x 4 rows), and the engines served its weights (version 1).
