@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/agent_when.py                  # seeds 0..4, one run at a time
     .venv/bin/python benchmarks/agent_when.py --seeds 0 --arms rl
     .venv/bin/python benchmarks/agent_when.py --quick          # smoke run (tiny settings)
+    .venv/bin/python benchmarks/agent_when.py --done-only      # summarise the finished runs only
 
 Three arms per seed, each one ``dynamo-rl up --config configs/agent_when.yaml run.seed=N`` (the
 same task, model, warm start and evaluation: ``up.eval``, 500 held-out questions x 4 samples in
@@ -136,11 +137,17 @@ def summarise(records: list[dict], arms: list[str]) -> dict:
     return out
 
 
-def seed_record(seed: int, arms: list[str], runs: Path, quick: bool, overrides: list[str]) -> dict:
-    """One seed: each arm run (unless done) and read, a line printed per arm."""
+def seed_record(
+    seed: int, arms: list[str], runs: Path, quick: bool, overrides: list[str], done_only: bool
+) -> dict:
+    """One seed: each arm run (unless done; with ``done_only`` an arm not done is left out of
+    the record) and read, a line printed per arm."""
     record: dict = {"seed": seed}
     for arm in arms:
         run_dir = runs / f"{arm}-seed{seed}"
+        if done_only and not (run_dir / "summary.json").exists():
+            print(f"seed {seed} {arm}: not run ({run_dir} has no summary.json)", flush=True)
+            continue
         run_up(run_dir, arm, seed, quick, CONFIG, [*overrides, *ARMS[arm]])
         record[arm] = a = arm_record(run_dir)
         rates = ", ".join(
@@ -167,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default="runs/agent-when", help="folder of the run folders")
     p.add_argument("--out", help="result JSON (see above for the default)")
     p.add_argument("--quick", action="store_true", help="tiny smoke settings")
+    p.add_argument("--done-only", action="store_true",
+                   help="run nothing: read the finished runs, leave the others out")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="config overrides for every arm (key=value)")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -175,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--arms: unknown {', '.join(unknown)}; allowed: {', '.join(ARMS)}")
     runs = Path(args.runs).resolve()
-    records = [seed_record(seed, arms, runs, args.quick, args.overrides) for seed in seeds]
+    records = [
+        seed_record(seed, arms, runs, args.quick, args.overrides, args.done_only) for seed in seeds
+    ]
     summary = summarise(records, arms)
     doc = {
         "command": "dynamo-rl up --config configs/agent_when.yaml run.seed=N "

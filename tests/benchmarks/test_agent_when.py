@@ -90,6 +90,11 @@ def test_start_split_counts_calls_and_direct_answers_per_tier_at_rls_start(
     }  # fmt: skip
 
 
+def test_done_only_leaves_out_an_arm_that_did_not_finish(aw, tmp_path: Path) -> None:
+    (tmp_path / "rl-seed0").mkdir()  # started, never finished: no summary.json
+    assert aw.seed_record(0, ["rl", "sft"], tmp_path, False, [], done_only=True) == {"seed": 0}
+
+
 @pytest.mark.slow
 def test_quick_run_writes_one_record_per_seed_with_all_three_arms(aw, tmp_path: Path) -> None:
     out = tmp_path / "quick.json"
