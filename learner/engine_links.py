@@ -8,7 +8,7 @@ alone: a version read that does not answer leaves the engine out of the push at 
 abandoned mid-transfer is released on a thread (:func:`release_when_done`), never by the caller.
 While a push is under way every engine in it is watched (:class:`Heartbeat`, ``GET /health``): one
 that stops answering (stopped with SIGSTOP, a hung host) is left out within
-``learner.push.stopped_s`` plus a beat when its pulse in Redis stands still too (else
+``learner.push.stopped_s`` plus a beat or two when its pulse in Redis stands still too (else
 ``learner.push.silent_s``: busy, not stopped), wherever the push is, rather than at
 ``push.timeout_s``.
 """
