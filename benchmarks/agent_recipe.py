@@ -170,7 +170,8 @@ def result_of(run_dir: Path) -> dict:
     load = json.loads(load_path.read_text()) if load_path.exists() else []
     points = curve(run_dir)
     out = {
-        "run_dir": str(run_dir),
+        # Relative to the repository when inside it: the JSON is committed.
+        "run_dir": str(run_dir.relative_to(REPO) if run_dir.is_relative_to(REPO) else run_dir),
         "accuracy_before": summary["accuracy_before"],
         "accuracy_after": summary["accuracy_after"],
         "gain_points": round(100 * (summary["accuracy_after"] - summary["accuracy_before"]), 2),
