@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from agent_recipe import out_path, result_of, run_up, write_doc  # noqa: E402 - one way to run and read an up run
+from agent_recipe import failed_warm_start, out_path, result_of, run_up, write_doc  # noqa: E402 - one way to run and read an up run
 from agent_when import tiers_of  # noqa: E402 - per-tier figures of an evaluation
 
 CONFIG = REPO / "configs" / "agent_code.yaml"
@@ -56,7 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = out_path(args.out, args.quick, "agent_code")
     run_dir = Path(args.runs).resolve() / f"code-seed{args.seed}"
+    doc = {
+        "command": f"dynamo-rl up --config configs/agent_code.yaml run.seed={args.seed}",
+        "quick": args.quick,
+        "overrides": args.overrides,
+        "cpus": os.cpu_count(),
+    }
     run_up(run_dir, "code", args.seed, args.quick, CONFIG, args.overrides)
+    failed = failed_warm_start(run_dir)
+    if failed is not None:
+        print(f"code seed {args.seed}: the warm start failed its check: {failed['error']}; "
+              f"checks {failed.get('checks')}", flush=True)  # fmt: skip
+        write_doc(out, {**doc, "record": {"warm_start_failed": failed}})
+        return 1
     record = result_of(run_dir)
     record.pop("curve", None)
     for which in ("before", "after"):
@@ -69,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{t['tool_calls_mean']:.2f} calls per episode, "
               f"{100 * t['tool_error_rate']:.1f}% of calls failed", flush=True)  # fmt: skip
     doc = {
-        "command": f"dynamo-rl up --config configs/agent_code.yaml run.seed={args.seed}",
-        "quick": args.quick,
-        "overrides": args.overrides,
-        "cpus": os.cpu_count(),
+        **doc,
         "note": "episodes/s: dynamo-rl eval's episodes over its wall time (generation, cells in "
         "the reward service's sandbox, verification), on a machine shared with other jobs "
         "(load_average_1m)",

@@ -81,9 +81,12 @@ def run_up(
     overrides: Sequence[str] = (),
 ) -> list[float]:
     """One ``dynamo-rl up`` run (blocking) of ``config`` (default the recipe's) with
-    ``overrides`` last, unless ``run_dir`` holds a finished run (its ``summary.json``); the
-    1-minute load average sampled while it ran ([] when it did not run)."""
-    if (run_dir / "summary.json").exists():
+    ``overrides`` last, unless ``run_dir`` holds a finished run (its ``summary.json``) or one
+    whose warm start failed its check (:func:`failed_warm_start`; delete the folder to run it
+    again); the 1-minute load average sampled while it ran ([] when it did not run). A run
+    that fails otherwise raises SystemExit; one whose warm start fails its check does not (the
+    caller reads it with :func:`failed_warm_start`)."""
+    if (run_dir / "summary.json").exists() or failed_warm_start(run_dir) is not None:
         return []
     print(f"{recipe} seed {seed}: running {run_dir}", flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +109,7 @@ def run_up(
         while proc.poll() is None:
             load.append(round(os.getloadavg()[0], 1))
             time.sleep(2)
-    if proc.returncode != 0:
+    if proc.returncode != 0 and failed_warm_start(run_dir) is None:
         raise SystemExit(f"{recipe} seed {seed}: up exited {proc.returncode}; see {run_dir}/up.log")
     (run_dir / "load.json").write_text(json.dumps(load))
     return load
@@ -160,6 +163,22 @@ def warm_start_of(run_dir: Path) -> dict:
     steps, evals = found
     checks = [{"step": r["step"], "greedy_exact": round(r["eval_exact"], 3)} for r in evals]
     return {"steps": steps, "checks": checks}
+
+
+WARM_START_FAILED = "error: up.warm_start:"
+"""How ``up`` reports a warm start that stayed below its check after every extension."""
+
+
+def failed_warm_start(run_dir: Path) -> dict | None:
+    """A run that ``up`` stopped because its warm start failed its check: ``up``'s error line
+    with the warm start's checks (None for a run that did not end that way)."""
+    log = run_dir / "up.log"
+    if (run_dir / "summary.json").exists() or not log.exists():
+        return None
+    for line in log.read_text().splitlines():
+        if WARM_START_FAILED in line:
+            return {"error": line.split(WARM_START_FAILED, 1)[1].strip(), **warm_start_of(run_dir)}
+    return None
 
 
 def result_of(run_dir: Path) -> dict:

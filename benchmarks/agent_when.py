@@ -39,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from agent_recipe import out_path, result_of, run_up, write_doc  # noqa: E402 - one way to run and read an up run
+from agent_recipe import failed_warm_start, out_path, result_of, run_up, write_doc  # noqa: E402 - one way to run and read an up run
 from sample_efficiency import paired  # noqa: E402 - the paired-by-seed interval
 
 CONFIG = REPO / "configs" / "agent_when.yaml"
@@ -145,10 +145,19 @@ def seed_record(
     record: dict = {"seed": seed}
     for arm in arms:
         run_dir = runs / f"{arm}-seed{seed}"
-        if done_only and not (run_dir / "summary.json").exists():
-            print(f"seed {seed} {arm}: not run ({run_dir} has no summary.json)", flush=True)
+        if "warm_start_failed" in record and not (run_dir / "summary.json").exists():
+            print(f"seed {seed} {arm}: not run (the seed's warm start failed its check)")
             continue
-        run_up(run_dir, arm, seed, quick, CONFIG, [*overrides, *ARMS[arm]])
+        if not done_only:
+            run_up(run_dir, arm, seed, quick, CONFIG, [*overrides, *ARMS[arm]])
+        if not (run_dir / "summary.json").exists():
+            failed = failed_warm_start(run_dir)
+            # The arms of a seed share its warm start: it failed for each of them.
+            if failed is not None:
+                record["warm_start_failed"] = failed
+            print(f"seed {seed} {arm}: not run to the end ({run_dir}: "
+                  f"{failed['error'] if failed else 'no summary.json'})", flush=True)  # fmt: skip
+            continue
         record[arm] = a = arm_record(run_dir)
         rates = ", ".join(
             f"{t} calls {a['tiers_before'][t]['tool_call_rate']:.2f}->"

@@ -95,6 +95,17 @@ def test_done_only_leaves_out_an_arm_that_did_not_finish(aw, tmp_path: Path) -> 
     assert aw.seed_record(0, ["rl", "sft"], tmp_path, False, [], done_only=True) == {"seed": 0}
 
 
+def test_a_seed_whose_warm_start_failed_its_check_is_recorded_as_such(aw, tmp_path: Path) -> None:
+    error = "still below up.warm_start.min_tier_accuracy (0.3) after 1000 steps"
+    run = tmp_path / "rl-seed3"
+    run.mkdir()
+    (run / "up.log").write_text(f"[  1.0s] warm start step 1/600\n[ 2.0s] error: up.warm_start: "
+                                f"{error}\n")  # fmt: skip
+    record = aw.seed_record(3, ["rl", "sft"], tmp_path, False, [], done_only=True)
+    assert record == {"seed": 3, "warm_start_failed": {"error": error}}
+    assert aw.summarise([record], ["rl", "sft"])["rl_gain_points"]["n"] == 0
+
+
 @pytest.mark.slow
 def test_quick_run_writes_one_record_per_seed_with_all_three_arms(aw, tmp_path: Path) -> None:
     out = tmp_path / "quick.json"
