@@ -42,7 +42,10 @@ def test_generation_spanning_a_push_carries_both_versions(
 
     # One push object for the whole test, as a learner keeps one: its group with the server is
     # formed by the first push, so the later ones pause the server within milliseconds of the
-    # request's start (a new group per push took longer than an idle server's 400 tokens).
+    # request's start (a new group per push took longer than an idle server's 400 tokens). The
+    # push starts once the server has generated tokens (its generation-token counter moved):
+    # started as soon as the request was sent, it paused the server before the request began
+    # on an idle machine here, 6 attempts in 6, and the whole response came from the new weights.
     pusher = DistributedPush(master_address="127.0.0.1", bucket_mb=256.0,
                              timeout_s=PUSH_TIMEOUT_S, protocol=VLLMWeights(pause_mode="abort"))  # fmt: skip
 
@@ -57,7 +60,7 @@ def test_generation_spanning_a_push_carries_both_versions(
     try:
         sample, by_version = generate_across_push(
             server.url, PROMPT, policies, push, weight_api="vllm", first_version=base,
-            running_metric=None, max_tokens=400, tolerance=1e-3,
+            running_metric="vllm:generation_tokens_total", max_tokens=400, tolerance=1e-3,
         )  # fmt: skip
     finally:
         try:
