@@ -125,28 +125,30 @@ def record_history(cfg: ExperimentConfig, local: str) -> History | None:
     return scraped.record_run(cfg.run, str(cfg.engine.port))
 
 
+def _children(pid: int) -> list[int]:
+    """The children of ``pid`` (of each of its threads), from ``/proc`` ([] once it ended)."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
 def tree_running(root: int) -> bool:
     """Whether no process under ``root`` (its children, theirs, ...) is stopped (SIGSTOP, or
-    stopped by a tracer), read from ``/proc`` (where there is none, True: the pulse cannot
-    tell)."""
-    children: dict[int, list[int]] = {}
-    states: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses.
-            head, tail = stat.read_text().rsplit(")", 1)
-            state, ppid = tail.split()[:2]
-            pid = int(head.split(" (", 1)[0])
-        except (OSError, ValueError):
-            continue  # the process ended while we looked
-        states[pid] = state
-        children.setdefault(int(ppid), []).append(pid)
-    todo = list(children.get(root, []))
+    stopped by a tracer), read from ``/proc``: only the tree's own entries, once a second."""
+    todo = _children(root)
     while todo:
         pid = todo.pop()
-        if states.get(pid) in ("T", "t"):
+        try:
+            # pid (comm) state ...: comm may hold spaces and parentheses.
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if state in ("T", "t"):
             return False
-        todo.extend(children.get(pid, []))
+        todo += _children(pid)
     return True
 
 
