@@ -5,7 +5,6 @@ config, and the refusals that come before anything starts. The server itself run
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -145,15 +144,15 @@ def test_a_server_that_stops_answering_health_is_stopped(tmp_path: Path) -> None
 def test_the_pulse_stands_still_while_a_process_of_vllms_is_stopped(
     tmp_path: Path, redis_url: str
 ) -> None:
-    """The launcher registers the server and raises its pulse in Redis while no process of its
-    group is stopped: SIGSTOP of the server (a child of the launcher) stills it, SIGCONT lets it
+    """The launcher registers the server and raises its pulse in Redis while no process under
+    it is stopped: SIGSTOP of the server (a child of the launcher) stills it, SIGCONT lets it
     move on, and the pulse is removed when the launcher stops."""
-    import signal
     import time
 
     from dynamo_rl.contracts.engine import read_pulse
     from dynamo_rl.procs import free_port
     from dynamo_rl.redis_client import sync_client
+    from tests.reliability.helpers import frozen, process_tree
 
     script = stand_in(tmp_path, hang_after=None)
     port = free_port()
@@ -176,23 +175,22 @@ def test_the_pulse_stands_still_while_a_process_of_vllms_is_stopped(
     try:
         first = pulse_after(0, 60)
         pulse_after(first, 5)  # it moves
-        [server] = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        os.kill(int(server), signal.SIGSTOP)
-        # A pulse raised before the launcher saw the stop may still land: from the first
-        # unchanged read 1.5 s apart, the pulse must then stand still for three pulses' time.
-        still, deadline = read_pulse(client, "pulse", url), time.monotonic() + 10
-        while True:
-            time.sleep(1.5)
-            now = read_pulse(client, "pulse", url)
-            if now == still:
-                break
-            assert time.monotonic() < deadline, "the pulse kept moving while vLLM was stopped"
-            still = now
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
-            assert read_pulse(client, "pulse", url) == still, "the pulse moved while stopped"
-            time.sleep(0.1)
-        os.kill(int(server), signal.SIGCONT)
+        [_, server] = process_tree(proc.pid)  # the launcher and its server
+        with frozen([server]):  # continued whatever happens
+            # A pulse raised before the launcher saw the stop may still land: from the first
+            # unchanged read 1.5 s apart, the pulse must then stand still for three pulses' time.
+            still, deadline = read_pulse(client, "pulse", url), time.monotonic() + 10
+            while True:
+                time.sleep(1.5)
+                now = read_pulse(client, "pulse", url)
+                if now == still:
+                    break
+                assert time.monotonic() < deadline, "the pulse kept moving while vLLM was stopped"
+                still = now
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                assert read_pulse(client, "pulse", url) == still, "the pulse moved while stopped"
+                time.sleep(0.1)
         pulse_after(still or 0, 5)
     finally:
         proc.terminate()

@@ -10,7 +10,6 @@ pulse is judged by ``silent_s`` alone.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import threading
@@ -29,6 +28,7 @@ from dynamo_rl.keys import engine_pulse_key
 from dynamo_rl.redis_client import sync_client
 from learner.engine_links import Heartbeat
 from services.engine.vllm_server import tree_running
+from tests.reliability.helpers import frozen, process_tree, send_signal
 
 NS = "pulse-test"
 URL = "http://10.0.0.7:8000"
@@ -157,18 +157,17 @@ def test_tree_running_sees_a_stopped_descendant_and_nothing_else() -> None:
     shell = subprocess.Popen(["sh", "-c", "sleep 60; :"])  # sh waits on its child sleep
     other = subprocess.Popen(["sleep", "60"])  # not under the shell
     try:
-        children = Path(f"/proc/{shell.pid}/task/{shell.pid}/children")
-        wait_for(lambda: children.read_text().split() != [], 5, "the shell's child")
-        [child] = [int(c) for c in children.read_text().split()]
-        other.send_signal(signal.SIGSTOP)
+        wait_for(lambda: len(process_tree(shell.pid)) == 2, 5, "the shell's child")
+        [_, child] = process_tree(shell.pid)
+        send_signal([other.pid], signal.SIGSTOP)
         wait_for(lambda: Path(f"/proc/{other.pid}/stat").read_text().split(")")[1].split()[0]
                  == "T", 5, "the other process stopped")  # fmt: skip
         assert tree_running(shell.pid), "a stopped process outside the tree stilled the pulse"
-        os.kill(child, signal.SIGSTOP)
-        wait_for(lambda: not tree_running(shell.pid), 5, "the stopped descendant seen")
-        os.kill(child, signal.SIGCONT)
+        with frozen([child]):
+            wait_for(lambda: not tree_running(shell.pid), 5, "the stopped descendant seen")
         wait_for(lambda: tree_running(shell.pid), 5, "seen running again")
     finally:
+        send_signal([other.pid], signal.SIGCONT)
         for proc in (shell, other):
             proc.kill()
             proc.wait()

@@ -90,15 +90,13 @@ def _two_engines(
     ports = [free_port(), free_port()]
     procs = [_engine(model_dir, tmp_path / f"engine{i}.log", p, redis_url)
              for i, p in enumerate(ports)]  # fmt: skip
-    if redis_url is None:
-        push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
-                               protocol=weight_protocol("vllm"), silent_s=5.0)  # fmt: skip
-    else:
+    limits: dict = {"silent_s": 5.0}
+    if redis_url is not None:
         defaults = PushConfig()
-        reader = functools.partial(read_pulse, sync_client(redis_url, timeout_s=2.0), NS)
-        push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
-                               protocol=weight_protocol("vllm"), silent_s=defaults.silent_s,
-                               stopped_s=defaults.stopped_s, pulse=reader)  # fmt: skip
+        limits = {"silent_s": defaults.silent_s, "stopped_s": defaults.stopped_s,
+                  "pulse": functools.partial(read_pulse, sync_client(redis_url), NS)}  # fmt: skip
+    push = DistributedPush(master_address="127.0.0.1", bucket_mb=16.0, timeout_s=TIMEOUT_S,
+                           protocol=weight_protocol("vllm"), **limits)  # fmt: skip
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     return model_dir, load_policy(str(model_dir)), ports, urls, procs, push
 
