@@ -85,7 +85,8 @@ def start_split(run_dir: Path, last_version: int = 2) -> dict[str, dict]:
                 continue
             tier = tier_of[group["prompt_id"]]
             for r in group["responses"]:
-                called = any(t["tool_calls"] for t in r["turns"]) or "<tool_call>" in r["text"]
+                # As the evaluation counts calls: a malformed one has its record too.
+                called = any(t["tool_calls"] for t in r["turns"])
                 c = counts.setdefault((tier, "call" if called else "direct"), [0, 0])
                 c[0] += bool(r["correct"])
                 c[1] += 1

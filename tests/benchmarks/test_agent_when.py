@@ -76,7 +76,7 @@ def test_start_split_counts_calls_and_direct_answers_per_tier_at_rls_start(
         {"prompt_id": "products-0", "weight_version": 0, "responses": [
             response(True, 1), response(False, 0), response(True, 0), response(False, 0)]},
         {"prompt_id": "products-1", "weight_version": 2, "responses": [
-            response(True, 1), response(False, 0, "<tool_call>{unclosed")]},  # a malformed call
+            response(True, 1), response(False, 1, "<tool_call>{unclosed")]},  # a malformed call
         {"prompt_id": "products-1", "weight_version": 3, "responses": [response(True, 0)]},
     ]  # fmt: skip
     (tmp_path / "samples").mkdir()
