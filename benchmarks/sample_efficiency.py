@@ -11,7 +11,15 @@ starts from the same warm-started checkpoint; each step is one on-policy update.
                     the GRPO advantages before the loss, per micro-batch as in the learner;
 - ``dynamo``        both (allocation and aggregation as in ``alloc``, modulation as in ``mod``);
 - ``dynamo-wl-std`` both, allocator scheme ``water-level`` with priority ``std`` (n ∝ σ);
-- ``dynamo-decay``  both, statistics decay ``--decay`` (default 0.9).
+- ``dynamo-decay``  both, statistics decay ``--decay`` (default 0.9);
+- ``uniform``       uniform n like ``grpo`` but under prompt-mean: the control for allocation alone
+                    (``--baseline uniform`` pairs every method with it);
+- ``alloc-wide``    ``alloc`` in the range 2..2n instead of ``--n-min``..``--n-max``;
+- ``grad``          allocation method ``grad`` (n ∝ the gradient spread each prompt's last group
+                    gave, measured in this loop's own backward as the learner measures it;
+                    ``learner/algorithms/gradstats.py``), no modulation, prompt-mean;
+- ``grad-wide``     ``grad`` in the range 2..2n; ``grad-wide-hl16`` the same with
+                    ``grad_half_life`` 16 instead of the allocator's 4.
 
 The summary gives, per method, 95% Student-t intervals over seeds of the final accuracy, of the
 rollouts to the target (over the seeds that reached it) and of the paired differences to GRPO seed
@@ -68,6 +76,16 @@ class MethodSpec:
     scheme: str = "reference"
     priority: str = "variance"
     decay: float = 1.0
+    method: str = "dra"
+    """The allocator's method (``allocator.method``): dra, or grad on the statistic this loop
+    measures in its own backward, as the learner does."""
+    wide: bool = False
+    """Range 2..2n instead of ``n_min``..``n_max`` (``grad_variance.py``'s ``-wide``)."""
+    agg: str | None = None
+    """Loss aggregation; None: ``alloc_agg`` when the method allocates, else token-mean."""
+    half_life: float = 4.0
+    """grad: ``allocator.grad_half_life`` (default the allocator's). A prompt's statistic is
+    ``train_prompts / batch_size`` weight versions old when the prompt comes round again."""
 
 
 def method_specs(decay: float) -> dict[str, MethodSpec]:
@@ -80,12 +98,29 @@ def method_specs(decay: float) -> dict[str, MethodSpec]:
             allocate=True, modulate=True, scheme="water-level", priority="std"
         ),
         "dynamo-decay": MethodSpec(allocate=True, modulate=True, decay=decay),
+        # Allocation alone under the recipe's prompt-mean, against uniform n under the same
+        # weighting (issue: allocation that follows the gradient).
+        "uniform": MethodSpec(allocate=False, modulate=False, agg="prompt-mean"),
+        "alloc-wide": MethodSpec(allocate=True, modulate=False, wide=True),
+        "grad": MethodSpec(allocate=True, modulate=False, method="grad"),
+        "grad-wide": MethodSpec(allocate=True, modulate=False, method="grad", wide=True),
+        "grad-wide-hl16": MethodSpec(
+            allocate=True, modulate=False, method="grad", wide=True, half_life=16.0
+        ),
     }
 
 
 def method_agg(spec: MethodSpec, s: Settings) -> str:
-    """The loss aggregation of a method: ``s.alloc_agg`` when it allocates, else token-mean."""
+    """The loss aggregation of a method: its own, else ``s.alloc_agg`` when it allocates, else
+    token-mean."""
+    if spec.agg is not None:
+        return spec.agg
     return s.alloc_agg if spec.allocate else "token-mean"
+
+
+def method_bounds(spec: MethodSpec, s: Settings) -> tuple[int, int]:
+    """(n_min, n_max) of a method that allocates: 2..2n when ``wide``, else the settings'."""
+    return (2, 2 * s.n) if spec.wide else (s.n_min, s.n_max)
 
 
 @dataclass
@@ -378,6 +413,7 @@ def accumulate_gradients(
     *,
     old_logp=None,
     is_weights=None,
+    response_norms=None,
 ) -> dict[str, float]:
     """One RL update's backward passes, as the learner does them: GRPO advantages over the whole
     batch, then per micro-batch of ``micro_batch`` rows a forward pass (logits divided by the
@@ -392,10 +428,17 @@ def accumulate_gradients(
     IS weights (None: no correction). The rows must hold their groups whole (the learner's
     mini-batches do). Leaves the gradients in ``model``; returns token-weighted means of the
     modulation factors (with modulation), the clip fractions and the policy's entropy.
+
+    ``response_norms`` (a ``[B]`` tensor): filled with each response's gradient statistic s_j as
+    the learner measures it in the same backward (``learner/algorithms/gradstats.py``: the output
+    layer's ghost norms from a hook on the LM head's forward, times |∂loss/∂logp| from a hook on
+    the log-probs, times the normaliser).
     """
     import torch
 
     from learner.algorithms import group_token_counts, grpo_advantages
+    from learner.algorithms.gradstats import output_ghost_norms, response_grad_norms
+    from learner.grad_report import lm_head_of
     from learner.objective import ObjectiveInputs, loss_aggregation, rl_objective
 
     gids = torch.tensor(group_of)
@@ -407,9 +450,33 @@ def accumulate_gradients(
     else:
         norm = float(rmask.sum().clamp(min=1))  # token-mean over the whole batch
     sums: dict[str, float] = {}
+    width = prompt_attn.shape[1]
+    ghosts: list = []
+    hook = None
+    if response_norms is not None:
+        # In the LM head's forward hook, as the learner: the logits are divided by the
+        # temperature in place right after it.
+        def on_head(_m, args, out) -> None:
+            tokens = seq[lo : lo + out.shape[0], width:]
+            hidden = args[0].detach()[:, width - 1 : -1].float()
+            tau = torch.full((out.shape[0],), temperature if temperature > 0 else 1.0)
+            ghosts.append(
+                output_ghost_norms(
+                    out.detach()[:, width - 1 : -1], tokens, hidden.norm(dim=-1), tau
+                )
+            )
+
+        hook = lm_head_of(model).register_forward_hook(on_head)
     for lo in range(0, len(group_of), micro_batch):
         sl = slice(lo, lo + micro_batch)
         logp, ent = forward_logp(model, seq[sl], prompt_attn[sl], rmask[sl], temperature)
+        if response_norms is not None:
+            ghost = ghosts.pop()
+
+            def on_grad(grad, ghost=ghost, sl=sl) -> None:
+                response_norms[sl] = response_grad_norms(grad.detach(), ghost, rmask[sl], norm)
+
+            logp.register_hook(on_grad)
         out = rl_objective(
             ObjectiveInputs(
                 logp=logp,
@@ -429,6 +496,8 @@ def accumulate_gradients(
         metrics["entropy"] = float((ent.detach() * rmask[sl]).sum()) / max(ntok, 1.0)
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v * ntok
+    if hook is not None:
+        hook.remove()
     total = float(rmask.sum().clamp(min=1))
     return {k: v / total for k, v in sums.items()}
 
@@ -449,9 +518,10 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
     import numpy as np
     import torch
 
-    from allocator.algorithm import allocate_rollouts
+    from allocator.algorithm import GradStats, allocate_rollouts
     from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
     from dynamo_rl.contracts.allocator import AllocationParams
+    from learner.algorithms.gradstats import group_grad_stats
 
     torch.set_num_threads(1)
     spec = method_specs(s.decay)[method]
@@ -471,6 +541,11 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
     rng = np.random.default_rng(seed)  # prompt order: a function of the seed only
     samples = np.zeros(len(rl_pool))
     successes = np.zeros(len(rl_pool))
+    # The learner's statistics per prompt (method grad): spread at its last visit (NaN: never
+    # measured), the step whose update measured it, and its zero-advantage streak.
+    spread = np.full(len(rl_pool), np.nan)
+    measured_at = np.zeros(len(rl_pool))
+    streak = np.zeros(len(rl_pool))
     order: list[int] = []
     curve = []
     log = []
@@ -488,9 +563,15 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
         )
 
     record(0, eval_rows)
-    shared = ("n_min", "n_max", "initial_budget", "mastery_threshold", "min_priority")
+    n_min, n_max = method_bounds(spec, s)
     params = AllocationParams(
-        priority=spec.priority, scheme=spec.scheme, **{name: getattr(s, name) for name in shared}
+        priority=spec.priority,
+        scheme=spec.scheme,
+        method=spec.method,
+        grad_half_life=spec.half_life,
+        n_min=n_min,
+        n_max=n_max,
+        **{k: getattr(s, k) for k in ("initial_budget", "mastery_threshold", "min_priority")},
     )
     for step in range(1, s.steps + 1):
         if len(order) < s.batch_size:
@@ -498,7 +579,11 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
         batch, order = order[: s.batch_size], order[s.batch_size :]
         budget = s.batch_size * s.n
         if spec.allocate:
-            counts = allocate_rollouts(samples[batch], successes[batch], budget, params).tolist()
+            # A statistic measured by step t's update is (step − t) weight versions old now.
+            grad = GradStats(spread[batch], step - measured_at[batch], streak[batch])
+            counts = allocate_rollouts(
+                samples[batch], successes[batch], budget, params, grad=grad
+            ).tolist()
         else:
             counts = [s.n] * s.batch_size
         assert sum(counts) == budget
@@ -529,9 +614,26 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
 
         model.train()
         opt.zero_grad(set_to_none=True)
+        norms = torch.zeros(len(group_of)) if spec.method == "grad" else None
         stats = accumulate_gradients(
-            model, seq, prompt_attn, rmask, rewards, group_of, algo, s.micro_batch, s.temperature
+            model,
+            seq,
+            prompt_attn,
+            rmask,
+            rewards,
+            group_of,
+            algo,
+            s.micro_batch,
+            s.temperature,
+            response_norms=norms,
         )
+        if norms is not None:  # what the learner reports to the allocator after its step
+            groups, _, spreads = group_grad_stats(norms, torch.tensor(group_of))
+            for g, sp in zip(groups.tolist(), spreads.tolist(), strict=True):
+                i = batch[g]
+                r = rewards[[j for j, gg in enumerate(group_of) if gg == g]]
+                spread[i], measured_at[i] = sp, step
+                streak[i] = streak[i] + 1 if bool((r == r[0]).all()) else 0
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
         opt.step()
         log.append(
@@ -540,6 +642,7 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
                 "rollouts": consumed,
                 "reward": float(rewards.mean()),
                 "zero_adv_groups": zero_groups,
+                "counts": counts,
                 "counts_min": min(counts),
                 "counts_max": max(counts),
                 "grad_norm": gnorm,
@@ -618,27 +721,39 @@ def paired(a: dict[int, float | None], b: dict[int, float | None]) -> dict[str, 
     return {**t_interval([a[k] - b[k] for k in seeds]), "seeds": seeds}
 
 
-def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: float) -> dict:
+def summarise(
+    runs: list[dict], methods: list[str], metric: str, target_frac: float, baseline: str = "grpo"
+) -> dict:
+    """Per method: final accuracy, rollouts to the target and the paired differences to
+    ``baseline`` seed by seed; the target is start + ``target_frac`` × the baseline's mean gain."""
     import numpy as np
 
     by = {
         m: sorted((r for r in runs if r["method"] == m), key=lambda r: r["seed"]) for m in methods
     }
-    x = [p["rollouts"] for p in by["grpo"][0]["curve"]]
+    x = [p["rollouts"] for p in by[baseline][0]["curve"]]
     mean = {m: np.mean([[p[metric] for p in r["curve"]] for r in by[m]], axis=0) for m in methods}
     start = float(np.mean([mean[m][0] for m in methods]))
-    grpo_final = float(mean["grpo"][-1])
-    # No target when GRPO's seed-mean curve did not gain: "rollouts to reach a loss" means nothing.
-    target = start + target_frac * (grpo_final - start) if grpo_final > start else None
+    base_final = float(mean[baseline][-1])
+    # No target when the baseline's seed-mean curve did not gain: "rollouts to reach a loss"
+    # means nothing.
+    target = start + target_frac * (base_final - start) if base_final > start else None
+
+    def per_seed_reach(r: dict) -> float | None:
+        return rollouts_to_reach(x, [p[metric] for p in r["curve"]], target)
+
+    base_reach = {r["seed"]: per_seed_reach(r) for r in by[baseline]}
     table = {}
-    base = rollouts_to_reach(x, list(mean["grpo"]), target)
+    base = rollouts_to_reach(x, list(mean[baseline]), target)
     for m in methods:
         finals = [r["final_full"][metric] for r in by[m]]
         reach = rollouts_to_reach(x, list(mean[m]), target)
-        per_seed = [rollouts_to_reach(x, [p[metric] for p in r["curve"]], target) for r in by[m]]
+        per_seed = [per_seed_reach(r) for r in by[m]]
         zero = [r["zero_adv_rollouts"] / r["rollouts"] for r in by[m]]
         seeds = [r["seed"] for r in by[m]]
         reached = [x for x in per_seed if x is not None]
+        mine = dict(zip(seeds, per_seed, strict=True))
+        both = [k for k in seeds if mine[k] is not None and base_reach.get(k)]
         table[m] = {
             "seeds": seeds,
             "final_mean": float(np.mean(finals)),
@@ -646,31 +761,36 @@ def summarise(runs: list[dict], methods: list[str], metric: str, target_frac: fl
             "final_per_seed": finals,
             "auc_mean": float(np.mean(mean[m])),
             "rollouts_to_target": reach,
-            "ratio_to_grpo": (reach / base) if reach is not None and base else None,
+            "ratio_to_baseline": (reach / base) if reach is not None and base else None,
             "rollouts_to_target_per_seed": per_seed,
             "zero_adv_share_mean": float(np.mean(zero)),
             "zero_adv_share_per_seed": zero,
             # Intervals over seeds (95% Student t). Rollouts to target: over the seeds that
-            # reached it (``reached`` of them); paired: this method − GRPO, seed by seed.
+            # reached it (``reached`` of them); paired: this method − the baseline (or ÷ it),
+            # seed by seed, over the seeds where both are defined.
             "final_ci": t_interval(finals),
             "rollouts_to_target_ci": {**t_interval(reached), "reached": len(reached)},
             "paired_final_diff": paired(
                 dict(zip(seeds, finals, strict=True)),
-                {r["seed"]: r["final_full"][metric] for r in by["grpo"]},
+                {r["seed"]: r["final_full"][metric] for r in by[baseline]},
             ),
             "paired_auc_diff": paired(
                 {r["seed"]: float(np.mean([p[metric] for p in r["curve"]])) for r in by[m]},
-                {r["seed"]: float(np.mean([p[metric] for p in r["curve"]])) for r in by["grpo"]},
+                {r["seed"]: float(np.mean([p[metric] for p in r["curve"]])) for r in by[baseline]},
             ),
-            "paired_rollouts_to_target_diff": paired(
-                dict(zip(seeds, per_seed, strict=True)),
-                {
-                    r["seed"]: rollouts_to_reach(x, [p[metric] for p in r["curve"]], target)
-                    for r in by["grpo"]
-                },
-            ),
+            "paired_rollouts_to_target_diff": paired(mine, base_reach),
+            "paired_rollouts_to_target_ratio": {
+                **t_interval([mine[k] / base_reach[k] for k in both]),
+                "seeds": both,
+            },
         }
-    return {"metric": metric, "start": start, "target": target, "methods": table}
+    return {
+        "metric": metric,
+        "baseline": baseline,
+        "start": start,
+        "target": target,
+        "methods": table,
+    }
 
 
 def plot(runs: list[dict], methods: list[str], path: Path, s: Settings, summary: dict) -> None:
@@ -728,6 +848,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     )
     p.add_argument("--cache", default=os.environ.get("SE_CACHE", "/tmp/dynamo_se_cache"))
     p.add_argument("--metric", default="sampled", choices=("sampled", "greedy"))
+    p.add_argument(
+        "--baseline",
+        default="grpo",
+        help="the method every other is paired with and whose gain sets the target (default "
+        "grpo; uniform: uniform n under prompt-mean, the control for allocation alone)",
+    )
     p.add_argument(
         "--target-frac",
         type=float,
@@ -791,9 +917,12 @@ def main(argv: list[str] | None = None) -> int:
         run_one(method, seed, s, warm_start(s, cache), Path(args.result))
         return 0
     methods = args.methods.split(",")
-    unknown = set(methods) - set(method_specs(s.decay))
-    if unknown or "grpo" not in methods:
-        raise SystemExit(f"unknown methods {sorted(unknown)} (grpo is required as the baseline)")
+    known = method_specs(s.decay)
+    unknown = set(methods) - set(known)
+    if unknown:
+        raise SystemExit(f"--methods: unknown {sorted(unknown)}; known: {', '.join(known)}")
+    if args.baseline not in methods:
+        raise SystemExit(f"--baseline {args.baseline!r} must be one of --methods ({args.methods})")
     seeds = [int(x) for x in args.seeds.split(",")]
     t0 = time.time()
     warm = warm_start(s, cache)
@@ -812,7 +941,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods
     ]
     summary = {
-        metric: summarise(runs, methods, metric, args.target_frac)
+        metric: summarise(runs, methods, metric, args.target_frac, args.baseline)
         for metric in ("sampled", "greedy")
     }
     default_out = (
@@ -824,16 +953,21 @@ def main(argv: list[str] | None = None) -> int:
         "what": "held-out accuracy against rollouts consumed, in-process (see module docstring)",
         "settings": asdict(s),
         "methods": {
-            m: {**asdict(method_specs(s.decay)[m]), "agg": method_agg(method_specs(s.decay)[m], s)}
+            m: {
+                **asdict(known[m]),
+                "agg": method_agg(known[m], s),
+                "n_range": method_bounds(known[m], s) if known[m].allocate else None,
+            }
             for m in methods
         },
+        "baseline": args.baseline,
         "seeds": seeds,
         "target_frac": args.target_frac,
         "summary": summary,
         "runs": runs,
         "wall_s": time.time() - t0,
     }
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    out.with_suffix(".json").write_text(json.dumps(report, separators=(",", ":")))
     plot(runs, methods, out.with_suffix(".png"), s, summary[args.metric])
     print_table(summary[args.metric], s)
     if args.metric != "greedy":
@@ -849,31 +983,33 @@ def print_table(summary: dict, s: Settings) -> None:
         lo, hi = c["ci"]
         return f"{c['mean'] * scale:{fmt}} [{lo * scale:{fmt}}, {hi * scale:{fmt}}]"
 
+    base = summary["baseline"]
     print(
         f"\nmetric: {summary['metric']} held-out accuracy ({s.test_prompts} prompts); start "
         f"{summary['start'] * 100:.1f}%, target "
         + (
             f"{summary['target'] * 100:.1f}%"
             if summary["target"] is not None
-            else "none (GRPO did not gain)"
+            else f"none ({base} did not gain)"
         )
-        + "; [95% t interval "
-        "over seeds]"
+        + "; [95% t interval over seeds]"
     )
     print(
-        "| method | final acc % (mean ± sd) | paired Δ final vs GRPO (pp) | paired Δ mean-curve "
-        "(pp) | rollouts to target (seeds reached) | paired Δ rollouts | ratio to GRPO "
-        "(seed-mean curves) | zero-adv share |"
+        f"| method | final acc % (mean ± sd) | paired Δ final vs {base} (pp) | paired Δ mean-curve "
+        f"(pp) | rollouts to target (seeds reached) | paired Δ rollouts | paired rollouts ratio "
+        f"to {base} (seeds) | ratio of seed-mean curves | zero-adv share |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for m, r in summary["methods"].items():
-        ratio = "—" if r["ratio_to_grpo"] is None else f"{r['ratio_to_grpo']:.2f}"
+        ratio = "—" if r["ratio_to_baseline"] is None else f"{r['ratio_to_baseline']:.2f}"
         reach = r["rollouts_to_target_ci"]
+        pr = r["paired_rollouts_to_target_ratio"]
         print(
             f"| {m} | {r['final_mean'] * 100:.1f} ± {r['final_std'] * 100:.1f} | "
             f"{ci(r['paired_final_diff'])} | {ci(r['paired_auc_diff'])} | "
             f"{ci(reach, 1.0, '.0f')} ({reach['reached']}/{len(r['seeds'])}) | "
-            f"{ci(r['paired_rollouts_to_target_diff'], 1.0, '.0f')} | {ratio} | "
+            f"{ci(r['paired_rollouts_to_target_diff'], 1.0, '.0f')} | "
+            f"{ci(pr, 1.0, '.2f')} ({len(pr['seeds'])}) | {ratio} | "
             f"{r['zero_adv_share_mean'] * 100:.1f}% |"
         )
 
