@@ -7,6 +7,8 @@ seed, through the real services, and its held-out accuracy before and after RL.
                                                                      # uniform and modulation off
     .venv/bin/python benchmarks/quickstart_seeds.py --method dynamo-prompt-mean
                                                  # DynaMO with learner.algorithm.agg=prompt-mean
+    .venv/bin/python benchmarks/quickstart_seeds.py --method dynamo-grad
+                                                 # allocator.method=grad (dynamo-uniform: n = 8)
     .venv/bin/python benchmarks/quickstart_seeds.py --quick          # smoke run (tiny settings)
     .venv/bin/python benchmarks/quickstart_seeds.py --config configs/quickstart_lora.yaml \
         --seeds 0,1,2 --runs runs/quickstart-lora-seeds --out benchmarks/results/quickstart_lora_seeds.json
@@ -49,6 +51,10 @@ METHODS = {
     "grpo": ["rollout.allocation=uniform", "learner.algorithm.modulation.enabled=false"],
     # DynaMO with each prompt's group weighted equally (the DynaMO recipes' aggregation).
     "dynamo-prompt-mean": ["learner.algorithm.agg=prompt-mean"],
+    # The quickstart with uniform n = 8 (modulation and prompt-mean kept): allocation's control.
+    "dynamo-uniform": ["rollout.allocation=uniform"],
+    # The quickstart with allocation method grad: n ∝ the gradient spread the learner reports.
+    "dynamo-grad": ["allocator.method=grad"],
 }
 # Tiny settings for a smoke run: every stage runs, in a minute or two on an idle machine.
 QUICK = [
