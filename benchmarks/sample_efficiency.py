@@ -99,7 +99,7 @@ def method_specs(decay: float) -> dict[str, MethodSpec]:
         ),
         "dynamo-decay": MethodSpec(allocate=True, modulate=True, decay=decay),
         # Allocation alone under the recipe's prompt-mean, against uniform n under the same
-        # weighting (issue: allocation that follows the gradient).
+        # weighting (``--baseline uniform``).
         "uniform": MethodSpec(allocate=False, modulate=False, agg="prompt-mean"),
         "alloc-wide": MethodSpec(allocate=True, modulate=False, wide=True),
         "grad": MethodSpec(allocate=True, modulate=False, method="grad"),
