@@ -22,8 +22,9 @@ starts from the same warm-started checkpoint; each step is one on-policy update.
                     ``grad_half_life`` 16 instead of the allocator's 4.
 
 The summary gives, per method, 95% Student-t intervals over seeds of the final accuracy, of the
-rollouts to the target (over the seeds that reached it) and of the paired differences to GRPO seed
-by seed (final accuracy, mean of the evaluation curve, rollouts to target).
+rollouts to the target (over the seeds that reached it) and of the paired differences to the
+baseline (``--baseline``, default ``grpo``) seed by seed (final accuracy, mean of the evaluation
+curve, rollouts to target, and the ratio of rollouts to target).
 
 The methods run **in this process, not through the distributed services**: the same allocator
 function (``allocate_rollouts``), the learner's objective (``learner.objective.rl_objective``:
