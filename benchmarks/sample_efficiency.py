@@ -543,7 +543,8 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
     samples = np.zeros(len(rl_pool))
     successes = np.zeros(len(rl_pool))
     # The learner's statistics per prompt (method grad): spread at its last visit (NaN: never
-    # measured), the step whose update measured it, and its zero-advantage streak.
+    # measured), the step whose update measured it, and its zero-advantage streak (kept with
+    # the success counts below).
     spread = np.full(len(rl_pool), np.nan)
     measured_at = np.zeros(len(rl_pool))
     streak = np.zeros(len(rl_pool))
@@ -608,7 +609,9 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
             i = batch[g]
             samples[i] = samples[i] * spec.decay + c
             successes[i] = successes[i] * spec.decay + k
-            if k in (0.0, float(c)):
+            zero = k in (0.0, float(c))
+            streak[i] = streak[i] + 1 if zero else 0
+            if zero:
                 zero_groups += 1
                 zero_adv_rollouts += c
         consumed += budget
@@ -631,10 +634,7 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
         if norms is not None:  # what the learner reports to the allocator after its step
             groups, _, spreads = group_grad_stats(norms, torch.tensor(group_of))
             for g, sp in zip(groups.tolist(), spreads.tolist(), strict=True):
-                i = batch[g]
-                r = rewards[[j for j, gg in enumerate(group_of) if gg == g]]
-                spread[i], measured_at[i] = sp, step
-                streak[i] = streak[i] + 1 if bool((r == r[0]).all()) else 0
+                spread[batch[g]], measured_at[batch[g]] = sp, step
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
         opt.step()
         log.append(
