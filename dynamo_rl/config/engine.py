@@ -64,6 +64,11 @@ class EngineConfig(Section):
     log-probs within 1e-4 of the learner's forward pass."""
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
     """Most sequences decoded together in one batch (prompts x n)."""
+    batching: Literal["static", "continuous"] = "static"
+    """What requests arriving while a batch decodes do: ``static``, wait for the next batch (a
+    batch lasts as long as its longest sequence); ``continuous``, join the running batch at a
+    token boundary, every 8 steps at most, each join re-running the batch's prefill (pays off
+    with long-tailed response lengths and several rollout workers; docs/engine.md)."""
     batch_wait_ms: Annotated[float, Field(ge=0, le=1000)] = 2.0
     """After the first request of an idle engine arrives, wait this long for others to join its
     batch ("requests that arrive together are decoded together")."""

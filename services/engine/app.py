@@ -116,6 +116,7 @@ async def model_info(engine: EngineDep) -> dict[str, Any]:
 async def metrics(engine: EngineDep) -> Response:
     m = engine.metrics
     m.queued_sequences.set(engine.generator.pending())
+    m.queued_tasks.set(engine.generator.pending_tasks())
     return Response(m.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 

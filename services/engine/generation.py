@@ -6,12 +6,21 @@ a decoding step, and no lock is needed. With LoRA adapters loaded (:mod:`.adapte
 one adapter's sequences (or the base's), switched to between batches, and they carry that
 adapter's version.
 
-Batching is static: when the engine is idle, the first request waits ``batch_wait_s`` for others
-to arrive (again while a burst keeps arriving, up to 20 windows), then every queued sequence
-(prompts x n, up to ``max_batch_size``) is prefilled together with left padding and decoded step
-by step sharing one ``DynamicCache``. Finished rows are dropped from the cache as they finish, so
-long tails do not pay for short ones. Requests arriving mid-batch wait for the next batch (no
-continuous batching: simpler, and enough for CPU).
+When the engine is idle, the first request waits ``batch_wait_s`` for others to arrive (again
+while a burst keeps arriving, up to 20 windows), then every queued sequence (prompts x n, up to
+``max_batch_size``) is prefilled together with left padding and decoded step by step sharing one
+``DynamicCache``. Finished rows are dropped from the cache as they finish, and each sequence's
+result goes to its request as soon as the request's last sequence finishes. What happens to
+requests that arrive mid-batch is the ``batching`` mode:
+
+- ``static`` (the default): they wait for the next batch, so a batch lasts as long as its longest
+  sequence while its other rows sit finished;
+- ``continuous``: at a token boundary, once :data:`JOIN_EVERY` steps have passed since the batch
+  began or last took rows in, queued sequences join the running batch up to ``max_batch_size``
+  rows. The cache is rebuilt by one forward pass over every row's prompt and tokens so far (the
+  rebuild of an interruptible update, below) and decoding goes on; the steps between joins bound
+  how often that pass is paid. A queued exclusive task (a waiting update, a ``wait`` pause, an
+  adapter switch) stops joining: the batch drains and the task runs after it, as in ``static``.
 
 Weight updates come as exclusive tasks (:meth:`BatchGenerator.run_exclusive`), in one of two ways:
 
@@ -59,6 +68,11 @@ log = logging.getLogger(__name__)
 
 LOGPROBS_MODES = ("processed", "raw")
 """Which distribution returned log-probs come from (see the module docstring)."""
+BATCHING_MODES = ("static", "continuous")
+"""Whether queued sequences join a running batch (see the module docstring)."""
+JOIN_EVERY = 8
+"""``continuous`` batching: decoding steps between two joins of one batch (each join re-runs the
+batch's prefill)."""
 MASKED_LOGPROB = -9999.0
 """A top alternative that top-k/top-p removed, in ``processed`` mode (JSON has no -inf)."""
 
@@ -162,11 +176,15 @@ class BatchGenerator:
         on_batch: Callable[[BatchStats], None] | None = None,
         logprobs_mode: str = "processed",
         select_adapter: Callable[[str | None], int | None] | None = None,
+        batching: str = "static",
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
             )
+        if batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
+        self.batching = batching
         self.logprobs_mode = logprobs_mode
         self.model = model
         self.device = next(model.parameters()).device
@@ -228,6 +246,11 @@ class BatchGenerator:
         """Sequences queued and not yet scheduled."""
         with self._cv:
             return sum(len(j.seqs) - j.next_index for j in self._queue if isinstance(j, _Job))
+
+    def pending_tasks(self) -> int:
+        """Exclusive tasks (weight updates, pauses, adapter loads) queued and not yet run."""
+        with self._cv:
+            return sum(isinstance(t, _Task) for t in self._queue)
 
     def close(self) -> None:
         with self._cv:
@@ -291,16 +314,23 @@ class BatchGenerator:
         except BaseException as e:  # report to the caller, keep serving
             task.future.set_exception(e)
 
-    def _take_batch(self) -> list[tuple[_Job, int]]:
-        """Up to max_batch_size queued sequences, stopping at the first exclusive task or the
-        first job of another adapter (one adapter per batch)."""
+    def _take_batch(
+        self, room: int | None = None, adapter: str | None = None, joining: bool = False
+    ) -> list[tuple[_Job, int]]:
+        """Up to ``room`` (default max_batch_size) queued sequences, stopping at the first
+        exclusive task or the first job of another adapter (one adapter per batch; ``joining``
+        a running batch: only jobs of its ``adapter``)."""
+        room = self.max_batch_size if room is None else room
         batch: list[tuple[_Job, int]] = []
         with self._cv:
-            while self._queue and len(batch) < self.max_batch_size:
+            while self._queue and len(batch) < room:
                 head = self._queue[0]
-                if isinstance(head, _Task) or (batch and head.adapter != batch[0][0].adapter):
+                if isinstance(head, _Task):
                     break
-                take = min(len(head.seqs) - head.next_index, self.max_batch_size - len(batch))
+                first = adapter if joining else (batch[0][0].adapter if batch else head.adapter)
+                if head.adapter != first:
+                    break
+                take = min(len(head.seqs) - head.next_index, room - len(batch))
                 batch.extend((head, head.next_index + k) for k in range(take))
                 head.next_index += take
                 if head.next_index == len(head.seqs):
@@ -308,31 +338,37 @@ class BatchGenerator:
         return batch
 
     def _run_batch(self, batch: list[tuple[_Job, int]]) -> None:
-        seqs = [job.seqs[i] for job, i in batch]
-        t0 = time.perf_counter()
+        """Decode ``batch`` (which grows as queued sequences join it: ``continuous``)."""
         try:
             stamp = None
             if self.select_adapter is not None:
                 stamp = self.select_adapter(batch[0][0].adapter)
             with torch.inference_mode():
-                results = self._decode(seqs, stamp)
+                self._decode(batch, stamp)
         except BaseException as e:
-            log.exception("generation failed for a batch of %d sequences", len(seqs))
+            log.exception("generation failed for a batch of %d sequences", len(batch))
             for job, _ in batch:
                 if not job.future.done():
                     job.future.set_exception(e)
-            return
-        for (job, i), res in zip(batch, results, strict=True):
-            job.results[i] = res
-            job.done += 1
-            if job.done == len(job.seqs) and not job.future.done():
-                job.future.set_result(list(job.results))  # type: ignore[arg-type]
+
+    @staticmethod
+    def _deliver(entry: tuple[_Job, int], result: SequenceResult) -> None:
+        """One sequence's result; its request's future completes with its last sequence."""
+        job, i = entry
+        job.results[i] = result
+        job.done += 1
+        if job.done == len(job.seqs) and not job.future.done():
+            job.future.set_result(list(job.results))  # type: ignore[arg-type]
+
+    def _stats(self, t0: float, seqs: list[_Seq], generated: int) -> None:
+        """Report a batch, or the part of a continuous batch since it last took rows in: the
+        sequences it took in (``seqs``) and the tokens decoded meanwhile."""
         if self.on_batch is not None:
             self.on_batch(
                 BatchStats(
                     sequences=len(seqs),
                     prompt_tokens=sum(len(s.prompt) for s in seqs),
-                    generated_tokens=sum(len(s.tokens) for s in seqs),
+                    generated_tokens=generated,
                     seconds=time.perf_counter() - t0,
                 )
             )
@@ -387,30 +423,40 @@ class BatchGenerator:
             self._run_task(t)
         return self.weights_epoch != epoch
 
-    def _decode(self, seqs: list[_Seq], stamp: int | None = None) -> list[SequenceResult]:
-        """``stamp``: the version every token of a LoRA adapter's batch carries (an adapter's
-        weights never change under a batch), or None: each token the weights' version."""
-        results: list[SequenceResult | None] = [None] * len(seqs)
-        # Rows that need no generation at all (max_tokens == 0).
-        rows = []
-        for i, s in enumerate(seqs):
+    def _admit(self, batch: list[tuple[_Job, int]], start: int, active: list[int]) -> None:
+        """Rows ``start:`` of ``batch`` become active; those that need no generation at all
+        (max_tokens == 0) are answered at once."""
+        for i in range(start, len(batch)):
+            job, k = batch[i]
+            s = job.seqs[k]
             if s.params.max_tokens == 0:
-                results[i] = self._result(s, "length", None, None)
+                self._deliver(batch[i], self._result(s, "length", None, None))
             else:
-                rows.append(i)
-        if not rows:
-            return results  # type: ignore[return-value]
+                active.append(i)
+
+    def _decode(self, batch: list[tuple[_Job, int]], stamp: int | None = None) -> None:
+        """Decode ``batch`` to the end, answering each sequence as it finishes. ``stamp``: the
+        version every token of a LoRA adapter's batch carries (an adapter's weights never change
+        under a batch), or None: each token the weights' version."""
+        seqs = [job.seqs[i] for job, i in batch]
+        active: list[int] = []  # active[r] = index into batch/seqs of cache row r
+        self._admit(batch, 0, active)
+        t_seg, seg_seqs, generated = time.perf_counter(), list(seqs), 0
+        if not active:
+            self._stats(t_seg, seg_seqs, generated)
+            return
 
         dev = self.device
-        cache, logits, mask, next_pos = self._prefill([seqs[i].prompt for i in rows])
+        cache, logits, mask, next_pos = self._prefill([seqs[i].prompt for i in active])
         # The weights the cache and logits came from (an adapter's version for its batch).
         version = self.weight_version if stamp is None else stamp
-        active = list(rows)  # active[r] = index into seqs of cache row r
+        since_join = 0
         while active:
             tokens, token_lp, step_logp = self._sample(logits, [seqs[i] for i in active])
             keep: list[int] = []
             # One conversion per step, not one per row.
             step_tokens, step_lps = tokens.tolist(), token_lp.tolist()
+            generated += len(active)
             for r, i in enumerate(active):
                 s = seqs[i]
                 tok = step_tokens[r]
@@ -429,7 +475,7 @@ class BatchGenerator:
                     keep.append(r)
                 else:
                     reason, matched, cut = done
-                    results[i] = self._result(s, reason, matched, cut)
+                    self._deliver(batch[i], self._result(s, reason, matched, cut))
             if not keep:
                 break
             if len(keep) < len(active):
@@ -437,10 +483,33 @@ class BatchGenerator:
                 cache.batch_select_indices(sel)
                 mask, next_pos, tokens = mask[sel], next_pos[sel], tokens[sel]
                 active = [active[r] for r in keep]
-            if self._interrupt():
-                # New weights mid-batch: the cache holds the old weights' keys and values, so
-                # it is rebuilt over each row's prompt and tokens so far, and the next token's
-                # logits come from the new weights alone (what the learner recomputes).
+            changed = self._interrupt()
+            since_join += 1
+            joined = 0
+            if (
+                self.batching == "continuous"
+                and since_join >= JOIN_EVERY
+                and len(active) < self.max_batch_size
+                and not self.abort.is_set()
+            ):
+                more = self._take_batch(
+                    self.max_batch_size - len(active), batch[0][0].adapter, joining=True
+                )
+                if more:
+                    self._stats(t_seg, seg_seqs, generated)
+                    start = len(batch)
+                    batch.extend(more)
+                    seg_seqs = [job.seqs[i] for job, i in more]
+                    seqs.extend(seg_seqs)
+                    t_seg, generated, since_join = time.perf_counter(), 0, 0
+                    before = len(active)
+                    self._admit(batch, start, active)
+                    joined = len(active) - before
+            if changed or joined:
+                # New weights mid-batch, or new rows: the cache holds the old weights' keys and
+                # values (or lacks the new rows), so it is rebuilt over each row's prompt and
+                # tokens so far, and the next token's logits come from the weights now loaded
+                # alone (what the learner recomputes).
                 rebuilt = [seqs[i].prompt + seqs[i].tokens for i in active]
                 cache, logits, mask, next_pos = self._prefill(rebuilt)
                 version = self.weight_version if stamp is None else stamp
@@ -448,7 +517,7 @@ class BatchGenerator:
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
             logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
-        return results  # type: ignore[return-value]
+        self._stats(t_seg, seg_seqs, generated)
 
     def _sample(
         self, logits: torch.Tensor, seqs: list[_Seq]

@@ -35,6 +35,11 @@ class EngineMetrics:
         self.queued_sequences = m.gauge(
             "queued_sequences", "Sequences waiting for a batch (sampled at scrape)"
         )
+        self.queued_tasks = m.gauge(
+            "queued_tasks",
+            "Weight updates, pauses and adapter loads waiting for the scheduler (sampled at "
+            "scrape)",
+        )
         self.requests_in_flight = m.gauge(
             "requests_in_flight", "Generation requests received and not yet answered"
         )

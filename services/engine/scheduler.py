@@ -136,6 +136,7 @@ class Engine:
             on_batch=self._on_batch,
             logprobs_mode=cfg.logprobs_mode,
             select_adapter=self._select_adapter,
+            batching=cfg.batching,
         )
         self.groups: dict[str, WeightUpdateGroup] = {}
         self._update_lock = threading.Lock()  # one weight update at a time
