@@ -17,10 +17,11 @@ requests that arrive mid-batch is the ``batching`` mode:
   sequence while its other rows sit finished;
 - ``continuous``: at a token boundary, once :data:`JOIN_EVERY` steps have passed since the batch
   began or last took rows in, queued sequences join the running batch up to ``max_batch_size``
-  rows. The cache is rebuilt by one forward pass over every row's prompt and tokens so far (the
-  rebuild of an interruptible update, below) and decoding goes on; the steps between joins bound
-  how often that pass is paid. A queued exclusive task (a waiting update, a ``wait`` pause, an
-  adapter switch) stops joining: the batch drains and the task runs after it, as in ``static``.
+  rows: their prompts are prefilled on their own and their cache rows appended to the batch's
+  (the narrower side left padded and masked out; a cache of another kind, e.g. sliding-window
+  layers, is rebuilt over every row instead, as after an interruptible update). A queued
+  exclusive task (a waiting update, a ``wait`` pause, an adapter switch) stops joining: the
+  batch drains and the task runs after it, as in ``static``.
 
 Weight updates come as exclusive tasks (:meth:`BatchGenerator.run_exclusive`), in one of two ways:
 
@@ -71,8 +72,8 @@ LOGPROBS_MODES = ("processed", "raw")
 BATCHING_MODES = ("static", "continuous")
 """Whether queued sequences join a running batch (see the module docstring)."""
 JOIN_EVERY = 8
-"""``continuous`` batching: decoding steps between two joins of one batch (each join re-runs the
-batch's prefill)."""
+"""``continuous`` batching: decoding steps between two joins of one batch (each join is one
+prefill of the joining prompts)."""
 MASKED_LOGPROB = -9999.0
 """A top alternative that top-k/top-p removed, in ``processed`` mode (JSON has no -inf)."""
 
@@ -153,6 +154,41 @@ class BatchStats:
     prompt_tokens: int
     generated_tokens: int
     seconds: float
+
+
+def _mergeable(cache: Any) -> bool:
+    """Whether :func:`_merge` can append rows to ``cache``: plain per-layer keys and values (no
+    sliding window, no quantised or offloaded layers)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _merge(
+    a: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor],
+    b: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of ``b`` (cache, next-token logits, attention mask, next positions) appended to
+    ``a``'s, in place of ``a``'s cache: the narrower one is left padded to the wider one's length
+    with zero keys and values that its mask leaves out, as the batch's first prefill pads."""
+    cache, logits, mask, pos = a
+    other, logits_b, mask_b, pos_b = b
+    width = max(mask.shape[1], mask_b.shape[1])
+
+    def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+        short = width - t.shape[dim]
+        if not short:
+            return t
+        shape = list(t.shape)
+        shape[dim] = short
+        return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+    for layer, new in zip(cache.layers, other.layers, strict=True):
+        layer.keys = torch.cat([pad(layer.keys, 2), pad(new.keys, 2)])
+        layer.values = torch.cat([pad(layer.values, 2), pad(new.values, 2)])
+    mask = torch.cat([pad(mask, 1), pad(mask_b, 1)])
+    return cache, torch.cat([logits, logits_b]), mask, torch.cat([pos, pos_b])
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -505,18 +541,23 @@ class BatchGenerator:
                     before = len(active)
                     self._admit(batch, start, active)
                     joined = len(active) - before
-            if changed or joined:
-                # New weights mid-batch, or new rows: the cache holds the old weights' keys and
-                # values (or lacks the new rows), so it is rebuilt over each row's prompt and
-                # tokens so far, and the next token's logits come from the weights now loaded
-                # alone (what the learner recomputes).
+            if changed or (joined and not _mergeable(cache)):
+                # New weights mid-batch: the cache holds the old weights' keys and values, so it
+                # is rebuilt over each row's prompt and tokens so far, and the next token's
+                # logits come from the new weights alone (what the learner recomputes).
                 rebuilt = [seqs[i].prompt + seqs[i].tokens for i in active]
                 cache, logits, mask, next_pos = self._prefill(rebuilt)
                 version = self.weight_version if stamp is None else stamp
                 continue
-            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            old = len(active) - joined
+            mask = torch.cat([mask, mask.new_ones((old, 1))], dim=1)
             logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
+            if joined:
+                # New rows: their prompts are prefilled on their own and their cache rows
+                # appended to the batch's (the narrower side left padded, masked out).
+                fresh = self._prefill([seqs[i].prompt for i in active[old:]])
+                cache, logits, mask, next_pos = _merge((cache, logits, mask, next_pos), fresh)
         self._stats(t_seg, seg_seqs, generated)
 
     def _sample(
