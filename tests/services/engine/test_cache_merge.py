@@ -52,5 +52,5 @@ def test_merged_rows_decode_as_one_forward_pass(
     nxt = [40 + k for k in range(len(rows))]
     mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
     step = generator._forward(torch.tensor(nxt)[:, None], mask, pos[:, None], cache)
-    want = torch.stack([_last_logits(model, r + [t]) for r, t in zip(rows, nxt, strict=True)])
+    want = torch.stack([_last_logits(model, [*r, t]) for r, t in zip(rows, nxt, strict=True)])
     assert torch.allclose(step, want, atol=1e-4), float((step - want).abs().max())

@@ -33,9 +33,7 @@ SHORT = {"prompt": [3, 4, 5], "max_tokens": 4}
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("batching-models")
-    return [
-        build_tiny_model(root / f"seed{s}", seed=s, max_positions=2048, **ARCH) for s in (0, 1)
-    ]
+    return [build_tiny_model(root / f"seed{s}", seed=s, max_positions=2048, **ARCH) for s in (0, 1)]
 
 
 @pytest.fixture(scope="module", params=["static", "continuous"])
@@ -120,7 +118,6 @@ def test_a_waiting_update_stops_joining(engine: tuple[str, str], models: list[Pa
     assert set(got["weight_versions"]) == {before}
     assert set(short["weight_versions"]) == {before + 1}
     # Back to the first weights for the other tests of this module's engine.
-    r = httpx.post(f"{url}/update_weights_from_disk",
-                   json={"model_path": str(models[0]), "weight_version": before + 2}, timeout=60)  # fmt: skip
+    back = {"model_path": str(models[0]), "weight_version": before + 2}
+    r = httpx.post(f"{url}/update_weights_from_disk", json=back, timeout=60)
     assert r.status_code == 200, r.text
-
