@@ -9,7 +9,9 @@ worked out term by term before the boxed total::
     short   "37+5="            ->  "\\boxed{42}"                                   (11 tokens)
     long    "3+5+2+...+4="     ->  "3+5=8 8+2=10 10+... 71+4=75 \\boxed{75}"     (~128 tokens)
 
-(token counts with the tiny model's byte tokenizer, end of text included). A model warm-started on
+(token counts with the tiny model's byte tokenizer, end of text included). The short tier has 900
+distinct questions, so a task of more than 1,125 (train + test) holds more than a fifth long ones:
+the generator fills an exhausted tier's share with the other's. A model warm-started on
 these references answers long questions at length, so the responses of one batch have a long
 tail. Rows follow the arithmetic task's verl layout (:mod:`tasks.arith`); ``extra_info.answer``
 holds the worked reference; the reward service's math verifier reads the last ``\\boxed{...}``.
