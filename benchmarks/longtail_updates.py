@@ -3,13 +3,17 @@
     .venv/bin/python benchmarks/longtail_updates.py                  # seeds 0-2, both modes
     .venv/bin/python benchmarks/longtail_updates.py --seeds 0 --quick  # smoke run (tiny settings)
     .venv/bin/python benchmarks/longtail_updates.py --engine vllm --seeds 0  # a vLLM CPU server
+    .venv/bin/python benchmarks/longtail_updates.py --mix task  # a fifth of the responses long
 
 The task is ``up.task=longtail`` (``tasks/longtail.py``): most questions are short sums answered
 with the boxed sum alone, a fifth are chains of one-digit numbers answered with the running sum
 worked out — reference responses over ten times longer. Per seed, the ``wait`` run goes first
 (building and warm-starting the tiny model); the ``interrupt`` run starts from that same
 warm-started model, so the pair differs only in ``rollout.update_mode``, at the same staleness
-bounds (``rollout.max_staleness`` and ``learner.stream.max_staleness``).
+bounds (``rollout.max_staleness`` and ``learner.stream.max_staleness``). Both runs use three
+rollout workers and the embedded engine's continuous batching (``engine.batching``), so requests
+keep arriving while a long response decodes: under ``wait`` a push stops the joining and waits
+for the running batch to drain; under ``interrupt`` it lands at the next token boundary.
 
 From each run folder:
 
@@ -24,8 +28,10 @@ From each run folder:
 - **response lengths** of the pushed responses (the worker's sample log), to show the tail;
 - **held-out accuracy** after RL (``summary.json``, ``up``'s evaluation on the test split).
 
-Written to ``--out`` (default ``benchmarks/results/longtail_updates.json``; with ``--quick``,
-``/tmp/longtail_updates_quick.json``) with a plot beside it (same name, ``.png``): per seed both
+Written to ``--out`` (default ``benchmarks/results/<name>.json``, the name ``longtail_updates``
+with ``_vllm`` for ``--engine vllm`` and ``_taskmix`` for ``--mix task``; with ``--quick``,
+``/tmp/<name>_quick.json``; run folders in ``runs/<name>``) with a plot beside it (same name,
+``.png``): per seed both
 runs' figures and the ratios interrupt / wait; across seeds the paired differences with 95% t
 intervals (``sample_efficiency.paired``). Runs through the services are not bit-reproducible
 (batches depend on timing), and the shared development machine's load moves the throughput
@@ -48,21 +54,35 @@ from sample_efficiency import paired  # noqa: E402 - the seed-paired t interval,
 
 CONFIG = REPO / "configs" / "quickstart.yaml"
 MODES = ("wait", "interrupt")
-# The long-tail task on the quickstart's services: responses up to 160 tokens, a short warm
-# start that teaches the answer formats (the worked sums' length), and one push per step.
+# The long-tail task on the quickstart's services, DynaMO's dynamic allocation included. The tiny
+# model at hidden 128 is warm-started until its greedy exact match on 32 held-out rows per tier
+# averages 0.45 (the worked chains may stay unlearned: min_tier_accuracy 0), so held-out accuracy
+# is away from the floor. Three rollout workers keep requests in flight while a long response
+# decodes, the engine batches continuously (they join the running batch), and the learner pushes
+# after every step: what a push waits for under `wait` is the drain of the running batch. With
+# 2,400 questions the long ones are over half (the short tier has only 900 distinct sums) and
+# the allocation gives them more samples still: most responses in flight are long.
 COMMON = [
-    "up.task=longtail", "up.task_train=2000", "up.task_test=200",
-    "up.tiny_model.hidden_size=64", "up.tiny_model.num_layers=2", "up.tiny_model.num_heads=4",
+    "up.task=longtail", "up.task_train=2000", "up.task_test=400",
+    "up.tiny_model.hidden_size=128", "up.tiny_model.num_layers=2", "up.tiny_model.num_heads=4",
     "up.tiny_model.num_kv_heads=2",
-    "up.warm_start.steps=300", "up.warm_start.batch_size=32", "up.warm_start.tiers=[short,long]",
-    "up.warm_start.check_rows=0", "up.warm_start.target_exact=null",
-    "up.eval.prompts=100", "up.eval.samples=2",
+    "up.warm_start.steps=1500", "up.warm_start.batch_size=32", "up.warm_start.tiers=[short,long]",
+    "up.warm_start.check_rows=32", "up.warm_start.target_exact=0.45",
+    "up.warm_start.min_tier_accuracy=0",
+    "up.eval.prompts=400", "up.eval.samples=1", "up.rollout_workers=3",
+    "engine.batching=continuous",
     "rollout.sampling.max_tokens=160", "rollout.batch_size=8", "rollout.n=4", "rollout.n_min=2",
     "rollout.n_max=8", "rollout.max_n_per_request=8", "allocator.n_per_prompt=4",
     "allocator.n_min=2", "allocator.n_max=8", "rollout.max_pending_groups=16",
     "rollout.max_staleness=1", "learner.stream.max_staleness=4",
-    "learner.train_batch_size=8", "learner.max_steps=30", "learner.checkpoint.every=100",
+    "learner.train_batch_size=8", "learner.max_steps=40", "learner.lr=3e-5",
+    "learner.checkpoint.every=100",
     "run.history.interval_s=1",
+]  # fmt: skip
+# --mix task: the responses at the task's designed mix, a fifth long — 600 + 300 questions (the
+# short tier is not exhausted) and uniform n (no allocation toward the long, harder questions).
+TASK_MIX = [
+    "up.task_train=600", "up.task_test=300", "up.eval.prompts=300", "rollout.allocation=uniform",
 ]  # fmt: skip
 # engine.kind=vllm: the CPU build (head size 32: the build has no kernel for 8 or 16), unseeded
 # (vLLM 0.32's CPU engine dies on seeded requests prefilled in chunks), with time to start.
@@ -159,7 +179,7 @@ def measure(run_dir: Path, mode: str, seed: int) -> dict:
     return {
         "mode": mode,
         "seed": seed,
-        "run_dir": str(run_dir),
+        "run_dir": str(run_dir.relative_to(REPO) if run_dir.is_relative_to(REPO) else run_dir),
         "steps": len(steps),
         "rl_wall_s": round(wall, 1),
         "trained_tokens": tokens,
@@ -233,10 +253,17 @@ def plot(doc: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2", help="comma-separated run.seed values")
-    p.add_argument("--runs", type=Path, default=REPO / "runs" / "longtail_updates")
+    p.add_argument("--runs", type=Path, default=None, help="run folders (default: runs/<name>)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
     p.add_argument("--engine", choices=["embedded", "vllm"], default="embedded")
+    p.add_argument(
+        "--mix",
+        choices=["dynamic", "task"],
+        default="dynamic",
+        help="dynamic: DynaMO's allocation on 2,400 questions (most responses long); task: "
+        "uniform n on 900 questions (a fifth of the responses long)",
+    )
     p.add_argument(
         "--vllm-python",
         default=str(REPO / ".venv-vllm" / "bin" / "python"),
@@ -244,24 +271,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    name = "longtail_updates" + ("_vllm" if args.engine == "vllm" else "")
+    name = ("longtail_updates" + ("_vllm" if args.engine == "vllm" else "")
+            + ("_taskmix" if args.mix == "task" else ""))  # fmt: skip
     default = f"/tmp/{name}_quick.json" if args.quick else (
         REPO / "benchmarks" / "results" / f"{name}.json")  # fmt: skip
-    settings = [*COMMON, *(QUICK if args.quick else [])]
+    runs_dir = args.runs or REPO / "runs" / name
+    settings = [*COMMON, *(TASK_MIX if args.mix == "task" else []), *(QUICK if args.quick else [])]
     if args.engine == "vllm":
         settings += [*VLLM, f"engine.vllm.python={args.vllm_python}"]
     out = Path(args.out or default)
     t_start = time.time()
     runs = []
     for seed in seeds:
-        first = run_dir_of(args.runs, "wait", seed)
+        first = run_dir_of(runs_dir, "wait", seed)
         up(first, "wait", seed, settings, None)
         model = first / "model" / ("sft" if (first / "model" / "sft").exists() else "init")
-        up(run_dir_of(args.runs, "interrupt", seed), "interrupt", seed, settings, str(model))
-        runs += [measure(run_dir_of(args.runs, m, seed), m, seed) for m in MODES]
+        up(run_dir_of(runs_dir, "interrupt", seed), "interrupt", seed, settings, str(model))
+        runs += [measure(run_dir_of(runs_dir, m, seed), m, seed) for m in MODES]
     doc = {
-        "title": f"update_mode wait vs interrupt on the longtail task ({args.engine} engine), "
-        f"seeds {args.seeds}" + (" (--quick)" if args.quick else ""),
+        "title": f"update_mode wait vs interrupt on the longtail task ({args.engine} engine, "
+        f"{args.mix} mix), seeds {args.seeds}" + (" (--quick)" if args.quick else ""),
         "settings": settings,
         "wall_s": round(time.time() - t_start, 1),
         "runs": runs,
