@@ -68,7 +68,8 @@ class EngineConfig(Section):
     """What requests arriving while a batch decodes do: ``static``, wait for the next batch (a
     batch lasts as long as its longest sequence); ``continuous``, join the running batch at a
     token boundary, every 8 steps at most, each join one prefill of the joining prompts (pays
-    off with long-tailed response lengths and several rollout workers; docs/engine.md)."""
+    off with long-tailed response lengths and several rollout workers; docs/engine.md). The
+    embedded engine's; vLLM and SGLang batch continuously on their own."""
     batch_wait_ms: Annotated[float, Field(ge=0, le=1000)] = 2.0
     """After the first request of an idle engine arrives, wait this long for others to join its
     batch ("requests that arrive together are decoded together")."""
