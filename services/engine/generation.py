@@ -19,9 +19,11 @@ requests that arrive mid-batch is the ``batching`` mode:
   began or last took rows in, queued sequences join the running batch up to ``max_batch_size``
   rows: their prompts are prefilled on their own and their cache rows appended to the batch's
   (the narrower side left padded and masked out; a cache of another kind, e.g. sliding-window
-  layers, is rebuilt over every row instead, as after an interruptible update). A queued
-  exclusive task (a waiting update, a ``wait`` pause, an adapter switch) stops joining: the
-  batch drains and the task runs after it, as in ``static``.
+  layers, is rebuilt over every row instead, as after an interruptible update), and positions
+  no row attends to any more are dropped. An exclusive task queued to run between batches (a
+  waiting update, a ``wait`` or ``abort`` pause, an adapter load) or a job of another adapter at
+  the queue's head stops joining: the batch drains and the task (or that adapter's batch) runs
+  after it, as in ``static``. A join that fails fails the joining requests only.
 
 Weight updates come as exclusive tasks (:meth:`BatchGenerator.run_exclusive`), in one of two ways:
 
@@ -148,19 +150,25 @@ class _Task:
 
 @dataclass
 class BatchStats:
-    """What one decoded batch did (for metrics)."""
+    """What one decoded batch did (for metrics); of a continuous batch, what it did from one join
+    to the next."""
 
     sequences: int
+    """Sequences it took in."""
     prompt_tokens: int
     generated_tokens: int
     seconds: float
+    rows: int = 0
+    """Rows decoded together (after the join; 0: ``sequences``)."""
 
 
 def _mergeable(cache: Any) -> bool:
     """Whether :func:`_merge` can append rows to ``cache``: plain per-layer keys and values (no
     sliding window, no quantised or offloaded layers)."""
-    from transformers.cache_utils import DynamicLayer
-
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # a transformers before per-layer caches: rebuild instead
+        return False
     layers = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
@@ -171,7 +179,8 @@ def _merge(
 ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of ``b`` (cache, next-token logits, attention mask, next positions) appended to
     ``a``'s, in place of ``a``'s cache: the narrower one is left padded to the wider one's length
-    with zero keys and values that its mask leaves out, as the batch's first prefill pads."""
+    with zero keys and values that its mask leaves out, as the batch's first prefill pads. ``a``
+    changes only once every new tensor is built (a failure leaves it whole)."""
     cache, logits, mask, pos = a
     other, logits_b, mask_b, pos_b = b
     width = max(mask.shape[1], mask_b.shape[1])
@@ -184,11 +193,28 @@ def _merge(
         shape[dim] = short
         return torch.cat([t.new_zeros(shape), t], dim=dim)
 
-    for layer, new in zip(cache.layers, other.layers, strict=True):
-        layer.keys = torch.cat([pad(layer.keys, 2), pad(new.keys, 2)])
-        layer.values = torch.cat([pad(layer.values, 2), pad(new.values, 2)])
+    kv = [
+        (torch.cat([pad(layer.keys, 2), pad(new.keys, 2)]),
+         torch.cat([pad(layer.values, 2), pad(new.values, 2)]))
+        for layer, new in zip(cache.layers, other.layers, strict=True)
+    ]  # fmt: skip
     mask = torch.cat([pad(mask, 1), pad(mask_b, 1)])
-    return cache, torch.cat([logits, logits_b]), mask, torch.cat([pos, pos_b])
+    logits, pos = torch.cat([logits, logits_b]), torch.cat([pos, pos_b])
+    for layer, (keys, values) in zip(cache.layers, kv, strict=True):
+        layer.keys, layer.values = keys, values
+    return cache, logits, mask, pos
+
+
+def _trim(cache: Any, mask: torch.Tensor) -> torch.Tensor:
+    """Drop the leading cache positions no row attends to any more (their rows finished), so a
+    continuous batch that lives on through joins does not keep every position it ever had; the
+    trimmed mask."""
+    first = int(mask.any(0).int().argmax())
+    if first == 0:
+        return mask
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+    return mask[:, first:]
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -383,9 +409,7 @@ class BatchGenerator:
                 self._decode(batch, stamp)
         except BaseException as e:
             log.exception("generation failed for a batch of %d sequences", len(batch))
-            for job, _ in batch:
-                if not job.future.done():
-                    job.future.set_exception(e)
+            self._fail(batch, e)
 
     @staticmethod
     def _deliver(entry: tuple[_Job, int], result: SequenceResult) -> None:
@@ -396,9 +420,10 @@ class BatchGenerator:
         if job.done == len(job.seqs) and not job.future.done():
             job.future.set_result(list(job.results))  # type: ignore[arg-type]
 
-    def _stats(self, t0: float, seqs: list[_Seq], generated: int) -> None:
+    def _stats(self, t0: float, seqs: list[_Seq], generated: int, rows: int) -> None:
         """Report a batch, or the part of a continuous batch since it last took rows in: the
-        sequences it took in (``seqs``) and the tokens decoded meanwhile."""
+        sequences it took in (``seqs``), the rows decoded together after it took them in and
+        the tokens decoded meanwhile."""
         if self.on_batch is not None:
             self.on_batch(
                 BatchStats(
@@ -406,8 +431,15 @@ class BatchGenerator:
                     prompt_tokens=sum(len(s.prompt) for s in seqs),
                     generated_tokens=generated,
                     seconds=time.perf_counter() - t0,
+                    rows=rows,
                 )
             )
+
+    def _fail(self, entries: Sequence[tuple[_Job, int]], error: BaseException) -> None:
+        """Fail the requests of ``entries`` (their other sequences' results are dropped)."""
+        for job, _ in entries:
+            if not job.future.done():
+                job.future.set_exception(error)
 
     def _forward(
         self,
@@ -477,9 +509,9 @@ class BatchGenerator:
         seqs = [job.seqs[i] for job, i in batch]
         active: list[int] = []  # active[r] = index into batch/seqs of cache row r
         self._admit(batch, 0, active)
-        t_seg, seg_seqs, generated = time.perf_counter(), list(seqs), 0
+        t_seg, seg_seqs, seg_rows, generated = time.perf_counter(), list(seqs), len(seqs), 0
         if not active:
-            self._stats(t_seg, seg_seqs, generated)
+            self._stats(t_seg, seg_seqs, generated, seg_rows)
             return
 
         dev = self.device
@@ -514,11 +546,14 @@ class BatchGenerator:
                     self._deliver(batch[i], self._result(s, reason, matched, cut))
             if not keep:
                 break
+            continuous = self.batching == "continuous" and _mergeable(cache)
             if len(keep) < len(active):
                 sel = torch.tensor(keep, device=dev)
                 cache.batch_select_indices(sel)
                 mask, next_pos, tokens = mask[sel], next_pos[sel], tokens[sel]
                 active = [active[r] for r in keep]
+                if continuous:
+                    mask = _trim(cache, mask)
             changed = self._interrupt()
             since_join += 1
             joined = 0
@@ -532,15 +567,16 @@ class BatchGenerator:
                     self.max_batch_size - len(active), batch[0][0].adapter, joining=True
                 )
                 if more:
-                    self._stats(t_seg, seg_seqs, generated)
                     start = len(batch)
                     batch.extend(more)
+                    self._stats(t_seg, seg_seqs, generated, seg_rows)
                     seg_seqs = [job.seqs[i] for job, i in more]
                     seqs.extend(seg_seqs)
                     t_seg, generated, since_join = time.perf_counter(), 0, 0
                     before = len(active)
                     self._admit(batch, start, active)
                     joined = len(active) - before
+                    seg_rows = len(active)
             if changed or (joined and not _mergeable(cache)):
                 # New weights mid-batch: the cache holds the old weights' keys and values, so it
                 # is rebuilt over each row's prompt and tokens so far, and the next token's
@@ -555,10 +591,18 @@ class BatchGenerator:
             next_pos = next_pos + 1
             if joined:
                 # New rows: their prompts are prefilled on their own and their cache rows
-                # appended to the batch's (the narrower side left padded, masked out).
-                fresh = self._prefill([seqs[i].prompt for i in active[old:]])
-                cache, logits, mask, next_pos = _merge((cache, logits, mask, next_pos), fresh)
-        self._stats(t_seg, seg_seqs, generated)
+                # appended to the batch's (the narrower side left padded, masked out). A failure
+                # there fails the joining requests only; the batch goes on without them.
+                try:
+                    fresh = self._prefill([seqs[i].prompt for i in active[old:]])
+                    cache, logits, mask, next_pos = _merge((cache, logits, mask, next_pos), fresh)
+                except Exception as e:
+                    log.exception("%d sequences failed to join the running batch", joined)
+                    self._fail([batch[i] for i in active[old:]], e)
+                    active = active[:old]
+                else:
+                    mask = _trim(cache, mask)
+        self._stats(t_seg, seg_seqs, generated, seg_rows)
 
     def _sample(
         self, logits: torch.Tensor, seqs: list[_Seq]

@@ -25,7 +25,7 @@ class EngineMetrics:
         self.sequences = m.counter("sequences_total", "Sequences generated (prompts x n)")
         self.batch_size = m.histogram(
             "batch_sequences",
-            "Sequences decoded together per batch",
+            "Sequences decoded together per batch (continuous batching: after each join)",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
         )
         self.batch_seconds = m.histogram("batch_seconds", "Wall time of one batch (prefill+decode)")

@@ -162,7 +162,7 @@ class Engine:
 
     def _on_batch(self, stats: BatchStats) -> None:
         m = self.metrics
-        m.batch_size.observe(stats.sequences)
+        m.batch_size.observe(stats.rows or stats.sequences)
         m.batch_seconds.observe(stats.seconds)
         m.sequences.inc(stats.sequences)
         m.prompt_tokens.inc(stats.prompt_tokens)
