@@ -117,6 +117,7 @@ def up(run_dir: Path, mode: str, seed: int, settings: list[str], model: str | No
     print(f"{mode} seed {seed}: {run_dir}", flush=True)
     with open(run_dir / "up.log", "w") as log:
         code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    (run_dir / "load_average_1m_after").write_text(f"{os.getloadavg()[0]:.1f}\n")
     if code != 0:
         raise SystemExit(f"{mode} seed {seed}: up exited {code}; see {run_dir / 'up.log'}")
 
@@ -198,8 +199,15 @@ def measure(run_dir: Path, mode: str, seed: int) -> dict:
         "staleness_max": max(r.get("staleness_max", 0) for r in steps),
         "accuracy_before": summary.get("accuracy_before"),
         "accuracy_after": summary.get("accuracy_after"),
-        "load_average_1m_after": round(os.getloadavg()[0], 1),
+        "up_wall_s": summary.get("wall_s"),
+        # The machine's load when the run ended (None: a run from before this was recorded).
+        "load_average_1m_after": _load_after(run_dir),
     }
+
+
+def _load_after(run_dir: Path) -> float | None:
+    path = run_dir / "load_average_1m_after"
+    return float(path.read_text()) if path.exists() else None
 
 
 RATIOS = ("trained_tokens_per_s", "learner_idle_share", "engine_idle_share")
@@ -292,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         "title": f"update_mode wait vs interrupt on the longtail task ({args.engine} engine, "
         f"{args.mix} mix), seeds {args.seeds}" + (" (--quick)" if args.quick else ""),
         "settings": settings,
-        "wall_s": round(time.time() - t_start, 1),
+        # What the runs took (``up``'s wall time, summed), whenever they ran; and this call.
+        "wall_s": round(sum(r["up_wall_s"] or 0.0 for r in runs), 1),
+        "call_s": round(time.time() - t_start, 1),
         "runs": runs,
         **summarise(runs),
     }
