@@ -336,10 +336,14 @@ def test_compose_trains_recovers_and_loses_nothing(engine_env: dict[str, str], t
             f"; resumes {[ln for ln in learner_log.splitlines() if 'resumed from' in ln]}\n"
             + learner_log[-3000:]
         )
-        # It trains a warm-started model (the failure: a fresh one, every reward 0, loss 0,
-        # grad norm 0), pushing weights to the engine.
-        assert all(r["reward_mean"] > 0 for r in records[:3]), "reward 0: a fresh model?"
-        assert all(r["grad_norm"] > 0 for r in records), "grad norm 0: nothing learned"
+        # It trains a warm-started model (the failure this guards against: a fresh one, every
+        # reward 0, loss 0, grad norm 0), pushing weights to the engine. At this model's reward
+        # level (a few percent) a step whose rewards are all equal comes up by chance; its
+        # gradient is exactly 0, so only the steps with a signal must move the weights.
+        assert any(r["reward_mean"] > 0 for r in records[:3]), "reward 0: a fresh model?"
+        signal = [r for r in records if not r["rewards_all_equal"]]
+        assert len(signal) * 2 >= len(records), f"most steps without a signal: {records}"
+        assert all(r["grad_norm"] > 0 for r in signal), "grad norm 0: nothing learned"
     finally:
         stack.compose("down", "-v", "--remove-orphans", "--timeout", "20", timeout=300, check=False)
     left = _sh(["docker", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={stack.project}"],
