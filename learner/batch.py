@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -169,7 +169,11 @@ def samples_from_groups(
 
 @dataclass
 class MicroBatch:
-    """Padded tensors for a set of rows of the batch (``rows`` are batch indices)."""
+    """Padded tensors for a set of rows of the batch (``rows`` are batch indices).
+
+    The collated inputs come first; the step fills the rest as it goes (old pass, then
+    advantages, then IS weights), each ``[b, T]`` over response tokens unless noted, None until
+    set or when its term is off."""
 
     rows: list[int]
     input_ids: torch.Tensor  # [b, P + T]
@@ -178,7 +182,21 @@ class MicroBatch:
     mask: torch.Tensor  # [b, T] float, 1 at the response tokens trained on (not observations)
     sampling_logprobs: torch.Tensor  # [b, T]
     temperature: torch.Tensor  # [b] float, each row's sampling temperature
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    unsampled: torch.Tensor | None = None
+    """The mask ablation: 1 at trained tokens the engine did not sample (observations)."""
+    group_tokens: torch.Tensor | None = None
+    """``[b]``: the trained-token count of each row's group over the whole batch (prompt-mean)."""
+    old_logp: torch.Tensor | None = None
+    """Log-probs under the weights at batch start (the old pass)."""
+    old_entropy: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    """Critic values at batch start (with a critic)."""
+    ref_logp: torch.Tensor | None = None
+    """Reference-policy log-probs (with a KL term)."""
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+    """The mismatch correction's weights (None: ``is_cap`` off)."""
 
     @property
     def response_len(self) -> int:
@@ -189,16 +207,11 @@ class MicroBatch:
         return int(self.mask.sum().item())
 
     def to(self, device: torch.device) -> MicroBatch:
-        return MicroBatch(
-            self.rows,
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.response_ids.to(device),
-            self.mask.to(device),
-            self.sampling_logprobs.to(device),
-            self.temperature.to(device),
-            {k: v.to(device) for k, v in self.extra.items()},
-        )
+        moved = {
+            f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
+            for f in fields(self)
+        }
+        return MicroBatch(**moved)
 
 
 def collate(samples: list[Sample], rows: list[int], pad_id: int) -> MicroBatch:
@@ -238,7 +251,7 @@ def collate(samples: list[Sample], rows: list[int], pad_id: int) -> MicroBatch:
         unsampled = torch.zeros((b, t_len))
         for i, s in enumerate(chosen):
             unsampled[i, : len(s.response)] = torch.tensor(s.unsampled())
-        mb.extra["unsampled"] = unsampled
+        mb.unsampled = unsampled
     return mb
 
 

@@ -60,9 +60,15 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
     return DistEnv(rank=rank, world_size=world, local_rank=local, device=device)
 
 
+def world_size() -> int:
+    """Ranks in the process group; 1 without one (the RL step run in process, by a benchmark or
+    a test, is a world of one and needs no group)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """``obj`` from ``src`` on every rank (pickled through a byte tensor on the CPU group)."""
-    if dist.get_world_size() == 1:
+    if world_size() == 1:
         return obj
     if dist.get_rank() == src:
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
@@ -78,7 +84,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 def all_reduce_sum(values: list[float]) -> list[float]:
     """Element-wise sum of a float list over ranks (float64 on the CPU group)."""
-    if dist.get_world_size() == 1:
+    if world_size() == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t)
@@ -87,13 +93,13 @@ def all_reduce_sum(values: list[float]) -> list[float]:
 
 def all_reduce_tensor(t: torch.Tensor) -> torch.Tensor:
     """Element-wise sum of a CPU tensor over ranks (in place; returned for chaining)."""
-    if dist.get_world_size() > 1:
+    if world_size() > 1:
         dist.all_reduce(t)
     return t
 
 
 def all_gather_object(obj: Any) -> list[Any]:
-    if dist.get_world_size() == 1:
+    if world_size() == 1:
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)

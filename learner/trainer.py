@@ -57,6 +57,7 @@ from learner.push import (
     WeightTransport,
     discover_engines,
 )
+from learner.step import adamw, clip_and_step
 from learner.steplog import StepLog
 
 log = logging.getLogger(__name__)
@@ -104,13 +105,7 @@ class Trainer:
         self.ref: PolicyModel | None = None
         self.model.train()
         o = self.lc.optim
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=self.lc.lr,
-            betas=o.betas,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-        )
+        self.optimizer = adamw(self.model, self.lc)
         total = o.total_steps or self.lc.max_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -438,14 +433,7 @@ class Trainer:
 
     def optimizer_step(self) -> float:
         """Clip, step, zero; returns the global gradient norm before clipping."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.lc.optim.grad_clip or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return clip_and_step(self.model, self.optimizer, self.lc.optim.grad_clip)
 
     @staticmethod
     def _seed(seed: int) -> None:

@@ -101,7 +101,7 @@ def test_advantage_and_aggregation_variants_train(
     records = read_log(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["kl"] >= 0 for r in records)
-    for r in records:  # the mismatch figures of every step (learner.objective.mismatch_record)
+    for r in records:  # the mismatch figures of every step (learner.mismatch.mismatch_record)
         assert r["mismatch_kl_token_mean"] >= 0 and r["mismatch_kl_seq_mean"] >= 0
         assert r["is_weight_p1"] <= r["is_weight_p50"] <= r["is_weight_p99"]
         assert 0 <= r["is_masked_share"] <= 1 and "mismatch_kl_lag0" in r

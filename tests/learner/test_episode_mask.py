@@ -1,5 +1,6 @@
 """Multi-turn samples in the learner: the loss mask through the learner's own plumbing
-(``RLTrainer._plan``, ``_normalizer``, ``_advantages``) and ``rl_objective``, against a
+(``learner.step``: ``plan_batch``, ``normalizer``, ``batch_advantages``, the step's old pass) and
+``rl_objective``, against a
 plain-Python loop twin that visits model tokens only."""
 
 from __future__ import annotations
@@ -10,11 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dynamo_rl.config.learner import AlgorithmConfig, DapoConfig, KlConfig, PpoLoss
-from learner import algorithms as A
+from dynamo_rl.config.learner import (
+    AlgorithmConfig,
+    DapoConfig,
+    KlConfig,
+    LearnerConfig,
+    PpoLoss,
+)
 from learner.batch import Sample
 from learner.objective import ObjectiveInputs, rl_objective
-from learner.rl import RLTrainer
+from learner.step import RLStep, batch_advantages, normalizer, plan_batch
 
 PPO = PpoLoss(clip_low=0.2, clip_high=0.28)
 
@@ -73,11 +79,9 @@ def test_mask_applies_to_policy_kl_entropy_and_normaliser(seed: int) -> None:
     adv = [float(torch.randn(1, generator=gen)) for _ in samples]
     algo = AlgorithmConfig(policy_loss=PPO, kl=KlConfig(coef=0.1, kind="k3"), entropy_coef=0.01)
     lc = SimpleNamespace(mini_batch_size=2, train_batch_size=2, micro_batch_size=4)
-    env = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
-    me = SimpleNamespace(lc=lc, env=env, pad_id=0, agg="token-mean")
-    minis, plan = RLTrainer._plan(me, samples)
+    minis, plan = plan_batch(samples, lc, pad_id=0)
     [rows], [[mb]] = minis, plan
-    norm = RLTrainer._normalizer(me, samples, rows)
+    norm = normalizer(samples, rows, "token-mean")
     assert norm == sum(s.model_tokens for s in samples) == 5 + 2 + 5 + 4
 
     def pad(rows_: list[list[float]]) -> torch.Tensor:
@@ -113,13 +117,8 @@ def test_overlong_penalty_counts_model_tokens_only() -> None:
         dapo=DapoConfig(overlong_buffer=2, max_response_len=6),
         advantage={"type": "drgrpo"},
     )
-    me = SimpleNamespace(
-        lc=SimpleNamespace(algorithm=algo, critic=SimpleNamespace(enabled=False)),
-        env=SimpleNamespace(device=torch.device("cpu")),
-        kl_ctl=SimpleNamespace(beta=0.0),
-        estimator=A.ADVANTAGE_ESTIMATORS["drgrpo"],
-    )
-    rewards, lengths, _ = RLTrainer._advantages(me, [s], [])
+    lc = SimpleNamespace(algorithm=algo, critic=SimpleNamespace(enabled=False))
+    rewards, lengths, _ = batch_advantages([s], [], lc)
     assert lengths.tolist() == [4]
     assert rewards.tolist() == [1.0]  # 4 <= 6 - 2: no penalty (8 tokens would get -1)
 
@@ -194,26 +193,23 @@ def test_the_mask_ablation_trains_the_observation_tokens() -> None:
     plain = episode_samples(0)
     assert sum(s.model_tokens for s in samples) == sum(len(s.response) for s in samples) == 25
     assert sum(s.model_tokens for s in plain) == 16  # without the ablation
-    lc = SimpleNamespace(mini_batch_size=4, train_batch_size=4, micro_batch_size=4,
-                         needs_reference=False)  # fmt: skip
-    env = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
-    me = SimpleNamespace(lc=lc, env=env, pad_id=0, agg="token-mean")
-    _, [[mb]] = RLTrainer._plan(me, samples)
+    lc = LearnerConfig(mini_batch_size=4, train_batch_size=4, micro_batch_size=4)
+    _, [[mb]] = plan_batch(samples, lc, pad_id=0)
     observation = torch.zeros_like(mb.mask)
     for j, i in enumerate(mb.rows):
         s = samples[i]
         assert mb.mask[j, : len(s.response)].tolist() == [1.0] * len(s.response)
         if s.loss_mask is not None:
             observation[j, : len(s.response)] = 1 - torch.tensor(s.loss_mask, dtype=torch.float)
-    assert observation.sum() == 9 and torch.equal(mb.extra["unsampled"], observation)
-    _, [[plain_mb]] = RLTrainer._plan(me, plain)
-    assert "unsampled" not in plain_mb.extra and not (plain_mb.mask * observation).any()
+    assert observation.sum() == 9 and torch.equal(mb.unsampled, observation)
+    _, [[plain_mb]] = plan_batch(plain, lc, pad_id=0)
+    assert plain_mb.unsampled is None and not (plain_mb.mask * observation).any()
 
     # The old pass: the observation tokens' sampling log-probs become the learner's own.
     old = -torch.rand(mb.mask.shape) - 0.1
-    me.model = None
-    me._forward = lambda _model, _mb: (old, torch.zeros_like(old), None)
-    RLTrainer._old_pass(me, [[mb]])
+    step = RLStep(lc, torch.nn.Linear(1, 1), None, pad_id=0,
+                  forward=lambda _model, _mb, _grad: (old, torch.zeros_like(old), None))  # fmt: skip
+    step._old_pass([[mb]])
     assert torch.equal(mb.sampling_logprobs[observation == 1], old[observation == 1])
     kept = (observation == 0) & (mb.mask == 1)
     assert not torch.equal(mb.sampling_logprobs[kept], old[kept])

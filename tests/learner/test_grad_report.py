@@ -13,20 +13,10 @@ import torch
 
 from learner.batch import Sample, collate
 from learner.grad_report import GradStatsCollector, lm_head_of
-from learner.model import load_policy
-from learner.rl import policy_forward
+from learner.step import policy_forward
 from learner.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_rank")  # records() gathers over the ranks
-
-
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory: pytest.TempPathFactory):
-    path: Path = build_tiny_model(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=32, num_layers=1, num_heads=2,
-        num_kv_heads=1, max_positions=64,
-    )  # fmt: skip
-    return load_policy(str(path)).float()
 
 
 def _samples() -> list[Sample]:

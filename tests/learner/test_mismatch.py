@@ -1,4 +1,4 @@
-"""The engine/learner mismatch figures of a step record (``learner.objective.mismatch_sums`` over
+"""The engine/learner mismatch figures of a step record (``learner.mismatch.mismatch_sums`` over
 micro-batches, then ``mismatch_record``) against a loop twin over the whole batch, and their way
 into the learner's Prometheus metrics."""
 
@@ -10,15 +10,15 @@ import torch
 
 from dynamo_rl.config.learner import AlgorithmConfig
 from learner.metrics import LearnerMetrics
-from learner.objective import (
+from learner.mismatch import (
     IS_QUANTILES,
     SKETCH_SIZE,
-    importance_weights,
     mismatch_record,
     mismatch_sums,
     sketch_quantiles,
     weight_sketch,
 )
+from learner.objective import importance_weights
 
 SKETCH_REL = math.exp(0.0025) - 1  # a sketch quantile's largest relative error
 

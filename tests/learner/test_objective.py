@@ -17,13 +17,9 @@ from dynamo_rl.config.learner import (
     PpoLoss,
 )
 from learner.algorithms import dynamo_params, group_token_counts
-from learner.objective import (
-    ObjectiveInputs,
-    kl_shaped_token_rewards,
-    rl_objective,
-    truncated_is_weights,
-)
+from learner.objective import ObjectiveInputs, kl_shaped_token_rewards, rl_objective
 from tests.learner.algorithms.test_dynamo import loop_modulate
+from tests.learner.algorithms.test_is_corrections import truncated_is_weights
 
 CLIP_LOW, CLIP_HIGH, DUAL = 0.2, 0.28, 3.0
 
@@ -424,13 +420,13 @@ def test_prompt_mean_without_group_counts_names_the_field():
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_the_learners_plan_and_normaliser_give_the_whole_batch_prompt_mean(world: int):
-    """The learner's own plumbing (``RLTrainer._plan`` group token counts per micro-batch,
-    ``RLTrainer._normalizer``): micro-batches of 2 rows, mini-batches of 2 groups, split over
+    """The learner's own plumbing (``learner.step.plan_batch`` group token counts per micro-batch,
+    ``learner.step.normalizer``): micro-batches of 2 rows, mini-batches of 2 groups, split over
     ``world`` ranks, add up to one prompt-mean over each mini-batch."""
     from types import SimpleNamespace
 
     from learner.batch import Sample
-    from learner.rl import RLTrainer
+    from learner.step import normalizer, plan_batch
 
     gen = torch.Generator().manual_seed(7)
     sizes = [3, 1, 4, 2]  # responses per group
@@ -456,11 +452,9 @@ def test_the_learners_plan_and_normaliser_give_the_whole_batch_prompt_mean(world
     lp = {i: (-torch.rand(len(s.response), generator=gen)).tolist() for i, s in enumerate(samples)}
     total: dict[int, float] = {}
     for rank in range(world):
-        env = SimpleNamespace(rank=rank, world_size=world, device=torch.device("cpu"))
-        me = SimpleNamespace(lc=lc, env=env, pad_id=0, agg="prompt-mean")
-        minis, plan = RLTrainer._plan(me, samples)
+        minis, plan = plan_batch(samples, lc, pad_id=0, rank=rank, world=world)
         for m, (rows, mbs) in enumerate(zip(minis, plan, strict=True)):
-            norm = RLTrainer._normalizer(me, samples, rows)
+            norm = normalizer(samples, rows, "prompt-mean")
             for mb in mbs:
                 if not mb.rows:
                     continue
@@ -474,7 +468,7 @@ def test_the_learners_plan_and_normaliser_give_the_whole_batch_prompt_mean(world
                         old_logp=logp,
                         advantages=a,
                         mask=mb.mask,
-                        group_tokens=mb.extra.get("group_tokens"),
+                        group_tokens=mb.group_tokens,
                     ),
                     algo,
                     normalizer=norm,

@@ -86,7 +86,7 @@ def test_a_restarted_single_engine_gets_the_weights_again(tmp_path: Path, redis_
     """One engine (compose's stack): killed mid-training and restarted on the weights it was
     started with. A worker that meets it at its gate waits for an engine within
     ``rollout.max_staleness`` of the learner, and the learner, out of groups, has no step to push
-    after: it must push to the lagging engine while it waits (``learner/rl.py``'s ``CATCH_UP_S``),
+    after: it must push to the lagging engine while it waits (``learner/stream_source.py``'s ``CATCH_UP_S``),
     or training stalls for good. (A worker with a batch in flight finishes it on the restarted
     engine, and the step on it pushes: so the worker is killed too, and restarts at its gate.)"""
     name = "oneengine"

@@ -50,7 +50,7 @@ def test_up_with_vllm_pushes_and_restarts_a_killed_server(tmp_path: Path) -> Non
         "learner.push.timeout_s=60",
         # A restarted vLLM serves engine.model (version 0) until the next push, and vLLM has no
         # load-from-disk route: the worker's gate (1) holds it until the learner, finding the
-        # engine behind while it waits for groups, pushes to it again (learner/rl.py CATCH_UP_S).
+        # engine behind while it waits for groups, pushes to it again (learner/stream_source.py CATCH_UP_S).
         "rollout.max_staleness=1",
         # Unseeded: vLLM 0.32's CPU engine dies on a seeded request prefilled in chunks.
         "rollout.sampling.seed=null",

@@ -13,14 +13,16 @@ from pydantic import ValidationError
 
 from dynamo_rl.config.learner import AlgorithmConfig, IsMode, PpoLoss
 from learner.algorithms import IS_CORRECTIONS, UnknownNameError
-from learner.objective import (
-    ObjectiveInputs,
-    importance_weights,
-    rl_objective,
-    truncated_is_weights,
-)
+from learner.objective import ObjectiveInputs, importance_weights, rl_objective
 
 CAP = 1.5
+
+
+def truncated_is_weights(
+    old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """The default correction's weights, ``min(exp(old − sampling), cap)`` (0 at padding)."""
+    return IS_CORRECTIONS["token-truncate"](old_logp, sampling_logp, mask, cap=cap).weights
 
 
 def batch(seed: int) -> dict[str, torch.Tensor]:

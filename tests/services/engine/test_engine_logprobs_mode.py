@@ -14,9 +14,9 @@ import torch
 
 from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
 from learner.batch import collate, samples_from_groups
+from learner.mismatch import mismatch_record, mismatch_sums
 from learner.model import load_policy
-from learner.objective import mismatch_record, mismatch_sums
-from learner.rl import policy_forward
+from learner.step import policy_forward
 from tests.services.engine.engine_util import complete, running_engine
 
 PROMPTS = [[10, 20, 30], [40, 41, 42, 43, 44, 45, 46]]

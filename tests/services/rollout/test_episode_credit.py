@@ -3,7 +3,7 @@
 Episodes are played on a real embedded engine with a chat template that hides earlier assistant
 turns, so every turn after the first starts a new segment (a fork); their responses go through
 ``episode_responses``, ``trajectory_group``, the codec, ``samples_from_groups`` and the learner's
-own ``RLTrainer._plan`` and ``_advantages``. The outcome scores are given by hand (what a reward
+own ``learner.step.plan_batch`` and ``batch_advantages``. The outcome scores are given by hand (what a reward
 service would have said), so every expected number is computed on paper in the test.
 """
 
@@ -21,7 +21,6 @@ from dynamo_rl.codec import Timing, TrajectoryGroup, decode_group, encode_group
 from dynamo_rl.config.learner import AlgorithmConfig, PpoLoss
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
-from learner import algorithms as A
 from learner.batch import (
     Sample,
     batch_mask,
@@ -29,7 +28,7 @@ from learner.batch import (
     samples_from_groups,
     uniform_group,
 )
-from learner.rl import RLTrainer
+from learner.step import batch_advantages, plan_batch
 from services.rollout.build import load_tokenizer
 from services.rollout.datasets import PromptRecord
 from services.rollout.engines import Sampling, make_engine
@@ -89,20 +88,15 @@ def group_of(
 def learner_advantages(samples: list[Sample], estimator: str) -> list[torch.Tensor]:
     """Each row's advantages at its trained tokens, as the learner computes them for a step."""
     algo = AlgorithmConfig(policy_loss=PpoLoss(), advantage={"type": estimator})
-    me = SimpleNamespace(
-        lc=SimpleNamespace(algorithm=algo, critic=SimpleNamespace(enabled=False),
-                           mini_batch_size=None, train_batch_size=1, micro_batch_size=64),
-        env=SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu")),
-        kl_ctl=SimpleNamespace(beta=0.0), estimator=A.ADVANTAGE_ESTIMATORS[estimator],
-        pad_id=0, agg="token-mean",
-    )  # fmt: skip
-    _, plan = RLTrainer._plan(me, samples)
-    RLTrainer._advantages(me, samples, plan)
+    lc = SimpleNamespace(algorithm=algo, critic=SimpleNamespace(enabled=False),
+                         mini_batch_size=None, train_batch_size=1, micro_batch_size=64)  # fmt: skip
+    _, plan = plan_batch(samples, lc, pad_id=0)
+    batch_advantages(samples, plan, lc)
     out: dict[int, torch.Tensor] = {}
     for mbs in plan:
         for mb in mbs:
             for j, row in enumerate(mb.rows):
-                adv = mb.extra["advantages"][j]
+                adv = mb.advantages[j]
                 assert not adv[mb.mask[j] == 0].any()  # observation tokens and padding: 0
                 out[row] = adv[mb.mask[j] == 1]
     return [out[i] for i in range(len(samples))]
