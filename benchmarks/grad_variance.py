@@ -11,10 +11,11 @@ of ``pool`` samples per prompt is generated once per checkpoint. For every pool 
 of its log-prob over **all** parameters is computed once and stored count-sketched to ``sketch``
 dimensions (a fixed random hash and sign per parameter coordinate; inner products are unbiased,
 relative error ≈ 1/√sketch). A batch then draws, with replacement, n_i samples of prompt i from its
-pool (n_i from the allocator under test, Σ n_i = B × prompts); its loss is the learner's own
-``learner.objective.rl_objective`` (the shipped DynaMO recipe: GRPO advantages over the batch,
-PPO-clip 0.2/0.28, dual clip 10, modulation decay6 per micro-batch of ``micro_batch`` rows,
-on-policy) with ``agg`` token-mean or prompt-mean and the whole batch's normaliser; autograd gives
+pool (n_i from the allocator under test, Σ n_i = B × prompts); its loss and backward are the
+learner's own step (``learner.step.RLStep`` with ``update=False``: the shipped DynaMO recipe, GRPO
+advantages over the batch, PPO-clip 0.2/0.28, dual clip 10, modulation decay6 per micro-batch of
+``micro_batch`` rows, on-policy, ``agg`` token-mean or prompt-mean with the whole batch's
+normaliser), its forward handing back the pool's log-probs as leaves; the backward gives
 ∂loss/∂logp for every token, and the parameter gradient is Σ ∂loss/∂logp · ∇logp (the chain rule:
 modulation and the clip use detached log-probs, there is no KL or entropy term), read from the
 sketch. ``chain_rule_check`` in the JSON compares that with a real ``backward()`` through the model
@@ -184,12 +185,14 @@ def bounds_for(spec: dict[str, Any], budget_b: int) -> tuple[int, int]:
     return lo, max(lo, round(budget_b * a.n_max / a.n_per_prompt))
 
 
-def algo_config(agg: str):
-    """The shipped DynaMO recipe's objective (configs/dynamo_grpo.yaml), on-policy."""
+def algo_config(agg: str, advantage: str = "grpo"):
+    """The shipped DynaMO recipe's objective (configs/dynamo_grpo.yaml), on-policy, with
+    ``advantage``'s estimator."""
     from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
 
     return AlgorithmConfig(
         policy_loss=PpoLoss(clip_low=0.2, clip_high=0.28, dual_clip=10.0),
+        advantage={"type": advantage},
         agg=agg,
         modulation=ModulationConfig(enabled=True, preset="decay6"),
         is_cap=None,
@@ -204,16 +207,7 @@ def rl_checkpoint(s, g: GVSettings, warm: Path, steps: int, cache: Path) -> Path
     """``steps`` in-process RL steps of uniform GRPO + modulation from the warm start (cached)."""
     import numpy as np
     import torch
-    from sample_efficiency import (
-        accumulate_gradients,
-        decode_responses,
-        generate,
-        is_correct,
-        load,
-        prompt_text,
-        response_mask,
-        task_rows,
-    )
+    from sample_efficiency import learner_config, learner_step, load, sampled_batch, task_rows
 
     if steps == 0:
         return warm
@@ -222,27 +216,21 @@ def rl_checkpoint(s, g: GVSettings, warm: Path, steps: int, cache: Path) -> Path
         return out
     rl_pool, _, _ = task_rows(s)
     model, tok = load(warm)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
-    algo = algo_config("token-mean")
+    step_fn = learner_step(
+        model, tok, learner_config(s, algo_config("token-mean"), groups=g.rl_batch, micro=64)
+    )
     rng = np.random.default_rng(g.seed)
     t0 = time.time()
     for step in range(1, steps + 1):
         batch = rng.choice(len(rl_pool), g.rl_batch, replace=False).tolist()
         group_of = [i for i in range(g.rl_batch) for _ in range(g.rl_n)]
-        prompts = [prompt_text(rl_pool[batch[i]]) for i in group_of]
-        gts = [rl_pool[batch[i]]["reward_model"]["ground_truth"] for i in group_of]
         model.eval()
         torch.manual_seed(g.seed * 1_000_003 + step)
-        ((seq, width, attn),) = generate(model, tok, prompts, greedy=False, s=s, chunk=10**9)
-        resp = seq[:, width:]
-        rmask = response_mask(resp, tok.eos_token_id)
-        texts = decode_responses(tok, resp, rmask)
-        rewards = torch.tensor([float(is_correct(t, a)) for t, a in zip(texts, gts, strict=True)])
+        step_batch, rewards = sampled_batch(
+            model, tok, s, [rl_pool[i] for i in batch], group_of, [str(i) for i in batch]
+        )
         model.train()
-        opt.zero_grad(set_to_none=True)
-        accumulate_gradients(model, seq, attn, rmask, rewards, group_of, algo, 64, 1.0)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        opt.step()
+        step_fn(step_batch)
         if step % 10 == 0:
             print(
                 f"[rl] step {step} reward {float(rewards.mean()):.3f} ({time.time() - t0:.0f}s)",
@@ -373,57 +361,78 @@ def build_pool(
 
 
 # ---------------------------------------------------------------------------------------------
-# One batch's gradient through the learner's objective
+# One batch's gradient through the learner's step
+
+
+def pool_batch(pool: dict, idx, groups):
+    """The learner step's input of pool rows ``idx`` (row ``j`` in group ``groups[j]``), in
+    that order (group by group, as the learner's mini-batches hold them)."""
+    from learner.batch import Sample
+    from learner.step import RLBatch
+
+    rewards = pool["reward"].reshape(-1)
+    samples = []
+    for i, g in zip(idx.tolist(), groups, strict=True):
+        p_ids, r_ids, _ = pool["samples"][i]
+        samples.append(
+            Sample(
+                prompt=list(p_ids),
+                response=list(r_ids),
+                sampling_logprobs=pool["logp"][i, : len(r_ids)].tolist(),
+                reward=float(rewards[i]),
+                correct=bool(rewards[i] > 0),
+                group=int(g),
+            )
+        )
+    return RLBatch(samples=samples, prompt_ids=[""] * (max(groups, default=0) + 1))
+
+
+def pool_step(agg: str, micro: int, advantage: str, groups, forward=None, model=None):
+    """The learner's RL step (``learner.step.RLStep``) with the shipped recipe's objective
+    (:func:`algo_config`), all of a batch's groups in one mini-batch, ``micro`` rows a
+    micro-batch; its forward passes are ``forward`` (default: the model's own)."""
+    import torch
+
+    from dynamo_rl.config.learner import LearnerConfig
+    from learner.model import PolicyModel
+    from learner.step import RLStep, policy_forward
+
+    lc = LearnerConfig(
+        train_batch_size=max(1, len(set(groups))),
+        micro_batch_size=micro,
+        algorithm=algo_config(agg, advantage),
+    )
+    policy = PolicyModel(model) if model is not None else torch.nn.Identity()
+    return RLStep(lc, policy, None, pad_id=0, forward=forward or policy_forward)
 
 
 def batch_coefficients(pool: dict, idx, groups, agg: str, micro: int, advantage: str = "grpo"):
-    """∂loss/∂logp ``[rows, T]`` of the learner's loss on pool rows ``idx`` (groups ``groups``).
+    """∂loss/∂logp ``[rows, T]`` of the learner step's loss on pool rows ``idx``.
 
-    Rows are ordered group by group (as the learner's mini-batches); each micro-batch of ``micro``
-    rows is one ``rl_objective`` call with the whole batch's normaliser (and, for prompt-mean,
-    each row's group token count over the whole batch), summed as gradient accumulation does.
+    The step runs as the learner runs it (its plan, advantages over the batch, ``rl_objective``
+    per micro-batch with the batch's normaliser, its backward, ``update=False``); only its
+    forward differs: it hands back the pool's log-probs and entropies of those rows (the model's,
+    computed once per pool) as leaves, whose gradients are the coefficients.
     """
     import torch
 
-    from learner.algorithms import ADVANTAGE_ESTIMATORS, group_token_counts
+    rows = idx.tolist()
+    leaves: list[tuple[list[int], torch.Tensor]] = []
 
-    mask = pool["mask"][idx]
-    gids = torch.as_tensor(groups)
-    rewards = pool["reward"].reshape(-1)[idx]
-    adv, _ = ADVANTAGE_ESTIMATORS[advantage](rewards=rewards, mask=mask, group_ids=gids)
-    logp = pool["logp"][idx].clone().requires_grad_(True)
-    gt = group_token_counts(gids, mask)
-    has = mask.sum(-1) > 0
-    norm = float(mask.sum()) if agg == "token-mean" else float(len(set(gids[has].tolist())))
-    total = batch_loss(logp, pool["ent"][idx], adv, mask, gt, agg, micro, max(norm, 1.0))
-    (coef,) = torch.autograd.grad(total, logp)
+    def forward(_model, mb, _entropy_grad):
+        at = [rows[r] for r in mb.rows]
+        t = mb.response_len
+        logp = pool["logp"][at, :t].clone()
+        if torch.is_grad_enabled():
+            logp.requires_grad_(True)
+            leaves.append((mb.rows, logp))
+        return logp, pool["ent"][at, :t], None
+
+    pool_step(agg, micro, advantage, groups, forward)(pool_batch(pool, idx, groups), update=False)
+    coef = torch.zeros(len(rows), pool["logp"].shape[1])
+    for at, leaf in leaves:
+        coef[at, : leaf.shape[1]] += leaf.grad
     return coef
-
-
-def batch_loss(logp, ent, adv, mask, group_tokens, agg: str, micro: int, normalizer: float):
-    """The learner's loss of a batch (rows ``[rows, T]``): one ``rl_objective`` call per
-    micro-batch of ``micro`` rows with the whole batch's ``normalizer``, summed as gradient
-    accumulation sums them."""
-    from learner.objective import ObjectiveInputs, rl_objective
-
-    algo = algo_config(agg)
-    total = None
-    for lo in range(0, len(logp), micro):
-        sl = slice(lo, lo + micro)
-        out = rl_objective(
-            ObjectiveInputs(
-                logp=logp[sl],
-                old_logp=logp[sl].detach(),
-                advantages=adv[sl],
-                mask=mask[sl],
-                entropy=ent[sl],
-                group_tokens=group_tokens[sl],
-            ),
-            algo,
-            normalizer=normalizer,
-        )
-        total = out.loss if total is None else total + out.loss
-    return total
 
 
 def batch_gradient(pool: dict, idx, groups, agg: str, micro: int, advantage: str = "grpo"):

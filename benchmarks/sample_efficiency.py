@@ -27,10 +27,11 @@ baseline (``--baseline``, default ``grpo``) seed by seed (final accuracy, mean o
 curve, rollouts to target, and the ratio of rollouts to target).
 
 The methods run **in this process, not through the distributed services**: the same allocator
-function (``allocate_rollouts``), the learner's objective (``learner.objective.rl_objective``:
-modulation and loss, called per micro-batch of ``micro_batch`` rows with the whole batch's token
-count as the normaliser, logits divided by the sampling temperature, exactly as the learner's
-update) and the reward service's math scorer (``score_math`` in ``last_boxed``
+function (``allocate_rollouts``), the learner's own RL step (``learner.step.RLStep``, the one
+the learner runs: its old pass, advantages, modulation and loss per micro-batch of
+``micro_batch`` rows with the whole batch's normaliser, logits divided by the sampling
+temperature, its gradient statistics for method ``grad``, its AdamW step) and the reward
+service's math scorer (``score_math`` in ``last_boxed``
 mode, called in-process with a memo cache) as the services use — but generation is
 ``model.generate`` on the policy itself and the per-prompt statistics live in a dict updated with
 the allocator's Redis semantics (on every report: samples, successes ← decay·old + new). Running the
@@ -117,6 +118,20 @@ def method_agg(spec: MethodSpec, s: Settings) -> str:
     if spec.agg is not None:
         return spec.agg
     return s.alloc_agg if spec.allocate else "token-mean"
+
+
+def method_algo(spec: MethodSpec, s: Settings):
+    """The learner's algorithm of a method's update: PPO-clip with dual clip, no KL, no entropy
+    bonus, no IS correction (one on-policy update per batch), the method's aggregation and
+    modulation."""
+    from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
+
+    return AlgorithmConfig(
+        policy_loss=PpoLoss(clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=10.0),
+        agg=method_agg(spec, s),
+        modulation=ModulationConfig(enabled=spec.modulate, preset=s.preset),
+        is_cap=None,
+    )
 
 
 def method_bounds(spec: MethodSpec, s: Settings) -> tuple[int, int]:
@@ -318,15 +333,20 @@ def warm_start(s: Settings, cache: Path) -> Path:
     return out
 
 
-def generate(model, tok, prompts: list[str], *, greedy: bool, s: Settings, chunk: int = 512):
-    """Left-padded generation; returns (sequences [B, P+T], prompt width P) per chunk as a list."""
+def generate(
+    model, tok, prompts: list[str], *, greedy: bool, s: Settings, chunk: int = 512,
+    logprobs: bool = False,
+):  # fmt: skip
+    """Left-padded generation; per chunk ``(sequences [B, P+T], prompt width P, prompt attention
+    [B, P])``, plus with ``logprobs`` each sampled token's log-prob ``[B, T]`` under the
+    distribution it was drawn from (the tempered one: what an engine reports)."""
     import torch
 
     outs = []
     for i in range(0, len(prompts), chunk):
         enc = tok(prompts[i : i + chunk], return_tensors="pt", padding=True)
         with torch.no_grad():
-            seq = model.generate(
+            out = model.generate(
                 **enc,
                 do_sample=not greedy,
                 temperature=s.temperature if not greedy else None,
@@ -335,8 +355,15 @@ def generate(model, tok, prompts: list[str], *, greedy: bool, s: Settings, chunk
                 max_new_tokens=s.max_new_tokens,
                 eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
+                output_scores=logprobs,
+                return_dict_in_generate=True,
             )
-        outs.append((seq, enc["input_ids"].shape[1], enc["attention_mask"]))
+        width = enc["input_ids"].shape[1]
+        item = (out.sequences, width, enc["attention_mask"])
+        if logprobs:
+            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
+            item += (scores.gather(-1, out.sequences[:, width:, None]).squeeze(-1),)
+        outs.append(item)
     return outs
 
 
@@ -384,135 +411,99 @@ def evaluate(model, tok, rows: list[dict], s: Settings, seed: int) -> dict[str, 
 # One RL run
 
 
-def forward_logp(model, seq, prompt_attn, rmask, temperature: float):
-    """Log-probs and entropies ``[B, T]`` of the response tokens of ``seq`` under ``model``, from
-    logits divided by the sampling temperature (as the learner's forward pass)."""
+def learner_config(
+    s: Settings, algo, *, groups: int, lr: float | None = None, epochs: int = 1,
+    mini_batches: int = 1, micro: int | None = None,
+):  # fmt: skip
+    """The learner's config of this benchmark's update: ``groups`` groups a batch in
+    ``mini_batches`` optimizer steps (whole groups each) for ``epochs`` passes, micro-batches of
+    ``micro`` rows (default ``s.micro_batch``), AdamW at ``lr`` (default ``s.lr``) with
+    ``s.grad_clip``."""
+    import math
+
+    from dynamo_rl.config.learner import LearnerConfig, OptimConfig
+
+    return LearnerConfig(
+        lr=s.lr if lr is None else lr,
+        train_batch_size=groups,
+        mini_batch_size=max(1, math.ceil(groups / mini_batches)),
+        micro_batch_size=micro or s.micro_batch,
+        ppo_epochs=epochs,
+        optim=OptimConfig(grad_clip=s.grad_clip),
+        algorithm=algo,
+    )
+
+
+def learner_step(model, tok, lc, *, grad_stats: bool = False):
+    """The learner's RL step (``learner.step.RLStep``) on ``model``, with the learner's AdamW:
+    every update of this benchmark and of those that import it is that step."""
+    from learner.model import PolicyModel
+    from learner.step import RLStep, adamw
+
+    policy = PolicyModel(model)
+    return RLStep(lc, policy, adamw(policy, lc), pad_id=tok.pad_token_id, grad_stats=grad_stats)
+
+
+def sampled_batch(
+    model, tok, s: Settings, rows: list[dict], group_of: list[int], prompt_ids: list[str]
+):  # fmt: skip
+    """Sample a response for every entry of ``group_of`` (the prompt of ``rows[group]``, named
+    ``prompt_ids[group]``) at ``s.temperature`` and score it: the step's batch and the rewards
+    ``[len(group_of)]``."""
     import torch
 
-    from learner.algorithms import token_logprobs_and_entropy
-    from learner.batch import scale_by_temperature
+    prompts = [prompt_text(rows[g]) for g in group_of]
+    gts = [rows[g]["reward_model"]["ground_truth"] for g in group_of]
+    ((seq, width, attn, logp),) = generate(
+        model, tok, prompts, greedy=False, s=s, chunk=10**9, logprobs=True
+    )
+    rmask = response_mask(seq[:, width:], tok.eos_token_id)
+    texts = decode_responses(tok, seq[:, width:], rmask)
+    rewards = torch.tensor([float(is_correct(t, g)) for t, g in zip(texts, gts, strict=True)])
+    batch = rl_batch(seq, width, attn, rmask, logp, rewards, group_of, prompt_ids, s.temperature)
+    return batch, rewards
 
-    width = prompt_attn.shape[1]
-    attn = torch.cat([prompt_attn, rmask.to(prompt_attn.dtype)], dim=1)
-    pos = (attn.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=seq, attention_mask=attn, position_ids=pos).logits
-    temps = torch.full((seq.shape[0],), temperature if temperature > 0 else 1.0)
-    logits = scale_by_temperature(logits[:, width - 1 : -1].float(), temps)
-    return token_logprobs_and_entropy(logits, seq[:, width:])
 
+def rl_batch(
+    seq, width: int, prompt_attn, rmask, sampling_logp, rewards, group_of: list[int],
+    prompt_ids: list[str], temperature: float,
+):  # fmt: skip
+    """The step's input from a generated batch: row ``j`` is a sample of group ``group_of[j]``
+    (prompt ``prompt_ids[group]``), its prompt the unpadded prompt tokens, its response the
+    tokens up to and including EOS (``rmask``), with their sampling log-probs and its reward."""
+    from learner.batch import Sample
+    from learner.step import RLBatch
 
-def accumulate_gradients(
-    model,
-    seq,
-    prompt_attn,
-    rmask,
-    rewards,
-    group_of: list[int],
-    algo,
-    micro_batch: int,
-    temperature: float,
-    *,
-    old_logp=None,
-    is_weights=None,
-    response_norms=None,
-) -> dict[str, float]:
-    """One RL update's backward passes, as the learner does them: GRPO advantages over the whole
-    batch, then per micro-batch of ``micro_batch`` rows a forward pass (logits divided by the
-    sampling temperature) and the learner's ``rl_objective`` — modulation over that micro-batch —
-    normalised by the whole batch's denominator (its token count for ``algo.agg`` token-mean, its
-    number of groups for prompt-mean, with each row's group token count over the whole batch), so
-    the gradients add up to the batch's.
-
-    ``seq`` is ``[B, P + T]`` (left-padded prompts, then responses), ``prompt_attn`` ``[B, P]``,
-    ``rmask`` ``[B, T]``. ``old_logp`` ``[B, T]``: the log-probs under the weights at batch start
-    (the PPO ratio's denominator; None: on-policy, ratio 1); ``is_weights`` ``[B, T]``: truncated
-    IS weights (None: no correction). The rows must hold their groups whole (the learner's
-    mini-batches do). Leaves the gradients in ``model``; returns token-weighted means of the
-    modulation factors (with modulation), the clip fractions and the policy's entropy.
-
-    ``response_norms`` (a ``[B]`` tensor): filled with each response's gradient statistic s_j as
-    the learner measures it in the same backward (``learner/algorithms/gradstats.py``: the output
-    layer's ghost norms from a hook on the LM head's forward, times |∂loss/∂logp| from a hook on
-    the log-probs, times the normaliser).
-    """
-    import torch
-
-    from learner.algorithms import group_token_counts, grpo_advantages
-    from learner.algorithms.gradstats import output_ghost_norms, response_grad_norms
-    from learner.grad_report import lm_head_of
-    from learner.objective import ObjectiveInputs, loss_aggregation, rl_objective
-
-    gids = torch.tensor(group_of)
-    adv_all = grpo_advantages(rewards, gids)[:, None] * rmask
-    group_tokens = group_token_counts(gids, rmask)
-    if loss_aggregation(algo) == "prompt-mean":
-        has = rmask.sum(-1) > 0
-        norm = float(max(len(set(gids[has].tolist())), 1))  # groups in the batch
-    else:
-        norm = float(rmask.sum().clamp(min=1))  # token-mean over the whole batch
-    sums: dict[str, float] = {}
-    width = prompt_attn.shape[1]
-    ghosts: list = []
-    hook = None
-    if response_norms is not None:
-        # In the LM head's forward hook, as the learner: the logits are divided by the
-        # temperature in place right after it.
-        def on_head(_m, args, out) -> None:
-            tokens = seq[lo : lo + out.shape[0], width:]
-            hidden = args[0].detach()[:, width - 1 : -1].float()
-            tau = torch.full((out.shape[0],), temperature if temperature > 0 else 1.0)
-            ghosts.append(
-                output_ghost_norms(
-                    out.detach()[:, width - 1 : -1], tokens, hidden.norm(dim=-1), tau
-                )
+    samples = []
+    for j, g in enumerate(group_of):
+        n = int(rmask[j].sum())
+        samples.append(
+            Sample(
+                prompt=seq[j, :width][prompt_attn[j].bool()].tolist(),
+                response=seq[j, width : width + n].tolist(),
+                sampling_logprobs=sampling_logp[j, :n].tolist(),
+                reward=float(rewards[j]),
+                correct=bool(rewards[j] > 0),
+                group=g,
+                temperature=temperature if temperature > 0 else 1.0,
             )
-
-        hook = lm_head_of(model).register_forward_hook(on_head)
-    for lo in range(0, len(group_of), micro_batch):
-        sl = slice(lo, lo + micro_batch)
-        logp, ent = forward_logp(model, seq[sl], prompt_attn[sl], rmask[sl], temperature)
-        if response_norms is not None:
-            ghost = ghosts.pop()
-
-            def on_grad(grad, ghost=ghost, sl=sl) -> None:
-                response_norms[sl] = response_grad_norms(grad.detach(), ghost, rmask[sl], norm)
-
-            logp.register_hook(on_grad)
-        out = rl_objective(
-            ObjectiveInputs(
-                logp=logp,
-                old_logp=logp.detach() if old_logp is None else old_logp[sl],
-                advantages=adv_all[sl],
-                mask=rmask[sl],
-                entropy=ent,
-                is_weights=None if is_weights is None else is_weights[sl],
-                group_tokens=group_tokens[sl],
-            ),
-            algo,
-            normalizer=norm,
         )
-        out.loss.backward()
-        ntok = float(rmask[sl].sum())
-        metrics = {k: float(v) for k, v in out.metrics.items() if k in _UPDATE_METRICS}
-        metrics["entropy"] = float((ent.detach() * rmask[sl]).sum()) / max(ntok, 1.0)
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + v * ntok
-    if hook is not None:
-        hook.remove()
-    total = float(rmask.sum().clamp(min=1))
-    return {k: v / total for k, v in sums.items()}
+    return RLBatch(samples=samples, prompt_ids=prompt_ids)
 
 
-_UPDATE_METRICS = (
+UPDATE_FIELDS = (
+    "grad_norm",
+    "entropy",
     "beta_comp_mean",
     "beta_stab_mean",
     "multiplier_mean",
-    "clipfrac_upper",
-    "clipfrac_lower",
-    "clipfrac_dual",
+    "clip_frac_upper",
+    "clip_frac_lower",
+    "clip_frac_dual",
     "ratio_mean",
     "approx_kl",
 )
+"""The step record's fields each step's log keeps."""
 
 
 def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> None:
@@ -520,24 +511,18 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
     import torch
 
     from allocator.algorithm import GradStats, allocate_rollouts
-    from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
     from dynamo_rl.contracts.allocator import AllocationParams
-    from learner.algorithms.gradstats import group_grad_stats
 
     torch.set_num_threads(1)
     spec = method_specs(s.decay)[method]
     rl_pool, _, test = task_rows(s)
     eval_rows = test[: s.eval_subset]
     model, tok = load(warm)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
-    # The learner's objective, configured as this benchmark's update: PPO-clip with dual clip,
-    # no KL, no entropy bonus, no IS correction (one on-policy update per batch); token-mean, or
-    # ``alloc_agg`` for the methods that allocate (the shipped DynaMO recipe's prompt-mean).
-    algo = AlgorithmConfig(
-        policy_loss=PpoLoss(clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=10.0),
-        agg=method_agg(spec, s),
-        modulation=ModulationConfig(enabled=spec.modulate, preset=s.preset),
-        is_cap=None,
+    step_fn = learner_step(
+        model,
+        tok,
+        learner_config(s, method_algo(spec, s), groups=s.batch_size),
+        grad_stats=spec.method == "grad",
     )
     rng = np.random.default_rng(seed)  # prompt order: a function of the seed only
     samples = np.zeros(len(rl_pool))
@@ -590,16 +575,11 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
             counts = [s.n] * s.batch_size
         assert sum(counts) == budget
         group_of = [g for g, c in enumerate(counts) for _ in range(c)]
-        prompts = [prompt_text(rl_pool[batch[g]]) for g in group_of]
-        gts = [rl_pool[batch[g]]["reward_model"]["ground_truth"] for g in group_of]
-
         model.eval()
         torch.manual_seed(seed * 1_000_003 + step)
-        ((seq, width, prompt_attn),) = generate(model, tok, prompts, greedy=False, s=s, chunk=10**9)
-        resp = seq[:, width:]
-        rmask = response_mask(resp, tok.eos_token_id)
-        texts = decode_responses(tok, resp, rmask)
-        rewards = torch.tensor([float(is_correct(t, g)) for t, g in zip(texts, gts, strict=True)])
+        step_batch, rewards = sampled_batch(
+            model, tok, s, [rl_pool[i] for i in batch], group_of, [str(i) for i in batch]
+        )
 
         # Online statistics, one report per scored group (allocator semantics: decay·old + new).
         zero_groups = 0
@@ -617,26 +597,11 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
         consumed += budget
 
         model.train()
-        opt.zero_grad(set_to_none=True)
-        norms = torch.zeros(len(group_of)) if spec.method == "grad" else None
-        stats = accumulate_gradients(
-            model,
-            seq,
-            prompt_attn,
-            rmask,
-            rewards,
-            group_of,
-            algo,
-            s.micro_batch,
-            s.temperature,
-            response_norms=norms,
-        )
-        if norms is not None:  # what the learner reports to the allocator after its step
-            groups, _, spreads = group_grad_stats(norms, torch.tensor(group_of))
-            for g, sp in zip(groups.tolist(), spreads.tolist(), strict=True):
-                spread[batch[g]], measured_at[batch[g]] = sp, step
-        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
-        opt.step()
+        result = step_fn(step_batch)
+        # What the learner reports to the allocator after its step (method grad).
+        for rec in result.grad_records:
+            spread[int(rec.prompt_id)], measured_at[int(rec.prompt_id)] = rec.spread, step
+        stats = {k: result.record[k] for k in UPDATE_FIELDS if k in result.record}
         log.append(
             {
                 "step": step,
@@ -646,7 +611,6 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
                 "counts": counts,
                 "counts_min": min(counts),
                 "counts_max": max(counts),
-                "grad_norm": gnorm,
                 **stats,
             }
         )

@@ -4,11 +4,11 @@
 π/π_old is 1 and modulation's stability factor has nothing to act on. Here every batch is
 **sampled by a policy ``staleness`` steps old** and trained for **``epochs`` passes over
 ``mini_batches`` mini-batches** (one optimizer step each), as the learner does with
-``ppo_epochs`` / ``mini_batch_size`` and a stream of stale samples: the old log-probs are a
-forward pass of the current weights at batch start (the learner's old pass), the sampling
-policy's log-probs give truncated importance weights ``min(exp(old − sampling), is_cap)``
-(the learner's ``is_cap``), and each mini-batch's update is the learner's objective through
-``sample_efficiency.accumulate_gradients``. The learning rate is swept above the stable one.
+``ppo_epochs`` / ``mini_batch_size`` and a stream of stale samples. The update *is* the learner's
+step (``learner.step.RLStep`` with those settings): the old log-probs are its old pass under the
+current weights at batch start, the sampling policy's log-probs (reported by its generation)
+give truncated importance weights ``min(exp(old − sampling), is_cap)`` (the learner's
+``is_cap``). The learning rate is swept above the stable one.
 
 Methods: ``grpo`` (uniform n, GRPO advantages, PPO-clip token-mean) and ``mod`` (the same plus
 ``dynamo_modulate``, preset decay6, per micro-batch). Everything else — task, warm start, sampling,
@@ -48,18 +48,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from sample_efficiency import (  # noqa: E402
     RESULTS,
+    UPDATE_FIELDS,
     Settings,
-    accumulate_gradients,
-    decode_responses,
     evaluate,
-    forward_logp,
-    generate,
-    is_correct,
+    learner_config,
+    learner_step,
     load,
     method_specs,
-    prompt_text,
-    response_mask,
     run_children,
+    sampled_batch,
     t_interval,
     task_rows,
     warm_start,
@@ -95,20 +92,8 @@ class StabSettings:
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def mini_batch_rows(group_of: list[int], parts: int) -> list[list[int]]:
-    """Row indices of ``parts`` mini-batches holding whole groups (contiguous runs of groups)."""
-    groups = sorted(set(group_of))
-    parts = max(1, min(parts, len(groups)))
-    bounds = [round(i * len(groups) / parts) for i in range(parts + 1)]
-    out = []
-    for i in range(parts):
-        keep = set(groups[bounds[i] : bounds[i + 1]])
-        out.append([r for r, g in enumerate(group_of) if g in keep])
-    return out
-
-
 def algo_for(method: str, s: Settings, st: StabSettings):
-    """The learner's objective for ``method``: PPO-clip with dual clip, token-mean, IS cap."""
+    """The learner's algorithm for ``method``: PPO-clip with dual clip, token-mean, IS cap."""
     from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
 
     spec = method_specs(s.decay)[method]
@@ -125,8 +110,6 @@ def run_one(method: str, lr: float, seed: int, s: Settings, st: StabSettings, wa
     import numpy as np
     import torch
 
-    from learner.objective import truncated_is_weights
-
     torch.set_num_threads(1)
     rl_pool, _, test = task_rows(s)
     eval_rows = test[: s.eval_subset]
@@ -134,8 +117,9 @@ def run_one(method: str, lr: float, seed: int, s: Settings, st: StabSettings, wa
     sampler, _ = load(warm)
     sampler.eval()
     history = deque([copy.deepcopy(model.state_dict())], maxlen=st.staleness + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    algo = algo_for(method, s, st)
+    lc = learner_config(s, algo_for(method, s, st), groups=s.batch_size, lr=lr, epochs=st.epochs,
+                        mini_batches=st.mini_batches)  # fmt: skip
+    step_fn = learner_step(model, tok, lc)
     rng = np.random.default_rng(seed)
     order: list[int] = []
     log: list[dict[str, Any]] = []
@@ -147,69 +131,40 @@ def run_one(method: str, lr: float, seed: int, s: Settings, st: StabSettings, wa
             order += rng.permutation(len(rl_pool)).tolist()
         batch, order = order[: s.batch_size], order[s.batch_size :]
         group_of = [g for g in range(s.batch_size) for _ in range(s.n)]
-        prompts = [prompt_text(rl_pool[batch[g]]) for g in group_of]
-        gts = [rl_pool[batch[g]]["reward_model"]["ground_truth"] for g in group_of]
         # Sample with the policy `staleness` steps old (the oldest one kept).
         sampler.load_state_dict(history[0])
         torch.manual_seed(seed * 1_000_003 + step)
-        ((seq, width, prompt_attn),) = generate(
-            sampler, tok, prompts, greedy=False, s=s, chunk=10**9
+        step_batch, rewards = sampled_batch(
+            sampler, tok, s, [rl_pool[i] for i in batch], group_of, [str(i) for i in batch]
         )
-        resp = seq[:, width:]
-        rmask = response_mask(resp, tok.eos_token_id)
-        texts = decode_responses(tok, resp, rmask)
-        rewards = torch.tensor([float(is_correct(t, g)) for t, g in zip(texts, gts, strict=True)])
-        model.eval()
-        with torch.no_grad():  # the learner's old pass, and the sampling policy's log-probs
-            sampling_logp, _ = forward_logp(sampler, seq, prompt_attn, rmask, s.temperature)
-            old_logp, old_ent = forward_logp(model, seq, prompt_attn, rmask, s.temperature)
-        tokens = float(rmask.sum().clamp(min=1))
-        is_w = (
-            truncated_is_weights(old_logp, sampling_logp, rmask, st.is_cap) if st.is_cap else None
-        )
+        # The learner's step: its old pass under the current weights, IS weights against the
+        # sampling policy's log-probs, ``epochs`` passes of ``mini_batches`` optimizer steps.
         model.train()
-        norms: list[float] = []
-        updates: list[dict[str, float]] = []
-        for _epoch in range(st.epochs):
-            for rows in mini_batch_rows(group_of, st.mini_batches):
-                idx = torch.tensor(rows)
-                opt.zero_grad(set_to_none=True)
-                stats = accumulate_gradients(
-                    model,
-                    seq[idx],
-                    prompt_attn[idx],
-                    rmask[idx],
-                    rewards[idx],
-                    [group_of[r] for r in rows],
-                    algo,
-                    s.micro_batch,
-                    s.temperature,
-                    old_logp=old_logp[idx],
-                    is_weights=None if is_w is None else is_w[idx],
-                )
-                norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)))
-                opt.step()
-                updates.append(stats)
+        rec = step_fn(step_batch).record
         history.append(copy.deepcopy(model.state_dict()))
-        keys = sorted({k for u in updates for k in u})
         log.append(
             {
                 "step": step,
                 "reward": float(rewards.mean()),
                 # the policy's entropy at batch start (the old pass); "entropy" below is the
-                # token-weighted mean over the update passes (accumulate_gradients' metric)
-                "entropy_start": float((old_ent * rmask).sum()) / tokens,
-                "is_weight_mean": (float(is_w.sum()) / tokens) if is_w is not None else 1.0,
-                "grad_norms": norms,
-                **{k: float(np.mean([u[k] for u in updates if k in u])) for k in keys},
+                # token-weighted mean over the update passes
+                "entropy_start": rec["entropy"],
+                "entropy": rec["entropy_update"],
+                "is_weight_mean": rec["is_weight_mean"],
+                "grad_norms": rec["grad_norms"],
+                **{
+                    k: rec[k]
+                    for k in UPDATE_FIELDS
+                    if k in rec and k not in ("entropy", "grad_norm")
+                },
             }
         )
         if step % 8 == 0 or step == st.steps:
             last = log[-1]
             print(
                 f"[{method} lr {lr:g} s{seed}] step {step} reward {last['reward']:.3f} "
-                f"entropy {last['entropy']:.3f} gnorm max {max(norms):.2f} "
-                f"clip {last.get('clipfrac_upper', 0) + last.get('clipfrac_lower', 0):.3f} "
+                f"entropy {last['entropy']:.3f} gnorm max {max(last['grad_norms']):.2f} "
+                f"clip {last.get('clip_frac_upper', 0) + last.get('clip_frac_lower', 0):.3f} "
                 f"({time.time() - t0:.0f}s)",
                 flush=True,
             )
@@ -246,7 +201,7 @@ def run_verdict(run: dict, st: StabSettings) -> dict[str, Any]:
     spikes = sum(g > st.spike_factor * ref for g in norms)
     drop = run["start"]["sampled"] - run["final"]["sampled"]
     ratio = last / first if first > 0 else float("nan")
-    clip = [r.get("clipfrac_upper", 0.0) + r.get("clipfrac_lower", 0.0) for r in log]
+    clip = [r.get("clip_frac_upper", 0.0) + r.get("clip_frac_lower", 0.0) for r in log]
     entropy_ok = 1 / st.entropy_band <= ratio <= st.entropy_band
     return {
         "final_sampled": run["final"]["sampled"],
@@ -261,7 +216,7 @@ def run_verdict(run: dict, st: StabSettings) -> dict[str, Any]:
         "grad_norm_spikes": spikes,
         "optimizer_steps": len(norms),
         "clipfrac_mean": float(np.mean(clip)),
-        "clipfrac_dual_mean": float(np.mean([r.get("clipfrac_dual", 0.0) for r in log])),
+        "clipfrac_dual_mean": float(np.mean([r.get("clip_frac_dual", 0.0) for r in log])),
         "stable": bool(drop <= st.max_drop and entropy_ok),
     }
 

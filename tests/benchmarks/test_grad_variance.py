@@ -1,6 +1,7 @@
 """The gradient-variance benchmark's own logic: the batch gradient it composes from per-token
-sketches is the sketch of the learner's objective backpropagated through the model, for both
-weightings; and its ``--quick`` form runs end to end."""
+sketches (the learner step's loss and backward on the pool's log-probs) is the sketch of the same
+step's gradient through the model, for both weightings; and its ``--quick`` form runs end to
+end."""
 
 from __future__ import annotations
 
@@ -49,32 +50,11 @@ def pool(gv, tiny):
 
 
 def _learner_gradient(gv, model, pool, idx, groups, agg, micro, advantage="grpo"):
-    """The learner's objective on the batch, backpropagated through the model, then sketched."""
-    from learner.algorithms import (
-        drgrpo_advantages,
-        group_token_counts,
-        grpo_advantages,
-        token_logprobs_and_entropy,
-    )
-
+    """The learner's step on the batch with the model's own forward passes (its backward, no
+    optimizer step), the model's gradient then sketched."""
     model.zero_grad(set_to_none=True)
-    mask = pool["mask"][idx]
-    gids = torch.tensor(groups)
-    estimator = {"grpo": grpo_advantages, "drgrpo": drgrpo_advantages}[advantage]
-    adv = estimator(pool["reward"].reshape(-1)[idx], gids)[:, None] * mask
-    gt = group_token_counts(gids, mask)
-    norm = float(mask.sum()) if agg == "token-mean" else float(len(set(groups)))
-    logps, ents = [], []
-    for i in idx.tolist():
-        p_ids, r_ids, _ = pool["samples"][i]
-        logits = model(input_ids=torch.tensor([p_ids + r_ids])).logits[:, len(p_ids) - 1 : -1]
-        lp, en = token_logprobs_and_entropy(logits.float(), torch.tensor([r_ids]))
-        pad = mask.shape[1] - len(r_ids)
-        logps.append(torch.nn.functional.pad(lp[0], (0, pad)))
-        ents.append(torch.nn.functional.pad(en[0], (0, pad)))
-    logp, ent = torch.stack(logps), torch.stack(ents)
-    # Micro-batches summed: gradients of a sum add up, as the learner's accumulation does.
-    gv.batch_loss(logp, ent, adv, mask, gt, agg, micro, norm).backward()
+    step = gv.pool_step(agg, micro, advantage, groups, model=model)
+    step(gv.pool_batch(pool, idx, groups), update=False)
     return pool["sketch"]([p.grad.unsqueeze(0) for p in pool["params"]])[0]
 
 
@@ -90,7 +70,9 @@ def test_composed_gradient_is_the_learners_backward(gv, tiny, pool, agg, advanta
     composed, _ = gv.batch_gradient(p, idx, groups, agg, g.micro_batch, advantage)
     want = _learner_gradient(gv, model, p, idx, groups, agg, g.micro_batch, advantage)
     assert float(want.norm()) > 0
-    assert torch.allclose(composed, want, rtol=1e-4, atol=1e-6 * float(want.norm()))
+    # The pool's log-probs come from one unpadded sequence at a time, the step's own forward
+    # from left-padded micro-batches: float32 rounding apart (measured: 4–5e-6 of the norm).
+    assert float((composed - want).norm()) <= 2e-5 * float(want.norm())
 
 
 def test_weightings_differ_when_groups_are_unequal(gv, pool):

@@ -1,5 +1,7 @@
 """The sample-efficiency benchmark's own logic: its scorer shortcut agrees with the reward service,
-and its summary arithmetic (rollouts to a target, response masks) is right."""
+a generated batch becomes the learner step's samples, and its summary arithmetic (rollouts to a
+target, response masks) is right. Its update is the learner's step: ``tests/learner/test_step.py``
+and ``test_learner_path.py``."""
 
 from __future__ import annotations
 
@@ -56,136 +58,30 @@ def test_response_mask_keeps_the_first_eos_only(se):
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
 
 
-def _rollouts():
-    """8 rollouts in 2 groups: left-padded prompts, responses of different lengths."""
-    return rollouts([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0, 1, 1, 1, 1])
-
-
-def _grads(se, model, algo, micro: int, temperature: float = 1.0) -> torch.Tensor:
-    model.zero_grad(set_to_none=True)
-    seq, prompt_attn, rmask, rewards, group_of = _rollouts()
-    se.accumulate_gradients(
-        model, seq, prompt_attn, rmask, rewards, group_of, algo, micro, temperature
-    )
-    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-
-
-def _algo(modulate: bool):
-    from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
-
-    return AlgorithmConfig(
-        policy_loss=PpoLoss(clip_low=0.2, clip_high=0.28, dual_clip=10.0),
-        modulation=ModulationConfig(enabled=modulate),
-        is_cap=None,
-    )
-
-
 def test_micro_batch_default_is_the_learners(se):
     from dynamo_rl.config.learner import LearnerConfig
 
     assert se.Settings().micro_batch == LearnerConfig.model_fields["micro_batch_size"].default
 
 
-def test_update_without_modulation_does_not_depend_on_micro_batches(se, tiny):
-    whole = _grads(se, tiny, _algo(False), micro=8)
-    split = _grads(se, tiny, _algo(False), micro=3)
-    assert whole.abs().sum() > 0
-    assert torch.allclose(whole, split, rtol=1e-4, atol=1e-7)
-    # The logits are divided by the sampling temperature: another temperature, another gradient.
-    assert not torch.allclose(whole, _grads(se, tiny, _algo(False), micro=8, temperature=0.5))
-
-
-def test_modulation_is_per_micro_batch_like_the_learner(se, tiny):
-    """The update equals, micro-batch by micro-batch, dynamo_modulate + policy_loss over that
-    micro-batch's tokens normalised by the whole batch — not modulation over the whole batch."""
-    from learner.algorithms import (
-        dynamo_modulate,
-        grpo_advantages,
-        policy_loss,
-        token_logprobs_and_entropy,
+def test_a_generated_batch_becomes_the_steps_samples(se):
+    """Each row a sample of its group: the prompt without its left padding, the response up to
+    and including EOS with a sampling log-prob per token, its reward; greedy (temperature 0)
+    trains on the untempered distribution."""
+    seq, prompt_attn, rmask, rewards, group_of = rollouts(
+        [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0, 1, 1, 1, 1]
     )
-
-    got = _grads(se, tiny, _algo(True), micro=4)
-    seq, prompt_attn, rmask, rewards, group_of = _rollouts()
-    width = prompt_attn.shape[1]
-    attn = torch.cat([prompt_attn, rmask], dim=1)
-    pos = (attn.cumsum(1) - 1).clamp(min=0)
-    adv = grpo_advantages(rewards, torch.tensor(group_of))[:, None] * rmask
-    norm = float(rmask.sum())
-    tiny.zero_grad(set_to_none=True)
-    for sl in (slice(0, 4), slice(4, 8)):
-        logits = tiny(input_ids=seq[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits
-        logp, ent = token_logprobs_and_entropy(logits[:, width - 1 : -1], seq[sl, width:])
-        a, _ = dynamo_modulate(
-            adv[sl], logp.detach(), logp.detach(), ent.detach(), rmask[sl],
-            clip_low=0.2, clip_high=0.28,
-        )  # fmt: skip
-        loss, _ = policy_loss(
-            logp, logp.detach(), a, rmask[sl], clip_low=0.2, clip_high=0.28, dual_clip=10.0,
-            normalizer=norm,
-        )  # fmt: skip
-        loss.backward()
-    want = torch.cat([p.grad.flatten() for p in tiny.parameters() if p.grad is not None])
-    assert torch.allclose(got, want, rtol=1e-4, atol=1e-7)
-    assert not torch.allclose(got, _grads(se, tiny, _algo(True), micro=8), rtol=1e-3)
-
-
-def test_response_norms_equal_a_per_token_autograd_loop(se, tiny):
-    """The grad methods' statistic, measured in the update's own backward (micro-batches of 3,
-    temperature 0.7, prompt-mean), equals s_j = normaliser · Σ_t |∂loss/∂logp_t| · ‖∂logp_t/∂W‖
-    with both factors taken by autograd, token by token (W: the LM head's weight)."""
-    from dynamo_rl.config.learner import AlgorithmConfig, PpoLoss
-    from learner.algorithms import grpo_advantages, token_logprobs_and_entropy
-    from learner.grad_report import lm_head_of
-    from learner.objective import ObjectiveInputs, rl_objective
-
-    algo = AlgorithmConfig(
-        policy_loss=PpoLoss(clip_low=0.2, clip_high=0.28), agg="prompt-mean", is_cap=None
-    )
-    seq, prompt_attn, rmask, rewards, group_of = _rollouts()
-    got = torch.zeros(len(group_of))
-    tiny.zero_grad(set_to_none=True)
-    se.accumulate_gradients(
-        tiny, seq, prompt_attn, rmask, rewards, group_of, algo, 3, 0.7, response_norms=got
-    )
-    tiny.zero_grad(set_to_none=True)
-
-    width, tau = prompt_attn.shape[1], 0.7
-    attn = torch.cat([prompt_attn, rmask], dim=1)
-    pos = (attn.cumsum(1) - 1).clamp(min=0)
-    head = lm_head_of(tiny)
-    hidden = []
-    hook = head.register_forward_hook(lambda _m, args, _o: hidden.append(args[0].detach()))
-    logits = tiny(input_ids=seq, attention_mask=attn, position_ids=pos).logits
-    hook.remove()
-    logp, ent = token_logprobs_and_entropy(logits[:, width - 1 : -1] / tau, seq[:, width:])
-    gids = torch.tensor(group_of)
-    from learner.algorithms import group_token_counts
-
-    norm = 2.0  # prompt-mean: the batch's number of groups
-    loss = rl_objective(
-        ObjectiveInputs(
-            logp=logp,
-            old_logp=logp.detach(),
-            advantages=grpo_advantages(rewards, gids)[:, None] * rmask,
-            mask=rmask,
-            entropy=ent,
-            group_tokens=group_token_counts(gids, rmask),
-        ),
-        algo,
-        normalizer=norm,
-    ).loss
-    (coef,) = torch.autograd.grad(loss, logp)
-    w = head.weight.detach().clone().requires_grad_(True)
-    h = hidden[0][:, width - 1 : -1]
-    own = torch.log_softmax((h @ w.T) / tau, dim=-1)
-    want = torch.zeros(len(group_of))
-    for j in range(len(group_of)):
-        for t in range(int(rmask[j].sum())):
-            (g,) = torch.autograd.grad(own[j, t, seq[j, width + t]], w, retain_graph=True)
-            want[j] += norm * coef[j, t].abs() * g.norm()
-    assert want.abs().sum() > 0
-    assert torch.allclose(got, want, rtol=1e-4, atol=1e-7), (got, want)
+    logp = -torch.arange(seq.shape[0] * 6, dtype=torch.float32).reshape(-1, 6) / 10
+    batch = se.rl_batch(seq, 5, prompt_attn, rmask, logp, rewards, group_of, ["7", "9"], 0.0)
+    assert batch.prompt_ids == ["7", "9"] and batch.groups == 2
+    for j, smp in enumerate(batch.samples):
+        n = int(rmask[j].sum())
+        assert smp.prompt == seq[j, :5][prompt_attn[j].bool()].tolist()
+        assert len(smp.prompt) == (3 if j % 2 == 0 else 5)
+        assert smp.response == seq[j, 5 : 5 + n].tolist()
+        assert smp.sampling_logprobs == logp[j, :n].tolist()
+        assert (smp.group, smp.reward, smp.correct) == (group_of[j], rewards[j], rewards[j] > 0)
+        assert smp.temperature == 1.0
 
 
 def test_summary_pairs_every_method_with_the_named_baseline(se):

@@ -1,15 +1,14 @@
-"""The stability benchmark's logic: stale, multi-epoch updates reach the learner's objective with
-their old log-probs and IS weights; mini-batches hold whole groups; the stability verdict and the
-seed intervals are what the docs define; and its ``--quick`` form runs end to end."""
+"""The stability benchmark's logic: its pressure (epochs, mini-batches, IS cap) is the learner
+step's config; the stability verdict and the seed intervals are what the docs define; and its
+``--quick`` form runs end to end."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-import torch
 
-from tests.benchmarks.bench import bench_module, quick_report, rollouts
+from tests.benchmarks.bench import bench_module, quick_report
 
 
 @pytest.fixture(scope="module")
@@ -20,91 +19,6 @@ def se():
 @pytest.fixture(scope="module")
 def stab(se):
     return bench_module("stability")
-
-
-def _batch():
-    """8 rollouts in 3 groups of sizes 2, 4, 2: left-padded prompts, responses of varied length."""
-    return rollouts([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1, 1, 1, 2, 2])
-
-
-def _algo(agg: str = "token-mean", modulate: bool = False):
-    from dynamo_rl.config.learner import AlgorithmConfig, ModulationConfig, PpoLoss
-
-    return AlgorithmConfig(
-        policy_loss=PpoLoss(clip_low=0.2, clip_high=0.28, dual_clip=10.0),
-        agg=agg,
-        modulation=ModulationConfig(enabled=modulate),
-        is_cap=2.0,
-    )
-
-
-def _grad(se, model, algo, micro, **kw):
-    model.zero_grad(set_to_none=True)
-    seq, prompt_attn, rmask, rewards, group_of = _batch()
-    stats = se.accumulate_gradients(
-        model, seq, prompt_attn, rmask, rewards, group_of, algo, micro, 1.0, **kw
-    )
-    flat = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return flat, stats
-
-
-def test_is_weights_scale_the_update(se, tiny):
-    """Inside the clip range the PPO gradient is linear in the advantages, so IS weights of 2 on
-    every token double it; dropping the weights would leave it unchanged."""
-    _, _, rmask, _, _ = _batch()
-    plain, _ = _grad(se, tiny, _algo(), 8)
-    doubled, _ = _grad(se, tiny, _algo(), 8, is_weights=2.0 * rmask.float())
-    assert plain.abs().sum() > 0
-    assert torch.allclose(doubled, 2 * plain, rtol=1e-4, atol=1e-7)
-
-
-def test_old_logp_moves_the_ratio_and_the_clip(se, tiny):
-    """With old log-probs from other weights the ratio leaves 1 and tokens get clipped; without
-    them the update is on-policy (ratio 1, nothing clipped)."""
-    seq, prompt_attn, rmask, _, _ = _batch()
-    with torch.no_grad():
-        logp, _ = se.forward_logp(tiny, seq, prompt_attn, rmask, 1.0)
-    _, on = _grad(se, tiny, _algo(), 4)
-    assert on["ratio_mean"] == pytest.approx(1.0)
-    assert on["clipfrac_upper"] + on["clipfrac_lower"] == 0.0
-    shifted = logp + 0.5 * torch.where(torch.arange(logp.shape[1]) % 2 == 0, 1.0, -1.0)
-    g_off, off = _grad(se, tiny, _algo(), 4, old_logp=shifted * rmask)
-    assert off["ratio_mean"] != pytest.approx(1.0, abs=1e-3)
-    assert off["clipfrac_upper"] + off["clipfrac_lower"] > 0
-    g_on, _ = _grad(se, tiny, _algo(), 4)
-    assert not torch.allclose(g_on, g_off)
-
-
-def test_prompt_mean_does_not_depend_on_micro_batches(se, tiny):
-    """Prompt-mean with the batch's group count and each row's group token count: splitting the
-    batch into micro-batches (cutting group 1 in two) leaves the gradient unchanged, and it is not
-    the token-mean gradient (the groups' token counts differ)."""
-    whole, _ = _grad(se, tiny, _algo("prompt-mean"), 8)
-    split, _ = _grad(se, tiny, _algo("prompt-mean"), 3)
-    assert whole.abs().sum() > 0
-    assert torch.allclose(whole, split, rtol=1e-4, atol=1e-7)
-    token, _ = _grad(se, tiny, _algo("token-mean"), 8)
-    assert not torch.allclose(whole, token, rtol=1e-3)
-
-
-def test_prompt_mean_weighs_every_group_equally(se, tiny):
-    """The prompt-mean batch gradient is the mean over groups of each group's own token-mean
-    gradient (advantages from the whole batch)."""
-    from learner.algorithms import grpo_advantages, policy_loss
-
-    seq, prompt_attn, rmask, rewards, group_of = _batch()
-    got, _ = _grad(se, tiny, _algo("prompt-mean"), 8)
-    adv = grpo_advantages(rewards, torch.tensor(group_of))[:, None] * rmask
-    tiny.zero_grad(set_to_none=True)
-    logp, _ = se.forward_logp(tiny, seq, prompt_attn, rmask, 1.0)
-    groups = sorted(set(group_of))
-    for g in groups:
-        rows = torch.tensor([i for i, x in enumerate(group_of) if x == g])
-        loss, _ = policy_loss(logp[rows], logp[rows].detach(), adv[rows], rmask[rows],
-                              clip_low=0.2, clip_high=0.28, dual_clip=10.0)  # fmt: skip
-        (loss / len(groups)).backward(retain_graph=True)
-    want = torch.cat([p.grad.flatten() for p in tiny.parameters() if p.grad is not None])
-    assert torch.allclose(got, want, rtol=1e-4, atol=1e-7)
 
 
 def test_method_agg_is_the_recipes_for_allocating_methods(se):
@@ -119,15 +33,16 @@ def test_method_agg_is_the_recipes_for_allocating_methods(se):
     }
 
 
-def test_mini_batches_hold_whole_groups(stab):
-    group_of = [0, 0, 1, 1, 1, 2, 3, 3, 4]
-    minis = stab.mini_batch_rows(group_of, 2)
-    assert sorted(r for m in minis for r in m) == list(range(len(group_of)))
-    assert len(minis) == 2
-    for m in minis:
-        for g in {group_of[r] for r in m}:
-            assert all(r in m for r, x in enumerate(group_of) if x == g)
-    assert len(stab.mini_batch_rows(group_of, 99)) == 5  # at most one per group
+def test_the_pressure_reaches_the_learner_step_as_its_config(se, stab):
+    """Epochs, mini-batches and the IS cap are the learner's ppo_epochs, mini_batch_size (whole
+    groups) and is_cap: the step itself runs them (``tests/learner/test_step.py``)."""
+    s, st = se.Settings(batch_size=16), stab.StabSettings(epochs=2, mini_batches=3, is_cap=2.0)
+    lc = se.learner_config(s, stab.algo_for("mod", s, st), groups=16, lr=3e-4, epochs=st.epochs,
+                           mini_batches=st.mini_batches)  # fmt: skip
+    assert (lc.ppo_epochs, lc.mini_batch_size, lc.train_batch_size, lc.lr) == (2, 6, 16, 3e-4)
+    assert lc.algorithm.is_cap == 2.0 and lc.algorithm.modulation.enabled
+    assert lc.micro_batch_size == s.micro_batch and lc.optim.grad_clip == s.grad_clip
+    assert stab.algo_for("grpo", s, stab.StabSettings(is_cap=0.0)).is_cap is None
 
 
 def _run(drop: float = 0.0, entropies=(1.0, 1.0, 1.0, 1.0, 1.0), norms=(1.0, 1.0)):
