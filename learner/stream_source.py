@@ -26,6 +26,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from dynamo_rl.codec import oldest_version
@@ -44,30 +45,22 @@ ones): the workers wait for them (``rollout.max_staleness``), so the learner pus
 rather than wait for a step that needs their groups."""
 
 
+@dataclass
 class StreamSource:
     """Collective :meth:`next_batch` over the trajectory stream (``reader`` on rank 0, None on
     the others). ``weight_version`` is the learner's current version (staleness is counted from
     it); ``push`` is the collective weight push, ``engines_behind`` rank 0's list of engines
     behind the last one; ``metrics`` (rank 0) counts the skipped groups."""
 
-    def __init__(
-        self,
-        lc: LearnerConfig,
-        reader: TrajectoryReader | None,
-        *,
-        weight_version: Callable[[], int],
-        push: Callable[[], object],
-        engines_behind: Callable[[], list[str]],
-        metrics: Any = None,
-    ) -> None:
-        self.lc = lc
-        self.reader = reader
-        self.weight_version = weight_version
-        self.push = push
-        self.engines_behind = engines_behind
-        self.metrics = metrics
-        self.uncommitted: list[str] = []  # stream ids consumed since the last checkpoint
-        self.stopped = False
+    lc: LearnerConfig
+    reader: TrajectoryReader | None
+    weight_version: Callable[[], int]
+    push: Callable[[], object]
+    engines_behind: Callable[[], list[str]]
+    metrics: Any = None
+    uncommitted: list[str] = field(default_factory=list)
+    """Stream ids consumed since the last checkpoint."""
+    stopped: bool = False
 
     def next_batch(self) -> RLBatch | None:
         """Collective: the next batch on every rank, or None to stop."""
