@@ -183,3 +183,47 @@ def test_every_path_the_docs_name_exists() -> None:
         if path not in _EXAMPLES and not (REPO / path).exists()
     ]
     assert not missing, "\n".join(missing)
+
+
+# pyproject.toml names paths too, in values (pytest's testpaths, ruff's excludes, the packages
+# whose data ships) and in comments saying which test or script a dependency is for: each must
+# exist, so a moved test does not leave its name behind there either.
+_BARE_PATH = re.compile(
+    rf"(?<![\w./-])((?:{_FOLDERS}|scripts|tests|docs|proto|vllm_plugin)/[A-Za-z0-9_./-]*)"
+)
+
+
+def pyproject_paths(text: str) -> list[str]:
+    """Every repository path ``text`` (a pyproject.toml) names: the folder-rooted paths anywhere
+    in it, pytest's ``testpaths``, and the packages of ``tool.setuptools.package-data``."""
+    import tomllib
+
+    tool = tomllib.loads(text).get("tool", {})
+    found = [m.group(1).rstrip(".") for m in _BARE_PATH.finditer(text)]
+    found += tool.get("pytest", {}).get("ini_options", {}).get("testpaths", [])
+    found += [
+        pkg.replace(".", "/")
+        for pkg in tool.get("setuptools", {}).get("package-data", {})
+        if pkg != "*"
+    ]
+    return found
+
+
+def test_the_pyproject_path_finder_reads_values_comments_and_testpaths() -> None:
+    text = (
+        '[project.optional-dependencies]\ndev = ["x>=1",  # tests/a/test_b.py: why\n]\n'
+        '[tool.pytest.ini_options]\ntestpaths = ["tests"]\n'
+        '[tool.ruff]\nextend-exclude = ["dynamo_rl/proto", ".venv-vllm"]\n'
+        '[tool.setuptools.package-data]\n"*" = ["*.json"]\n"dashboard.static" = ["*.js"]\n'
+        "# not a path: x/tests/y, dynamo_rl.cli\n"
+    )
+    assert sorted(pyproject_paths(text)) == sorted(
+        ["tests/a/test_b.py", "dynamo_rl/proto", "tests", "dashboard/static"]
+    )
+
+
+def test_every_path_pyproject_names_exists() -> None:
+    names = pyproject_paths((REPO / "pyproject.toml").read_text())
+    assert "tests" in names and any(n.startswith("tests/") for n in names)
+    missing = [n for n in names if not (REPO / n).exists()]
+    assert not missing, f"pyproject.toml names paths that do not exist: {missing}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,19 +85,42 @@ def test_metrics_helper_names() -> None:
         ServiceMetrics("Bad-Name")
 
 
-def test_sigterm_is_used_before_sigkill(tmp_path) -> None:
-    marker = tmp_path / "got-term"
+def _signal_recorder(tmp_path, name: str, exit_on_signal: bool) -> tuple[ServiceProcess, Path]:
+    """A process that writes the number of each SIGTERM, SIGINT or SIGHUP it gets to a file, and
+    exits 0 on the first one (``exit_on_signal``) or goes on sleeping; the process and the file."""
+    record = tmp_path / f"{name}.signals"
     code = (
-        "import signal, sys, time, pathlib\n"
-        f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).touch(), sys.exit(0)))\n"
+        "import signal, sys, time\n"
+        "def got(signum, _frame):\n"
+        f"    with open({str(record)!r}, 'a') as f:\n"
+        "        f.write(f'{signum}\\n')\n"
+        f"    if {exit_on_signal!r}:\n"
+        "        sys.exit(0)\n"
+        "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+        "    signal.signal(s, got)\n"
         "print('ready', flush=True)\n"
         "time.sleep(600)\n"
     )
-    proc = ServiceProcess("t", [sys.executable, "-c", code], tmp_path / "t.log").start()
+    proc = ServiceProcess(name, [sys.executable, "-c", code], tmp_path / f"{name}.log").start()
     proc.wait_ready(lambda: "ready" in proc.log_tail(), timeout=30)
-    assert proc.stop(grace=10) == 0
-    assert marker.exists()
-    assert signal.SIGTERM  # documented order: TERM first
+    return proc, record
+
+
+def _received(record: Path) -> list[int]:
+    return [int(x) for x in record.read_text().split()] if record.exists() else []
+
+
+def test_sigterm_is_used_before_sigkill(tmp_path) -> None:
+    """``stop`` sends SIGTERM first (not another signal a service might also handle gracefully),
+    and SIGKILL only to a process still running after the grace."""
+    graceful, record = _signal_recorder(tmp_path, "graceful", exit_on_signal=True)
+    assert graceful.stop(grace=10) == 0
+    assert _received(record) == [signal.SIGTERM]
+    stubborn, record = _signal_recorder(tmp_path, "stubborn", exit_on_signal=False)
+    start = time.monotonic()
+    assert stubborn.stop(grace=2) == -signal.SIGKILL
+    assert time.monotonic() - start >= 2  # the grace was given
+    assert _received(record) == [signal.SIGTERM]
 
 
 def test_metrics_names_include_unused_labelled_metrics() -> None:

@@ -27,22 +27,10 @@ from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.contracts.weight_control import send
-from dynamo_rl.envs import EnvContext, make_env
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from launcher.service_table import SERVICES
-from services.rollout.build import load_tokenizer, make_engine_factory, sampling_of
-from services.rollout.datasets import PromptRecord
-from services.rollout.engines import EnginePool, SGLangEngine
-from services.rollout.episodes import Conversation
-from services.rollout.pipeline import (
-    Seeds,
-    generate_group,
-    request_seed,
-    sample_prompt,
-    split_count,
-    verify_groups,
-)
+from services.rollout.engines import SGLangEngine
 from services.rollout.reward_client import RewardClient, RewardRequestError
 from services.rollout.worker import RolloutWorker, build_worker
 from tests.conftest import REPO, dynamo_rl_argv
@@ -144,68 +132,6 @@ def stream_groups(redis_url: str) -> list[tuple[str, TrajectoryGroup]]:
 def metric(worker: RolloutWorker, name: str, labels: dict[str, str] | None = None) -> float:
     value = worker.metrics.metrics.registry.get_sample_value(name, labels or {})
     return float(value or 0.0)
-
-
-def test_split_count() -> None:
-    assert split_count(0, 3) == []
-    assert split_count(7, 3) == [3, 3, 1]
-    assert split_count(3, 8) == [3]
-
-
-def test_sample_prompt_splits_and_seeds_each_request_and_verdicts_come_back_per_prompt(
-    engine, reward_server, redis_url, allocator, dataset, model
-) -> None:
-    """The pipeline worker and eval share, on the real engine and reward service."""
-    cfg = config(redis_url, engine, reward_server.start(), allocator, dataset)
-    sampling = sampling_of(cfg.rollout.sampling, temperature=1.0, seed=3)
-    assert sampling.max_tokens == 8 and sampling.seed == 3 and sampling.temperature == 1.0
-    seeds: list[int] = []
-
-    def seed_of(chunk: int) -> int | None:
-        seeds.append(chunk)
-        return request_seed(3, "p", chunk)
-
-    records = [
-        PromptRecord(f"q{i}", "1+1=", ground_truth="2", data_source="t", kind="math")
-        for i in range(2)
-    ]
-    conv = Conversation(load_tokenizer(str(model)), "auto")
-
-    async def go() -> tuple[list, list, list, list, list]:
-        pool = EnginePool([make_engine_factory(cfg)(engine)])
-        reward = RewardClient(cfg.endpoints.reward_url)
-        try:
-            first = await sample_prompt(pool, [5, 6, 7], 7, sampling, max_per_request=3,
-                                        seed_of=seed_of)  # fmt: skip
-            again = await sample_prompt(pool, [5, 6, 7], 7, sampling, max_per_request=3,
-                                        seed_of=seed_of)  # fmt: skip
-            one = await sample_prompt(pool, [5, 6, 7], 3, sampling, max_per_request=8,
-                                      seed_of=lambda _c: request_seed(3, "p", 0))  # fmt: skip
-            # The single-turn episodes of a prompt: its first turns are exactly sample_prompt's.
-            groups = [
-                await generate_group(
-                    pool, r, ("1+1=", [5, 6, 7]), count, conversation=conv, sampling=sampling,
-                    new_env=lambda seed: make_env(EnvContext(cfg.rollout.env, None, seed=seed)),
-                    limits=cfg.rollout.env, max_per_request=3, seeds=Seeds(3, ("p",)),
-                )
-                for r, count in zip(records, [2, 5], strict=True)
-            ]  # fmt: skip
-            verdicts = await verify_groups(reward, records, groups, lambda p, j: f"{p}/{j}")
-            return first, again, one, groups, verdicts
-        finally:
-            await pool.aclose()
-            await reward.aclose()
-
-    first, again, one, groups, verdicts = asyncio.run(go())
-    assert len(first) == 7 and sorted(set(seeds)) == [0, 1, 2]  # requests of 3, 3 and 1
-    assert [x.token_ids for x in first] == [x.token_ids for x in again]  # seeded
-    # Each request has a seed of its own: the second chunk does not repeat the first.
-    assert [x.token_ids for x in first[:3]] != [x.token_ids for x in first[3:6]]
-    assert [x.token_ids for x in one] == [x.token_ids for x in first[:3]]  # chunk 0's seed
-    assert [e.segments[0].token_ids for e in groups[1]] == [x.token_ids for x in first[:5]]
-    assert [e.final_text for e in groups[1]] == [x.text for x in first[:5]]  # the engine's text
-    assert [len(v) for v in verdicts] == [2, 5]
-    assert all(isinstance(v.correct, bool) and v.reason for group in verdicts for v in group)
 
 
 def test_reward_service_down_pushes_nothing_until_it_is_back(make_worker, redis_url, tmp_path):
