@@ -227,3 +227,99 @@ def test_every_path_pyproject_names_exists() -> None:
     assert "tests" in names and any(n.startswith("tests/") for n in names)
     missing = [n for n in names if not (REPO / n).exists()]
     assert not missing, f"pyproject.toml names paths that do not exist: {missing}"
+
+
+# The layout the docs draw names the module that holds each responsibility by its bare file name
+# under a folder (README's layout table; docs/architecture.md's "The code, folder by folder"), so
+# the check above, which reads whole paths, does not see them: a renamed module must take its
+# name in the map with it.
+_MODULE = re.compile(r"(?<![\w/.*])([a-z0-9_]+\.py|[a-z0-9_*]+\*)(?![\w/])")
+_FOLDER = re.compile(r"(?<![\w/.])([a-z0-9_]+/)(?=\s*(?:\(|·|$))")
+
+
+def layout_names(lines: list[str]) -> list[tuple[str, str]]:
+    """(folder, bare name) for every module and sub-folder a folder-by-folder code block names.
+
+    A line that starts with ``name/`` opens that folder (relative to the nearest less-indented
+    folder above it); a line that starts with a file name belongs to the nearest less-indented
+    folder above it; a continuation line (no name of its own at its start) belongs with the line
+    before it."""
+    out: list[tuple[str, str]] = []
+    folders: list[tuple[int, str]] = []  # (indent, path) of the open folders
+    context = ""
+    for line in lines:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        head = line.split()[0]
+        named = bool(re.fullmatch(r"[a-z0-9_/]+/|[a-z0-9_.*]+\.py", head))
+        if named and indent < 8:
+            while folders and folders[-1][0] >= indent:
+                folders.pop()
+            parent = folders[-1][1] if folders else ""
+            if head.endswith("/"):
+                context = parent + head
+                folders.append((indent, context))
+                rest = line.lstrip()[len(head) :]
+            else:
+                context, rest = parent, line
+        else:
+            rest = line
+        out += [(context, m.group(1)) for m in _MODULE.finditer(rest)]
+        out += [(context, m.group(1)) for m in _FOLDER.finditer(rest)]
+    return out
+
+
+def _architecture_block() -> list[str]:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## The code, folder by folder", 1)[1]
+    return section.split("```", 2)[1].splitlines()
+
+
+def _readme_layout() -> list[tuple[str, str]]:
+    out = []
+    for line in (REPO / "README.md").read_text().splitlines():
+        cells = _cells(line) if line.startswith("| `") else []
+        folder = re.fullmatch(r"`([a-z_/]+/)`", cells[0]) if cells else None
+        if folder is None:
+            continue
+        for cell in cells[1:]:
+            for name in re.findall(r"`([a-z0-9_]+(?:\.py|/))`", cell):
+                out.append((folder.group(1), name))
+    return out
+
+
+def _missing(pairs: list[tuple[str, str]]) -> list[str]:
+    return [
+        f"{folder}{name}"
+        for folder, name in pairs
+        if not (list(REPO.glob(folder + name)) if "*" in name else (REPO / folder / name).exists())
+    ]
+
+
+def test_the_layout_reader_places_names_in_their_folders() -> None:
+    block = [
+        "dynamo_rl/            shared (every process)",
+        "  config/               the config",
+        "  contracts/            one module per contract:",
+        "    stream.py             the stream (weight_layout.py: buckets)",
+        "  codec.py keys.py",
+        "services/engine/      engine.py (the Engine) · sampler.py · math_* scorers ·",
+        "                      kv_cache.py (merge) · model/judge scorers · static/",
+    ]
+    assert layout_names(block) == [
+        ("dynamo_rl/contracts/", "stream.py"), ("dynamo_rl/contracts/", "weight_layout.py"),
+        ("dynamo_rl/", "codec.py"), ("dynamo_rl/", "keys.py"),
+        ("services/engine/", "engine.py"), ("services/engine/", "sampler.py"),
+        ("services/engine/", "math_*"), ("services/engine/", "kv_cache.py"),
+        ("services/engine/", "static/"),
+    ]  # fmt: skip
+
+
+def test_every_module_the_layout_names_exists() -> None:
+    names = layout_names(_architecture_block()) + _readme_layout()
+    assert len(names) > 60, names  # the reader found the map
+    missing = _missing(names)
+    assert not missing, (
+        f"named in the layout (README.md, docs/architecture.md), not in the tree: {missing}"
+    )
