@@ -234,18 +234,12 @@ class AllocatorService:
             measured = await gradstats.aread(self.store.aclient, namespace, ids)
             grad = GradStats(measured.spread, measured.age, measured.streak)
             draws = self._rng.random(n) if params.skip_after > 0 else None
-        counts, priorities = allocate_rollouts(
-            stats.samples,
-            stats.successes,
-            budget,
-            params,
-            grad=grad,
-            skip_draws=draws,
-            return_priorities=True,
+        result = allocate_rollouts(
+            stats.samples, stats.successes, budget, params, grad=grad, skip_draws=draws
         )
-        total = int(counts.sum())
-        self.m.observe_allocation(total, counts, priorities)
-        return encode_allocate_response(counts, priorities, total)
+        total = int(result.counts.sum())
+        self.m.observe_allocation(total, result.counts, result.weights)
+        return encode_allocate_response(result.counts, result.weights, total)
 
     async def _report(
         self, req: pb.ReportOutcomesRequest, context: Any
