@@ -353,11 +353,11 @@ def test_bad_statistics_are_rejected() -> None:
         allocate_rollouts([4, 4], [1], 16)
 
 
-def test_the_defaults_are_n_min_4_n_max_24_initial_budget_8_and_hopeless_n_1() -> None:
+def test_the_defaults_are_n_min_2_n_max_16_initial_budget_8_and_hopeless_n_1() -> None:
     """Left out, each keyword means its documented default: the floor (budget 0), the cap (a
     large budget), a prompt at G = 8 explored, and a hopeless prompt's share."""
     g, k = [8, 0, 16, 8, 12], [4, 0, 0, 8, 3]
-    explicit = {"n_min": 4, "n_max": 24, "initial_budget": 8, "hopeless_n": 1}
+    explicit = {"n_min": 2, "n_max": 16, "initial_budget": 8, "hopeless_n": 1}
     for budget in (0, 30, 10_000):
         assert (
             allocate_rollouts(g, k, budget, AllocationParams(hopeless_after=16)).counts.tolist()

@@ -47,10 +47,10 @@ def test_budget_scheme_and_server_defaults(client: AllocatorClient) -> None:
     client.report_outcomes("exp", [(pid, 20, 2 + 2 * i) for i, pid in enumerate(ids)])
     by_budget = client.allocate("exp", ids, budget=100, scheme="water-level", priority="std")
     assert by_budget.budget == sum(by_budget.counts) == 100
-    defaults = client.allocate("exp", ids)  # server defaults: n_per_prompt 16, n 4..24
-    assert defaults.budget == 16 * 8 and min(defaults.counts) >= 4 and max(defaults.counts) <= 24
+    defaults = client.allocate("exp", ids)  # server defaults: n_per_prompt 8, n 2..16
+    assert defaults.budget == 8 * 8 and min(defaults.counts) >= 2 and max(defaults.counts) <= 16
     clipped = client.allocate("exp", ids, budget=10**6)
-    assert clipped.counts == [24] * 8
+    assert clipped.counts == [16] * 8
 
 
 def test_hopeless_prompts_get_hopeless_n_through_the_service(redis_url: str) -> None:

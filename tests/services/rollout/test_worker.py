@@ -380,7 +380,7 @@ def test_rollout_command_config_errors_exit_2(tmp_path):
     result = subprocess.run(
         dynamo_rl_argv("rollout", "rollout.n=50"), capture_output=True, text=True, cwd=REPO
     )
-    assert result.returncode == 2 and "rollout.n_min <= rollout.n <= rollout.n_max" in result.stderr
+    assert result.returncode == 2 and "allocator.n_min <= allocator.n_per_prompt" in result.stderr
     result = subprocess.run(
         dynamo_rl_argv("rollout", "rollout.tokenizer=/nonexistent"),
         capture_output=True, text=True, cwd=REPO, env={**os.environ, "ENGINE_URLS": ""},
