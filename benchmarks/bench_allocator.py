@@ -192,7 +192,7 @@ def bench_objective() -> None:
 def bench_service(quick: bool, repeats: int) -> None:
     from allocator.client import AllocatorClient
     from dynamo_rl.procs import start_redis
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
 
     print(f"\n== gRPC service (a dynamo-rl allocator process, a real Redis; load {_load()}) ==")
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,8 +36,8 @@ from typing import Any
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.jsonl import read_records
 from dynamo_rl.run_layout import sft_run_dir
+from dynamo_rl.service_table import cli_argv
 from launcher.console import WarmStartProgress
-from launcher.service_table import cli_argv
 
 __all__ = ["FOCUS_SHARE", "Check", "WarmStart", "last_check", "step_log", "tier_accuracy"]
 

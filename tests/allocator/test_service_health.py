@@ -20,7 +20,7 @@ from allocator.client import AllocatorClient
 from allocator.metrics import AllocatorMetrics
 from allocator.server import SERVICE_NAME, RunningServer
 from dynamo_rl.procs import free_port, grpc_healthy, start_redis
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from tests.allocator.helpers import requests_total, start_allocator
 from tests.conftest import REPO
 

@@ -30,7 +30,7 @@ from dynamo_rl.contracts.weight_control import send
 from dynamo_rl.envs import EnvContext, make_env
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from services.rollout.build import load_tokenizer, make_engine_factory, sampling_of
 from services.rollout.datasets import PromptRecord
 from services.rollout.engines import EnginePool, SGLangEngine
