@@ -190,7 +190,7 @@ def bench_objective() -> None:
 
 
 def bench_service(quick: bool, repeats: int) -> None:
-    from allocator.client import AllocatorClient
+    from dynamo_rl.clients.allocator import AllocatorClient
     from dynamo_rl.procs import start_redis
     from dynamo_rl.service_table import SERVICES
 
@@ -268,8 +268,8 @@ def _bench_concurrent(
     repeats: int,
 ) -> None:  # fmt: skip
     """8 client processes, closed loop, against the bare server and the allocator, alternating."""
-    from allocator.client import AllocatorClient
     from benchmarks._grpc_load import BATCH, run_clients
+    from dynamo_rl.clients.allocator import AllocatorClient
 
     clients, duration = 8, (2.0 if quick else 6.0)
     rounds = 1 if quick else repeats

@@ -565,7 +565,7 @@ def build_worker(
         max_wait_s=rc.reward_max_wait_s,
         on_retry=reward_retried,
     )
-    from allocator.client import AllocatorClient
+    from dynamo_rl.clients.allocator import AllocatorClient
 
     def allocator_factory() -> AllocatorClient:
         return AllocatorClient(

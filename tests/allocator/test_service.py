@@ -16,9 +16,9 @@ import time
 import grpc
 import pytest
 
-from allocator.client import AllocatorClient
 from allocator.server import RunningServer
 from allocator.stats import StatsStore
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.config import AllocatorConfig
 from tests.allocator.helpers import start_allocator
 from tests.conftest import REPO
@@ -129,7 +129,7 @@ def test_large_report_is_chunked_and_counted(redis_url: str) -> None:
 REPORTER = textwrap.dedent(
     """
     import sys
-    from allocator.client import AllocatorClient
+    from dynamo_rl.clients.allocator import AllocatorClient
     addr, worker = sys.argv[1], int(sys.argv[2])
     with AllocatorClient(addr, retries=5) as c:
         for step in range(40):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from allocator.client import AllocatorClient
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.config import load_config
 from services.rollout.datasets import PromptRecord, PromptSampler
 from services.rollout.worker import RolloutWorker

@@ -21,8 +21,8 @@ import pytest
 import redis
 import torch
 
-from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
