@@ -6,11 +6,9 @@ up, and every network client of the project is built on the base with its own de
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
@@ -23,43 +21,18 @@ from dynamo_rl.envs.sandbox import SandboxClient
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
 from dynamo_rl.retry import Backoff, RetryPolicy
 from services.rollout.reward_client import RewardClient
-
-
-class Failing:
-    """How many requests a peer fails before it answers, and when each arrived."""
-
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
-        self.times: list[float] = []
-
-    def next_fails(self) -> bool:
-        self.times.append(time.monotonic())
-        return len(self.times) <= self.failures
+from tests.scripted_http import Script, scripted_server
 
 
 @pytest.fixture
-def http_peer() -> Iterator[tuple[str, Failing]]:
-    """A real HTTP server: 503 for the first ``failures`` requests, then 200 ``ok``."""
-    state = Failing(0)
+def http_peer() -> Iterator[tuple[str, Script]]:
+    """A real HTTP server answering as scripted (``tests/scripted_http.py``)."""
+    with scripted_server() as (url, script):
+        yield url + "/", script
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status, body = (503, b"busy") if state.next_fails() else (200, b"ok")
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", state
-    finally:
-        server.shutdown()
-        server.server_close()
+def fail_then_answer(script: Script, failures: int) -> None:
+    script.answers = [(503, {})] * failures + [(200, {})]
 
 
 class Busy(Exception):
@@ -72,12 +45,12 @@ class PingClient(HttpClient):
     peer = "ping"
     defaults = ClientSettings(timeout_s=5.0, backoff_s=0.5, backoff_max_s=10.0, retries=1)
 
-    async def ping(self) -> str:
-        async def once() -> str:
-            r = await self.http.get(f"{self.url}/")
+    async def ping(self) -> int:
+        async def once() -> int:
+            r = await self.http.post(f"{self.url}/v1/verify", json={"items": []})
             if r.status_code == 503:
                 raise Busy(f"HTTP {r.status_code}")
-            return r.text
+            return r.status_code
 
         return await self.acall(once, retry_on=(Busy,), operation="ping")
 
@@ -90,10 +63,10 @@ class PatientClient(PingClient):
 
 def _ping(
     url: str, cls: type[PingClient] = PingClient, **settings: Any
-) -> tuple[str | BaseException, list[float]]:
+) -> tuple[int | BaseException, list[float]]:
     delays: list[float] = []
 
-    async def go() -> str | BaseException:
+    async def go() -> int | BaseException:
         client = cls(url, on_retry=lambda _r, d: delays.append(d), **settings)
         try:
             return await client.ping()
@@ -107,9 +80,9 @@ def _ping(
 
 def test_http_client_retries_its_configured_times_with_capped_backoff(http_peer) -> None:
     url, peer = http_peer
-    peer.failures = 3
+    fail_then_answer(peer, 3)
     result, delays = _ping(url, retries=3, backoff_s=0.05, backoff_max_s=0.1)
-    assert result == "ok" and len(peer.times) == 4  # three retries, the fourth attempt answers
+    assert result == 200 and len(peer.times) == 4  # three retries, the fourth attempt answers
     # Jittered doubling from 50 ms capped at 100 ms: [40, 50], [80, 100], [80, 100] ms.
     assert 0.04 <= delays[0] <= 0.05 and all(0.08 <= d <= 0.1 for d in delays[1:]), delays
     gaps = [b - a for a, b in zip(peer.times, peer.times[1:], strict=False)]
@@ -118,7 +91,7 @@ def test_http_client_retries_its_configured_times_with_capped_backoff(http_peer)
 
 def test_http_client_gives_up_after_its_retries(http_peer) -> None:
     url, peer = http_peer
-    peer.failures = 10
+    fail_then_answer(peer, 10)
     result, delays = _ping(url, retries=2, backoff_s=0.01, backoff_max_s=0.02)
     assert isinstance(result, Busy) and len(peer.times) == 3 and len(delays) == 2
     peer.times.clear()
@@ -128,7 +101,7 @@ def test_http_client_gives_up_after_its_retries(http_peer) -> None:
 
 def test_http_client_gives_up_after_max_wait_s(http_peer) -> None:
     url, peer = http_peer
-    peer.failures = 10**6
+    peer.answers = [(503, {})]
     start = time.monotonic()
     result, delays = _ping(url, PatientClient, backoff_s=0.02, backoff_max_s=0.02, max_wait_s=0.3)
     assert isinstance(result, Busy)
@@ -148,10 +121,12 @@ class _FlakyAllocator:
     """A real gRPC server of ``dynamo.v1.Allocator/Allocate`` answering UNAVAILABLE first."""
 
     def __init__(self, failures: int) -> None:
-        self.state = Failing(failures)
+        self.failures = failures
+        self.times: list[float] = []
 
         def allocate(request: pb.AllocateRequest, context: grpc.ServicerContext):
-            if self.state.next_fails():
+            self.times.append(time.monotonic())
+            if len(self.times) <= self.failures:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "briefly gone")
             n = len(request.prompt_ids)
             return pb.AllocateResponse(counts=[request.n_per_prompt] * n,
@@ -180,14 +155,14 @@ def test_grpc_client_retries_unavailable_its_configured_times() -> None:
         with AllocatorClient(f"127.0.0.1:{flaky.port}", retries=2, backoff_s=0.02,
                              backoff_max_s=0.04, on_retry=lambda _r, d: delays.append(d)) as c:  # fmt: skip
             assert c.allocate("ns", ["a", "b"], 3).counts == [3, 3]
-            assert len(flaky.state.times) == 3 and len(delays) == 2
+            assert len(flaky.times) == 3 and len(delays) == 2
             assert all(d <= 0.04 for d in delays)
-            flaky.state.times.clear()
-            flaky.state.failures = 5
+            flaky.times.clear()
+            flaky.failures = 5
             with pytest.raises(grpc.RpcError) as err:
                 asyncio.run(c.aallocate("ns", ["a"], 3))
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert len(flaky.state.times) == 3  # the first attempt and its two retries
+            assert len(flaky.times) == 3  # the first attempt and its two retries
     finally:
         flaky.stop()
 
