@@ -6,8 +6,8 @@ package. It adds what every caller needs around the generated stub: a deadline o
 ``retries`` retries on ``UNAVAILABLE`` (the server or its Redis is briefly gone) with the project's
 capped, jittered back-off (the client base :class:`dynamo_rl.clients.base.Client`: ``backoff_s``
 doubling up to ``backoff_max_s``), and a bound on the calls in flight so a burst of rollout workers
-cannot pile unbounded work onto one server. Any other error (``INVALID_ARGUMENT`` above all) is raised at
-once: retrying a bad request cannot help.
+cannot pile unbounded work onto one server. Any other error (``INVALID_ARGUMENT`` above all) is
+raised at once: retrying a bad request cannot help.
 
 The calls of a rollout worker have async forms (``aallocate``, ``areport_outcomes``): each attempt
 runs in a worker thread, but the back-off between attempts is an ``asyncio.sleep``, so no thread is

@@ -155,14 +155,14 @@ class RolloutConfig(Section):
     worker_index: Annotated[int, Field(ge=0)] = 0
     """This worker's shard, 0 .. num_workers-1."""
 
-    # Responses per prompt: the budget and bounds are the allocator section's (allocator.n_per_prompt,
-    # n_min, n_max; rollout.n, rollout.n_min and rollout.n_max load into them).
+    # Responses per prompt: the budget and bounds are the allocator section's
+    # (allocator.n_per_prompt, n_min, n_max; rollout.n, rollout.n_min, rollout.n_max load there).
     batch_size: Annotated[int, Field(ge=1)] = 8
     """Prompts per batch (one Allocate call, one trajectory group each)."""
     allocation: Literal["dynamic", "uniform"] = "dynamic"
-    """dynamic: counts from the allocator (DRA) within allocator.n_min..n_max, allocator.n_per_prompt
-    on average; uniform: allocator.n_per_prompt per prompt, the allocator is only told the
-    outcomes."""
+    """dynamic: counts from the allocator (DRA) within allocator.n_min..n_max,
+    allocator.n_per_prompt on average; uniform: allocator.n_per_prompt per prompt, the allocator
+    is only told the outcomes."""
     max_n_per_request: Annotated[int, Field(ge=1)] = 8
     """A prompt's count is split into engine requests of at most this many samples, so one
     prompt's responses spread across replicas."""

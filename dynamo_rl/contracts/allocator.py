@@ -13,7 +13,8 @@ documentation. Every end uses it:
 - the server (``allocator/server.py``) validates an ``Allocate`` request by merging the request's
   fields over its config with :meth:`AllocationParams.with_overrides`;
 - the algorithm (``allocator.algorithm.allocate_rollouts``) takes an ``AllocationParams``;
-- the client (``allocator/client.py``) sets the request fields named by :data:`REQUEST_FIELDS`.
+- the client (``dynamo_rl/clients/allocator.py``) sets the request fields named by
+  :data:`REQUEST_FIELDS`.
 
 The wire format stays ``proto/dynamo/v1/allocator.proto``: ``AllocateRequest`` carries every field
 of :data:`REQUEST_FIELDS` (unset: the server's config) besides the batch (``namespace``,
