@@ -32,7 +32,10 @@ responses carry no advantage; ``hopeless_n`` ≥ 1 keeps its statistics fresh so
 once the policy starts to solve it. Round-robin reaches hopeless prompts only when every other
 prompt is at n_max.
 
-Methods (``params.method``) change only the weights of step 3:
+Methods (``params.method``) change only step 3: its weights and how the rest follows them. Each is
+a :class:`Method` (a weight function and a share function, one signature for all) in the registry
+:data:`METHODS`, looked up by name (:func:`method`); :func:`allocate_rollouts` returns one
+:class:`Allocation` (counts and those weights) whichever it is:
 
 - ``dra``: the priorities above, by ``scheme`` (the paper's; the default);
 - ``grad``: water-level on the learner's measured gradient spread (:class:`GradStats`), blended
@@ -67,6 +70,7 @@ on random inputs; ``test_methods.py`` checks every method's budget and bounds pr
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,12 +80,17 @@ from dynamo_rl.contracts.allocator import AllocationParams
 
 __all__ = [
     "DEFAULTS",
+    "METHODS",
     "UNEXPLORED",
+    "Allocation",
+    "Batch",
     "GradStats",
+    "Method",
     "allocate_rollouts",
     "compute_priorities",
     "freshness",
     "grad_weights",
+    "method",
     "skip_probability",
 ]
 
@@ -189,6 +198,105 @@ def skip_probability(
     return p * freshness(grad.age, half_life)
 
 
+@dataclass(frozen=True)
+class Allocation:
+    """What :func:`allocate_rollouts` returns, whatever the method."""
+
+    counts: npt.NDArray[np.int64]
+    """Responses per prompt, in batch order."""
+    weights: npt.NDArray[np.float64]
+    """The step-3 weight per prompt, ``UNEXPLORED`` (−1) for prompts still explored: the
+    priority (dra), the blended spread (grad) or p(1−p)² (knapsack)."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch as every method sees it (validated by :func:`allocate_rollouts`)."""
+
+    g: npt.NDArray[np.float64]
+    """Samples per prompt (G)."""
+    k: npt.NDArray[np.float64]
+    """Successes per prompt (k)."""
+    params: AllocationParams
+    grad: GradStats
+    initial_budget: int
+    """``max(n_min, params.initial_budget)``: below it a prompt is still explored."""
+    priority: npt.NDArray[np.float64]
+    """dra's priority per prompt (:func:`compute_priorities`), ``UNEXPLORED`` where explored."""
+
+    @property
+    def rate(self) -> npt.NDArray[np.float64]:
+        """Success rate k/G (0 where G is 0)."""
+        return np.divide(self.k, self.g, out=np.zeros(self.g.size), where=self.g > 0)
+
+
+@dataclass(frozen=True)
+class Method:
+    """An allocation method: what changes from one to another is step 3 alone.
+
+    ``weights(batch)`` gives every prompt its step-3 weight (``UNEXPLORED`` exactly where
+    ``batch.priority`` is); ``share(batch, eligible, spare)`` hands ``spare`` responses (at most
+    n_max − n_min each) to the ``eligible`` prompts — done exploring, weight > 0, all at n_min —
+    and returns what each of them gets, in the order of ``eligible``'s true entries."""
+
+    weights: Callable[[Batch], npt.NDArray[np.float64]]
+    share: Callable[
+        [Batch, npt.NDArray[np.float64], npt.NDArray[np.bool_], int], npt.NDArray[np.int64]
+    ]
+
+
+def _dra_weights(b: Batch) -> npt.NDArray[np.float64]:
+    return b.priority
+
+
+def _grad_weights(b: Batch) -> npt.NDArray[np.float64]:
+    std = b.params.model_copy(update={"priority": "std"})
+    sigma = _priorities(b.g, b.k, std, b.initial_budget)
+    w = grad_weights(sigma, b.grad, b.params.grad_half_life)
+    return np.where(b.priority == UNEXPLORED, UNEXPLORED, w)
+
+
+def _knapsack_weights(b: Batch) -> npt.NDArray[np.float64]:
+    rate = b.rate
+    return np.where(b.priority == UNEXPLORED, UNEXPLORED, rate * np.square(1.0 - rate))
+
+
+def _dra_share(b: Batch, w, eligible, spare: int) -> npt.NDArray[np.int64]:
+    """x_i = clip(λ·p_i − a, 0, room): a = 0 for the reference scheme (a share proportional to
+    priority above n_min), a = n_min for water-level (n = clip(λ·p, n_min, n_max))."""
+    n_min = b.params.n_min
+    shift = 0.0 if b.params.scheme == "reference" else float(n_min)
+    return _water_fill(w, shift, b.params.n_max - n_min, spare)
+
+
+def _grad_share(b: Batch, w, eligible, spare: int) -> npt.NDArray[np.int64]:
+    """Water-level on the blended spreads, whatever the scheme."""
+    n_min = b.params.n_min
+    return _water_fill(w, float(n_min), b.params.n_max - n_min, spare)
+
+
+def _knapsack_share(b: Batch, w, eligible, spare: int) -> npt.NDArray[np.int64]:
+    n_min = b.params.n_min
+    return _knapsack(w, b.rate[eligible], n_min, b.params.n_max - n_min, spare)
+
+
+METHODS: dict[str, Method] = {
+    "dra": Method(_dra_weights, _dra_share),
+    "grad": Method(_grad_weights, _grad_share),
+    "knapsack": Method(_knapsack_weights, _knapsack_share),
+}
+"""``params.method`` → its :class:`Method`; the names are those of
+:data:`dynamo_rl.contracts.allocator.METHODS` (a test keeps the two equal)."""
+
+
+def method(name: str) -> Method:
+    """The registered method ``name``; a ``ValueError`` naming the allowed ones otherwise."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"allocator.method: {name!r} is not one of {', '.join(METHODS)}") from None
+
+
 def allocate_rollouts(
     sample_counts: npt.ArrayLike,
     success_counts: npt.ArrayLike,
@@ -197,18 +305,18 @@ def allocate_rollouts(
     *,
     grad: GradStats | None = None,
     skip_draws: npt.ArrayLike | None = None,
-    return_priorities: bool = False,
-) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """Responses per prompt (int64[N]) summing to the budget clipped to [N·n_min, N·n_max].
+) -> Allocation:
+    """Responses per prompt (``.counts``, int64[N]) summing to the budget clipped to
+    [N·n_min, N·n_max], and the step-3 weights behind them (``.weights``).
 
     ``sample_counts`` (G) and ``success_counts`` (k) may be floats (statistics with decay).
     ``params`` are validated already (n_min ≤ n_max, hopeless_n ≤ n_min, ...): the model
-    guarantees it. ``grad``: the learner's statistics (method grad and the skip rule; missing:
-    none measured). ``skip_draws``: one uniform [0, 1) number per prompt for the skip rule (a
-    prompt is skipped where it is below :func:`skip_probability`); without them nothing is
-    skipped. With ``return_priorities`` the step-3 weights (−1 for prompts still explored) come
-    back too: the priority (dra), the blended spread (grad) or p(1−p)² (knapsack).
+    guarantees it; ``params.method`` picks the :class:`Method` from :data:`METHODS`. ``grad``: the
+    learner's statistics (method grad and the skip rule; missing: none measured). ``skip_draws``:
+    one uniform [0, 1) number per prompt for the skip rule (a prompt is skipped where it is below
+    :func:`skip_probability`); without them nothing is skipped.
     """
+    chosen = method(params.method)
     g = np.asarray(sample_counts, dtype=np.float64).reshape(-1)
     k = np.asarray(success_counts, dtype=np.float64).reshape(-1)
     if g.shape != k.shape:
@@ -217,7 +325,7 @@ def allocate_rollouts(
         raise ValueError(f"budget must be >= 0, got {budget}")
     if g.size and (k.min() < 0 or not np.all(k <= g)):  # also catches g < 0 (and NaN)
         raise ValueError("need 0 <= success_counts <= sample_counts for every prompt")
-    n_min, n_max, scheme, method = params.n_min, params.n_max, params.scheme, params.method
+    n_min, n_max = params.n_min, params.n_max
     hopeless_after, hopeless_n = params.hopeless_after, params.hopeless_n
     initial_budget = max(n_min, params.initial_budget)
     n = g.size
@@ -225,13 +333,8 @@ def allocate_rollouts(
         grad = GradStats.unmeasured(n)
     elif not grad.spread.shape == grad.age.shape == grad.streak.shape == (n,):
         raise ValueError(f"grad statistics must have one entry per prompt ({n})")
-    p = _priorities(g, k, params, initial_budget)
-    if method == "grad":
-        sigma = _priorities(g, k, params.model_copy(update={"priority": "std"}), initial_budget)
-        p = np.where(p == UNEXPLORED, UNEXPLORED, grad_weights(sigma, grad, params.grad_half_life))
-    elif method == "knapsack":
-        rate = np.divide(k, g, out=np.zeros(n), where=g > 0)
-        p = np.where(p == UNEXPLORED, UNEXPLORED, rate * np.square(1.0 - rate))
+    batch = Batch(g, k, params, grad, initial_budget, _priorities(g, k, params, initial_budget))
+    p = chosen.weights(batch)
     counts = np.full(n, n_min, dtype=np.int64)
     total = int(np.clip(budget, n * n_min, n * n_max))
     spare = total - n * n_min  # what is left once everyone has n_min (step 2 done up front)
@@ -266,21 +369,12 @@ def allocate_rollouts(
             counts[fresh] += _round_shares(extra * (spare / extra_sum), spare, extra)
             spare = 0
 
-    # Step 3: the rest by priority. Eligible prompts are done exploring, so step 1 gave them nothing
-    # and they all sit at n_min with the same room (n_max − n_min): dra and grad are then
-    # x_i = clip(λ·p_i − a, 0, room), with a = 0 (dra's reference) or a = n_min (water-level; grad
-    # always); knapsack adds one response at a time where it gains the most value.
+    # Step 3: the rest by the method's weights. Eligible prompts are done exploring, so step 1
+    # gave them nothing and they all sit at n_min with the same room (n_max − n_min).
     if spare > 0:
         eligible = (p > 0) & ~demoted  # UNEXPLORED is negative
-        room = n_max - n_min
-        if room > 0 and eligible.any():
-            w = p[eligible]
-            if method == "knapsack":
-                add = _knapsack(w, np.divide(k, g, out=np.zeros(n), where=g > 0)[eligible],
-                                n_min, room, spare)  # fmt: skip
-            else:
-                add = _water_fill(w, 0.0 if scheme == "reference" and method == "dra"
-                                  else float(n_min), room, spare)  # fmt: skip
+        if n_max > n_min and eligible.any():
+            add = chosen.share(batch, p[eligible], eligible, spare)
             counts[eligible] += add
             spare -= int(add.sum())
         if spare > 0 and demoted.any():  # round-robin over the others first
@@ -289,9 +383,7 @@ def allocate_rollouts(
             spare -= int(add.sum())
         if spare > 0:  # nothing (more) follows a priority: round-robin, lowest index first
             counts += _round_robin(n_max - counts, spare)
-    if return_priorities:
-        return counts, p
-    return counts
+    return Allocation(counts, p)
 
 
 def _water_fill(w: npt.NDArray[np.float64], shift: float, room: int, spare: int):

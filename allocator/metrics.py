@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from dynamo_rl.metrics import ServiceMetrics, observe_many
+from dynamo_rl.metrics import MetricSet, counter, gauge, histogram, observe_many
 
 __all__ = ["DISTRIBUTION_SAMPLE", "AllocatorMetrics"]
 
@@ -21,54 +21,50 @@ PRIORITY_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 
 BUDGET_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 
 
-class AllocatorMetrics:
+class AllocatorMetrics(MetricSet):
     """The allocator's metrics; ``metrics`` holds its own registry (no global state)."""
 
+    service = "allocator"
+    requests = counter(
+        "requests_total", "gRPC requests by method and status code", "method", "code"
+    )
+    latency = histogram("request_latency_seconds", "gRPC handler latency by method", "method")
+    prompts_allocated = counter(
+        "prompts_allocated_total", "prompts that received a count from Allocate"
+    )
+    responses_allocated = counter(
+        "responses_allocated_total", "responses handed out by Allocate (sum of budgets)"
+    )
+    unexplored_prompts = counter(
+        "unexplored_prompts_total", "prompts allocated while still explored (no priority)"
+    )
+    skipped_prompts = counter(
+        "skipped_prompts_total",
+        "prompts allocated no response (the skip rule; hopeless prompts when hopeless_n is 0)",
+    )
+    budget = histogram(
+        "budget_responses", "budget (responses) of each Allocate request", buckets=BUDGET_BUCKETS
+    )
+    counts = histogram(
+        "count_responses", "responses per prompt (sampled per request)", buckets=COUNT_BUCKETS
+    )
+    priorities = histogram(
+        "priority", "priority per explored prompt (sampled per request)", buckets=PRIORITY_BUCKETS
+    )
+    priority_exploring = counter(
+        "priority_exploring_total",
+        "prompts of the priority histogram's sample still explored (no priority yet): the "
+        "same sample as dynamo_allocator_priority, so the two draw one distribution",
+    )
+    outcomes = counter("outcomes_reported_total", "prompt outcomes reported")
+    samples_reported = counter(
+        "samples_reported_total", "responses (attempts) reported in outcomes"
+    )
+    redis_errors = counter("redis_errors_total", "requests failed because of Redis")
+    redis_up = gauge("redis_up", "1 when the last Redis call or ping succeeded")
+
     def __init__(self) -> None:
-        self.metrics = m = ServiceMetrics("allocator")
-        self.requests = m.counter(
-            "requests_total", "gRPC requests by method and status code", ["method", "code"]
-        )
-        self.latency = m.histogram(
-            "request_latency_seconds", "gRPC handler latency by method", ["method"]
-        )
-        self.prompts_allocated = m.counter(
-            "prompts_allocated_total", "prompts that received a count from Allocate"
-        )
-        self.responses_allocated = m.counter(
-            "responses_allocated_total", "responses handed out by Allocate (sum of budgets)"
-        )
-        self.unexplored_prompts = m.counter(
-            "unexplored_prompts_total", "prompts allocated while still explored (no priority)"
-        )
-        self.skipped_prompts = m.counter(
-            "skipped_prompts_total",
-            "prompts allocated no response (the skip rule; hopeless prompts when hopeless_n is 0)",
-        )
-        self.budget = m.histogram(
-            "budget_responses",
-            "budget (responses) of each Allocate request",
-            buckets=BUDGET_BUCKETS,
-        )
-        self.counts = m.histogram(
-            "count_responses", "responses per prompt (sampled per request)", buckets=COUNT_BUCKETS
-        )
-        self.priorities = m.histogram(
-            "priority",
-            "priority per explored prompt (sampled per request)",
-            buckets=PRIORITY_BUCKETS,
-        )
-        self.priority_exploring = m.counter(
-            "priority_exploring_total",
-            "prompts of the priority histogram's sample still explored (no priority yet): the "
-            "same sample as dynamo_allocator_priority, so the two draw one distribution",
-        )
-        self.outcomes = m.counter("outcomes_reported_total", "prompt outcomes reported")
-        self.samples_reported = m.counter(
-            "samples_reported_total", "responses (attempts) reported in outcomes"
-        )
-        self.redis_errors = m.counter("redis_errors_total", "requests failed because of Redis")
-        self.redis_up = m.gauge("redis_up", "1 when the last Redis call or ping succeeded")
+        super().__init__()
         # Labelled series exist from the start (zeros), so dashboards and alerts see every one.
         for method in METHODS:
             self.latency.labels(method)

@@ -5,9 +5,9 @@ An asyncio server (``grpc.aio``) on an event loop of its own thread: a handler's
 (``redis.asyncio``) the loop serves the next; concurrent reads go to Redis together
 (:meth:`StatsStore.aget`). The former thread-pool server used 1.1-1.6 ms of CPU per ``Allocate``
 under 8 clients where its handler's work was 0.4 ms and a bare gRPC server's 0.3.
-``Allocate``'s reply is written straight in the protobuf wire format from the numpy arrays
-(:func:`encode_allocate_response`, byte-identical to ``SerializeToString``), and its per-prompt
-metrics are observed in one pass (:func:`dynamo_rl.metrics.observe_many`).
+Every reply is a message of the generated protobuf module (``proto/`` is the one source of the
+wire format), and ``Allocate``'s per-prompt metrics are observed in one pass
+(:func:`dynamo_rl.metrics.observe_many`).
 
 Each request is validated first; a bad one gets ``INVALID_ARGUMENT`` with a message that names the
 field (``n_min``, ``outcomes[3].successes``, ...). ``Allocate``'s parameters are validated in one
@@ -38,7 +38,6 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-import numpy.typing as npt
 import redis
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -58,7 +57,6 @@ __all__ = [
     "AllocatorService",
     "BadRequest",
     "RunningServer",
-    "encode_allocate_response",
     "request_params",
     "start_server",
 ]
@@ -133,54 +131,6 @@ def request_params(req: pb.AllocateRequest, defaults: AllocationParams) -> Alloc
         raise BadRequest(str(e)) from None
 
 
-# -- the Allocate reply in the protobuf wire format ------------------------------------------------
-
-_VARINT_GROUPS = np.arange(10, dtype=np.uint64) * np.uint64(7)
-_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _packed_varints(values: npt.NDArray[np.int64]) -> bytes:
-    """Non-negative integers as consecutive protobuf varints (7 bits a byte, low first)."""
-    v = values.astype(np.uint64)
-    if int(v.max()) < 0x80:  # every count fits one byte: the usual case
-        return v.astype(np.uint8).tobytes()
-    groups = (v[:, None] >> _VARINT_GROUPS) & np.uint64(0x7F)
-    width = 1 + (v[:, None] >= _VARINT_LIMITS).sum(axis=1)  # bytes per value
-    index = np.arange(10)
-    groups |= (index[None, :] < (width[:, None] - 1)).astype(np.uint64) << np.uint64(7)
-    return groups.astype(np.uint8)[index[None, :] < width[:, None]].tobytes()
-
-
-def encode_allocate_response(
-    counts: npt.NDArray[np.int64], priorities: npt.NDArray[np.float64], budget: int
-) -> bytes:
-    """``AllocateResponse(counts=, priorities=, budget=).SerializeToString()``, from the arrays.
-
-    proto3 writes fields in number order, repeated scalars packed (tag, byte length, values) and
-    leaves out empty and zero fields: counts (1) as varints, priorities (2) as little-endian
-    doubles, budget (3) as a varint. Counts and budget are never negative here. Building the
-    message from Python lists cost the server more than the allocation itself.
-    """
-    out = []
-    if len(counts):
-        data = _packed_varints(counts)
-        out += [b"\x0a", _varint(len(data)), data]
-    if len(priorities):
-        out += [b"\x12", _varint(8 * len(priorities)), priorities.astype("<f8").tobytes()]
-    if budget:
-        out += [b"\x18", _varint(budget)]
-    return b"".join(out)
-
-
 @dataclass(eq=False)
 class AllocatorService:
     """Handlers of ``dynamo.v1.Allocator``, coroutines of the server's one event loop."""
@@ -216,7 +166,7 @@ class AllocatorService:
 
     # -- implementations ---------------------------------------------------------------------
 
-    async def _allocate(self, req: pb.AllocateRequest, context: Any) -> bytes:
+    async def _allocate(self, req: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         cfg = self.cfg
         namespace = _namespace(req.namespace)
         ids = _prompt_ids(list(req.prompt_ids), cfg.max_prompts_per_request)
@@ -234,18 +184,14 @@ class AllocatorService:
             measured = await gradstats.aread(self.store.aclient, namespace, ids)
             grad = GradStats(measured.spread, measured.age, measured.streak)
             draws = self._rng.random(n) if params.skip_after > 0 else None
-        counts, priorities = allocate_rollouts(
-            stats.samples,
-            stats.successes,
-            budget,
-            params,
-            grad=grad,
-            skip_draws=draws,
-            return_priorities=True,
+        result = allocate_rollouts(
+            stats.samples, stats.successes, budget, params, grad=grad, skip_draws=draws
         )
-        total = int(counts.sum())
-        self.m.observe_allocation(total, counts, priorities)
-        return encode_allocate_response(counts, priorities, total)
+        total = int(result.counts.sum())
+        self.m.observe_allocation(total, result.counts, result.weights)
+        return pb.AllocateResponse(
+            counts=result.counts.tolist(), priorities=result.weights.tolist(), budget=total
+        )
 
     async def _report(
         self, req: pb.ReportOutcomesRequest, context: Any
@@ -373,7 +319,7 @@ class AllocatorService:
 
 
 _REQUEST_TYPES: dict[str, Any] = {
-    "Allocate": (pb.AllocateRequest, None),  # the handler writes the wire format itself
+    "Allocate": (pb.AllocateRequest, pb.AllocateResponse.SerializeToString),
     "ReportOutcomes": (pb.ReportOutcomesRequest, pb.ReportOutcomesResponse.SerializeToString),
     "GetStats": (pb.GetStatsRequest, pb.GetStatsResponse.SerializeToString),
     "ResetNamespace": (pb.ResetNamespaceRequest, pb.ResetNamespaceResponse.SerializeToString),

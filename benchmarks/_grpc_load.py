@@ -1,10 +1,10 @@
 """Concurrent gRPC clients for ``bench_allocator.py``, and the bare server it compares against.
 
 - :func:`run_clients` starts ``clients`` separate processes (as separate rollout workers would
-  be), each with one :class:`~allocator.client.AllocatorClient`, which all begin at one instant
-  and call ``Allocate`` or ``ReportOutcomes`` back to back (closed loop: one call in flight per
-  client, so never more than ``clients`` on the server) for ``duration_s``; it returns every
-  call's latency and each client's CPU time.
+  be), each with one :class:`~dynamo_rl.clients.allocator.AllocatorClient`, which all begin at
+  one instant and call ``Allocate`` or ``ReportOutcomes`` back to back (closed loop: one call in
+  flight per client, so never more than ``clients`` on the server) for ``duration_s``; it returns
+  every call's latency and each client's CPU time.
 - ``python benchmarks/_grpc_load.py echo PORT_FILE`` serves ``dynamo.v1.Allocator`` the way the
   allocator does (the same server kind and options) but does no work: it reads no request and
   answers each call with a reply of the real shape and size, built once (the "bare gRPC echo").
@@ -52,7 +52,7 @@ class ClientResult:
 def _client(
     addr: str, method: str, worker: int, duration_s: float, ready: Any, go: Any, queue: mp.Queue
 ) -> None:
-    from allocator.client import AllocatorClient
+    from dynamo_rl.clients.allocator import AllocatorClient
 
     # Requests built ahead: the client's own work per call is the gRPC call (and the reply).
     batches = [batch(worker, c) for c in range(8)]

@@ -237,9 +237,9 @@ def settings_of(quick: bool) -> dict:
             "eval": up.eval.model_dump(),
             "rollout_budget": {
                 "prompts_per_step": rc.batch_size,
-                "n": rc.n,
+                "n": cfg.allocator.n_per_prompt,
                 "steps": lc.max_steps,
-                "rollouts": rc.batch_size * rc.n * (lc.max_steps or 0),
+                "rollouts": rc.batch_size * cfg.allocator.n_per_prompt * (lc.max_steps or 0),
             },
             "allocation": rc.allocation,
             "sampling": rc.sampling.model_dump(),

@@ -120,10 +120,11 @@ def bench_algorithm(quick: bool) -> None:
             repeats,
         )
         ours = _best_ms(
-            lambda g=g, k=k, budget=budget: allocate_rollouts(g, k, budget, ref), repeats
+            lambda g=g, k=k, budget=budget: allocate_rollouts(g, k, budget, ref).counts, repeats
         )
         water = _best_ms(
-            lambda g=g, k=k, budget=budget: allocate_rollouts(g, k, budget, water_level), repeats
+            lambda g=g, k=k, budget=budget: allocate_rollouts(g, k, budget, water_level).counts,
+            repeats,
         )
         print(
             f"{n:>7} {base[0]:>8.2f} / {base[1]:>6.2f} {ours[0]:>8.2f} / {ours[1]:>6.2f} "
@@ -146,7 +147,7 @@ def bench_algorithm(quick: bool) -> None:
     p = compute_priorities(g, k, AllocationParams(initial_budget=INITIAL))
     ours = allocate_rollouts(
         g, k, N_PER_PROMPT * 10_000, AllocationParams(n_min=N_MIN, n_max=N_MAX)
-    )
+    ).counts
     base = np.array(reference_pass_by_pass(g, p, N_PER_PROMPT * 10_000, N_MIN, N_MAX, INITIAL))
     diff = np.abs(ours - base)
     print(
@@ -180,7 +181,7 @@ def bench_objective() -> None:
         for scheme in ("reference", "water-level"):
             for prio in ("variance", "std"):
                 params = AllocationParams(n_min=n_min, n_max=n_max, priority=prio, scheme=scheme)
-                counts = allocate_rollouts(g, k, budget, params)
+                counts = allocate_rollouts(g, k, budget, params).counts
                 rows.append((f"{scheme} + {prio}", float((var / counts).sum())))
         print(f"  n_min={n_min} n_max={n_max}, N={n}, budget {budget}:")
         print(f"    {'bounded continuous optimum':<28} {optimum:>10.2f}  1.0000")
@@ -189,9 +190,9 @@ def bench_objective() -> None:
 
 
 def bench_service(quick: bool, repeats: int) -> None:
-    from allocator.client import AllocatorClient
+    from dynamo_rl.clients.allocator import AllocatorClient
     from dynamo_rl.procs import start_redis
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
 
     print(f"\n== gRPC service (a dynamo-rl allocator process, a real Redis; load {_load()}) ==")
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,8 +268,8 @@ def _bench_concurrent(
     repeats: int,
 ) -> None:  # fmt: skip
     """8 client processes, closed loop, against the bare server and the allocator, alternating."""
-    from allocator.client import AllocatorClient
     from benchmarks._grpc_load import BATCH, run_clients
+    from dynamo_rl.clients.allocator import AllocatorClient
 
     clients, duration = 8, (2.0 if quick else 6.0)
     rounds = 1 if quick else repeats

@@ -46,7 +46,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
     from learner.tiny_model import build_tiny_model
 
     torch.set_num_threads(args.threads)

@@ -55,7 +55,7 @@ def _groups(n: int, responses: int, length: int, seed: int = 0) -> list:
 
 
 def _run_learner(model: Path, run_dir: Path, url: str, name: str, steps: int, extra: list[str]):
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
 
     argv = SERVICES["learner"].argv(
         f"learner.model={model}", f"run.name={name}", f"run.dir={run_dir}",
@@ -129,7 +129,7 @@ def bench_gradstats(root: Path, url: str, args: argparse.Namespace) -> None:
 def bench_push(root: Path, url: str, args: argparse.Namespace) -> None:
     import httpx
 
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
     from learner.tiny_model import build_tiny_model
     from tests.learner.helpers import write_groups
 

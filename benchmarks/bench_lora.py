@@ -149,7 +149,7 @@ def main() -> int:
         return worker(args)
     from bench_push import _model
 
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
 
     env = child_env(drop=("DYNAMO_CONTROL_TOKEN",))
     with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:

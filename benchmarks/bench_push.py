@@ -121,7 +121,7 @@ def _start_engine(target: str, model: Path, root: Path, redis_url: str) -> tuple
             proc.stop()
             raise
         return proc, url
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
 
     return SERVICES["engine"].start(
         root / f"engine-{target}.log", "--model", str(model), f"endpoints.redis_url={redis_url}",

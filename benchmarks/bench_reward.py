@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from dynamo_rl.procs import ServiceProcess  # noqa: E402
-from launcher.service_table import SERVICES  # noqa: E402
+from dynamo_rl.service_table import SERVICES  # noqa: E402
 from services.reward.sandbox import RunLimits, Sandbox  # noqa: E402
 
 

@@ -49,7 +49,7 @@ def main() -> int:
 
     from dynamo_rl.config import load_config
     from dynamo_rl.procs import ServiceProcess, start_redis
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
     from learner.tiny_model import build_tiny_model
     from services.rollout.worker import build_worker
 

@@ -47,7 +47,7 @@ import httpx  # noqa: E402
 from dynamo_rl.config.rollout import EnvConfig  # noqa: E402
 from dynamo_rl.envs import EnvContext, make_env  # noqa: E402
 from dynamo_rl.envs.sandbox import SandboxClient  # noqa: E402
-from launcher.service_table import SERVICES  # noqa: E402
+from dynamo_rl.service_table import SERVICES  # noqa: E402
 
 TOOL_TIMEOUT_S = 2.0
 

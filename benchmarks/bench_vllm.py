@@ -1,7 +1,7 @@
 """Sampling throughput of a real vLLM server against the embedded engine, same model, same requests.
 
 Builds the quickstart's tiny Qwen2 model (``up.tiny_model``'s defaults), starts both servers the
-way ``dynamo-rl up`` does — the ``engine`` row of :data:`launcher.service_table.SERVICES` (the
+way ``dynamo-rl up`` does — the ``engine`` row of :data:`dynamo_rl.service_table.SERVICES` (the
 embedded engine) and its ``vllm`` row (``dynamo-rl vllm-server``, from ``engine.vllm.python``,
 default ``.venv-vllm/bin/python``) — and times the same batch on each: ``--prompts`` prompts of
 ``--prompt-len`` random tokens, one ``/v1/completions`` request per prompt with ``n``
@@ -44,7 +44,7 @@ def main() -> int:
     import torch
 
     from dynamo_rl.config.up import TinyModelConfig
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
     from learner.tiny_model import build_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))

@@ -1,6 +1,6 @@
 """Fleet simulator: what saturates first when the engine fleet grows.
 
-Real processes on free ports, started through the service table (:mod:`launcher.service_table`):
+Real processes on free ports, started through the service table (:mod:`dynamo_rl.service_table`):
 Redis, ``dynamo-rl allocator``, ``dynamo-rl reward`` and 1-16 ``dynamo-rl rollout`` workers; a
 learner-side **stream reader** (:class:`dynamo_rl.contracts.stream.TrajectoryReader`, reading and
 acknowledging as the learner does, without training); and **simulated engines**: one asyncio
@@ -354,7 +354,7 @@ def run_fleet(fleet: Fleet, args: argparse.Namespace, model: Path, data: Path) -
 
     from dynamo_rl.procs import ServiceProcess, free_port, http_ok, start_redis
     from dynamo_rl.redis_client import sync_client
-    from launcher.service_table import SERVICES
+    from dynamo_rl.service_table import SERVICES
 
     tmp = Path(tempfile.mkdtemp(prefix=f"fleet-{fleet.label}-"))
     procs: dict[str, ServiceProcess] = {}

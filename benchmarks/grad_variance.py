@@ -570,7 +570,7 @@ def counts_for(
     grad = GradStats(spread, np.full(n_prompts, stats["age"]), stats["streak"])
     return allocate_rollouts(
         stats["g"], stats["k"], budget_b * n_prompts, params, grad=grad, skip_draws=draws
-    )
+    ).counts
 
 
 def visit_stats(

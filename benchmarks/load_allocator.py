@@ -33,7 +33,7 @@ from benchmarks._load import RssSampler, Tally, deadline, report  # noqa: E402
 from dynamo_rl.procs import grpc_healthy, start_redis  # noqa: E402
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb  # noqa: E402
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
-from launcher.service_table import SERVICES  # noqa: E402
+from dynamo_rl.service_table import SERVICES  # noqa: E402
 
 SERVICE = "dynamo.v1.Allocator"
 NS = "load"

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from benchmarks._load import RssSampler, Tally, deadline, report  # noqa: E402
-from launcher.service_table import SERVICES  # noqa: E402
+from dynamo_rl.service_table import SERVICES  # noqa: E402
 
 
 def make_item(kind: str, k: int) -> dict:

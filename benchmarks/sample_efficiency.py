@@ -570,7 +570,7 @@ def run_one(method: str, seed: int, s: Settings, warm: Path, out_file: Path) -> 
             grad = GradStats(spread[batch], step - measured_at[batch], streak[batch])
             counts = allocate_rollouts(
                 samples[batch], successes[batch], budget, params, grad=grad
-            ).tolist()
+            ).counts.tolist()
         else:
             counts = [s.n] * s.batch_size
         assert sum(counts) == budget

@@ -85,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.no_redis
         else SampleReader(cfg.endpoints.redis_url, namespace, estimator=estimator),
         run_name=cfg.run.name,
-        run=RunFolder(Path(cfg.run.run_dir), grpo_n=cfg.rollout.n, estimator=estimator),
+        run=RunFolder(
+            Path(cfg.run.run_dir), grpo_n=cfg.allocator.n_per_prompt, estimator=estimator
+        ),
     )
     server = make_server(dashboard, args.host, args.port)
     host, port = server.server_address[:2]

@@ -2,7 +2,9 @@
 
 Each service builds a :class:`ServiceMetrics` once and registers its metrics through it, so names
 follow one scheme (counters end in ``_total``, durations in ``_seconds``, sizes in ``_bytes``) and
-every service has its own registry (no global state shared between tests in one process).
+every service has its own registry (no global state shared between tests in one process). A
+service declares its metrics once, one line each, as the class attributes of a :class:`MetricSet`
+(:func:`counter`, :func:`gauge`, :func:`histogram`); the set makes them in its registry.
 
 The same registry is also the service's **run-folder history**: :meth:`ServiceMetrics.record`
 appends a snapshot of every sample (the names and labels ``/metrics`` exposes) as one JSON line to
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -49,9 +51,13 @@ __all__ = [
     "LATENCY_BUCKETS",
     "VLLM_SERIES",
     "History",
+    "MetricSet",
     "ScrapedMetrics",
     "ServiceMetrics",
+    "counter",
     "exposition_samples",
+    "gauge",
+    "histogram",
     "read_history",
 ]
 
@@ -195,6 +201,68 @@ class ServiceMetrics(Recorded):
         """Every sample now, ``[[name, {label: value}, value], ...]`` (``_created`` samples, the
         counters' creation times, left out)."""
         return _samples(self.registry.collect())
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """A metric declared on a :class:`MetricSet` class, made per instance in its registry."""
+
+    kind: str
+    name: str
+    doc: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] | None = None
+
+    def make(self, m: ServiceMetrics) -> Counter | Gauge | Histogram:
+        if self.kind == "histogram":
+            return m.histogram(self.name, self.doc, self.labels, self.buckets or LATENCY_BUCKETS)
+        return getattr(m, self.kind)(self.name, self.doc, self.labels)
+
+
+def counter(name: str, doc: str, *labels: str) -> Counter:
+    """Declares ``dynamo_<service>_<name>`` (``name`` ends in ``_total``) on a :class:`MetricSet`;
+    each instance gets its own :class:`~prometheus_client.Counter` under the attribute."""
+    return cast(Counter, _Declared("counter", name, doc, labels))
+
+
+def gauge(name: str, doc: str, *labels: str) -> Gauge:
+    """Declares a gauge on a :class:`MetricSet` (see :func:`counter`)."""
+    return cast(Gauge, _Declared("gauge", name, doc, labels))
+
+
+def histogram(
+    name: str, doc: str, *labels: str, buckets: Sequence[float] | None = None
+) -> Histogram:
+    """Declares a histogram on a :class:`MetricSet` (default buckets: ``LATENCY_BUCKETS``)."""
+    return cast(Histogram, _Declared("histogram", name, doc, labels, tuple(buckets or ()) or None))
+
+
+class MetricSet:
+    """A service's metrics, declared once as class attributes and made per instance.
+
+    ::
+
+        class RewardMetrics(MetricSet):
+            service = "reward"
+            requests = counter("requests_total", "HTTP requests answered", "route", "code")
+
+    Each instance has its own :class:`ServiceMetrics` (``metrics``: the registry, ``/metrics``,
+    the run-folder history) and, under each declared attribute, the metric made in it, in the
+    order declared (so ``/metrics`` lists them in that order). A subclass adds metrics made at run
+    time (from a table) in its ``__init__`` after ``super().__init__()``.
+    """
+
+    service: ClassVar[str]
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, metrics: ServiceMetrics | None = None
+    ) -> None:
+        self.metrics = metrics if metrics is not None else ServiceMetrics(self.service, registry)
+        declared = {}
+        for cls in reversed(type(self).__mro__):
+            declared.update({k: v for k, v in vars(cls).items() if isinstance(v, _Declared)})
+        for attr, spec in declared.items():
+            setattr(self, attr, spec.make(self.metrics))
 
 
 def history_path(run_dir: str | Path, service: str, instance: str) -> Path:

@@ -1,4 +1,4 @@
-"""Starting and stopping local processes: the mechanics under :mod:`launcher.service_table`'s table,
+"""Starting and stopping local processes: the mechanics under :mod:`dynamo_rl.service_table`'s table,
 which ``dynamo-rl up``, ``eval``, the benchmarks and the tests start services through.
 
 - :func:`free_port` picks a free TCP port on loopback, below the kernel's ephemeral range (so no

@@ -51,7 +51,7 @@ loop stops the run with its last log lines. What survives a restart is the servi
 learner resumes from its last checkpoint, the others keep their state in Redis. ``pids.json`` in
 the run folder names each service's current pid.
 
-Every service is started from the one table in :mod:`launcher.service_table` (command line, health
+Every service is started from the one table in :mod:`dynamo_rl.service_table` (command line, health
 probe, ports). Log lines name Redis only through :func:`dynamo_rl.redis_client.redact_url`.
 """
 
@@ -71,8 +71,8 @@ from dynamo_rl.notices import FILE
 from dynamo_rl.procs import ServiceProcess, free_port, start_redis
 from dynamo_rl.redis_client import redact_url
 from dynamo_rl.run_layout import init_model, sft_control_model, sft_run_dir, warm_start_model
+from dynamo_rl.service_table import SERVICES, cli_argv, engine_service
 from launcher.console import NoticeBoard, StepProgress, data_lines
-from launcher.service_table import SERVICES, cli_argv, engine_service
 from launcher.supervisor import Interrupted, Supervisor
 from launcher.warm_start import WarmStart
 

@@ -36,8 +36,8 @@ from typing import Any
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.jsonl import read_records
 from dynamo_rl.run_layout import sft_run_dir
+from dynamo_rl.service_table import cli_argv
 from launcher.console import WarmStartProgress
-from launcher.service_table import cli_argv
 
 __all__ = ["FOCUS_SHARE", "Check", "WarmStart", "last_check", "step_log", "tier_accuracy"]
 
@@ -224,7 +224,7 @@ class WarmStart:
     def control(self, sft: Path, out: Path) -> None:
         """The SFT-continuation control (``up.sft_control``): the warm-started ``sft`` trained
         on the warm start's own demonstrations for RL's compute, ``learner.max_steps`` steps of
-        ``learner.train_batch_size`` x ``rollout.n`` rows, into ``out``."""
+        ``learner.train_batch_size`` x ``allocator.n_per_prompt`` rows, into ``out``."""
         cfg = self.cfg
         data = demonstrations(self.data, self.ws.demos)
         if not data.exists():
@@ -232,7 +232,10 @@ class WarmStart:
                 f"up.sft_control: no warm-start demonstrations at {data} (the products and when "
                 "tasks write them, with up.warm_start.steps > 0)"
             )
-        steps, batch = cfg.learner.max_steps or 0, cfg.learner.train_batch_size * cfg.rollout.n
+        steps, batch = (
+            cfg.learner.max_steps or 0,
+            cfg.learner.train_batch_size * cfg.allocator.n_per_prompt,
+        )
         self.sft(
             sft,
             out,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynamo_rl.metrics import ServiceMetrics
+from dynamo_rl.metrics import MetricSet, ServiceMetrics, counter, gauge, histogram
 
 # Step-record keys exported as gauges (dynamo_learner_<key>); the JSONL log keeps every key.
 GAUGES: dict[str, str] = {
@@ -67,45 +67,42 @@ PHASES = ("read", "forward", "backward", "optimizer", "checkpoint", "push")
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
-class LearnerMetrics:
+class LearnerMetrics(MetricSet):
     """Prometheus metrics of the learner; ``record_step`` feeds them from a step record."""
 
+    service = "learner"
+    steps = counter("steps_total", "train steps completed")
+    groups = counter("groups_total", "prompt groups trained on")
+    tokens = counter("tokens_total", "response tokens trained on")
+    skipped = counter("groups_skipped_total", "groups read but not trained on", "reason")
+    dead_letters = counter("dead_letters_total", "stream entries sent to the dead-letter stream")
+    equal_reward_warnings = counter(
+        "equal_reward_warnings_total",
+        "warnings: learner.equal_reward_warn_steps steps in a row with all rewards equal",
+    )
+    mismatch_by_lag = gauge(
+        "mismatch_kl_by_lag",
+        "KL(engine || learner) per token (k3) over the samples this many weight versions "
+        "behind (last step that had them)",
+        "lag",
+    )
+    pushes = counter("pushes_total", "weight pushes", "transport", "outcome")
+    phase_seconds = histogram(
+        "phase_seconds", "seconds per step phase", "phase", buckets=_STEP_BUCKETS
+    )
+    step_seconds = histogram("step_seconds", "seconds per train step", buckets=_STEP_BUCKETS)
+
     def __init__(self, metrics: ServiceMetrics | None = None) -> None:
-        self.metrics = metrics if metrics is not None else ServiceMetrics("learner")
-        m = self.metrics
+        # The step record's gauges first, as before the declared metrics (the /metrics order).
+        m = metrics if metrics is not None else ServiceMetrics(self.service)
         self.gauges = {key: m.gauge(key, doc) for key, doc in GAUGES.items()}
-        self.steps = m.counter("steps_total", "train steps completed")
-        self.groups = m.counter("groups_total", "prompt groups trained on")
-        self.tokens = m.counter("tokens_total", "response tokens trained on")
-        self.skipped = m.counter(
-            "groups_skipped_total", "groups read but not trained on", ["reason"]
-        )
-        self.dead_letters = m.counter(
-            "dead_letters_total", "stream entries sent to the dead-letter stream"
-        )
-        self.equal_reward_warnings = m.counter(
-            "equal_reward_warnings_total",
-            "warnings: learner.equal_reward_warn_steps steps in a row with all rewards equal",
-        )
-        self.mismatch_by_lag = m.gauge(
-            "mismatch_kl_by_lag",
-            "KL(engine || learner) per token (k3) over the samples this many weight versions "
-            "behind (last step that had them)",
-            ["lag"],
-        )
-        self.pushes = m.counter("pushes_total", "weight pushes", ["transport", "outcome"])
-        self.phase_seconds = m.histogram(
-            "phase_seconds", "seconds per step phase", ["phase"], buckets=_STEP_BUCKETS
-        )
-        self.step_seconds = m.histogram(
-            "step_seconds", "seconds per train step", buckets=_STEP_BUCKETS
-        )
+        super().__init__(metrics=m)
 
     def record_step(self, record: dict[str, Any]) -> None:
-        for key, gauge in self.gauges.items():
+        for key, step_gauge in self.gauges.items():
             value = record.get(key)
             if isinstance(value, int | float):
-                gauge.set(float(value))
+                step_gauge.set(float(value))
         for key, value in record.items():
             if key.startswith(LAG_PREFIX) and isinstance(value, int | float):
                 self.mismatch_by_lag.labels(key.removeprefix(LAG_PREFIX)).set(float(value))

@@ -22,7 +22,7 @@ from hypothesis import settings
 
 from dynamo_rl.procs import ServiceProcess, start_redis
 from dynamo_rl.procs import free_port as _free_port
-from launcher.service_table import cli_argv
+from dynamo_rl.service_table import cli_argv
 
 # Keep torch from oversubscribing the 2-core CI machine when several processes run.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -117,7 +117,7 @@ def wait_for_blocked_read(client: redis.Redis, timeout_s: float = 30.0) -> None:
 
 def dynamo_rl_argv(*args: str) -> list[str]:
     """argv that runs ``dynamo-rl ARGS`` with this interpreter (services start through the table
-    in :mod:`launcher.service_table`; this is for one-shot commands)."""
+    in :mod:`dynamo_rl.service_table`; this is for one-shot commands)."""
     return cli_argv(*args)
 
 

@@ -76,3 +76,49 @@ def test_the_cycle_finder_finds_a_lazy_cycle_and_no_false_one() -> None:
 def test_no_import_cycle_between_modules() -> None:
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
     assert cycles(graph) == KNOWN
+
+
+def _contracts() -> list[dict]:
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def test_every_service_folder_is_in_the_independence_contract_without_exceptions() -> None:
+    """A new service folder must be listed (otherwise import-linter checks nothing of it), and the
+    contracts that keep services apart and below the launcher allow no exception."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    services = {f"services.{p.parent.name}" for p in (root / "services").glob("*/__init__.py")} | {
+        "allocator",
+        "learner",
+    }
+    by_name = {c["name"]: c for c in _contracts()}
+    apart = by_name["no service imports another service's folder"]
+    assert apart["type"] == "independence" and set(apart["modules"]) == services
+    below = by_name["no service imports the launcher (nor the dashboard or tasks)"]
+    assert set(below["source_modules"]) == {"services", "allocator", "learner"}
+    assert "launcher" in below["forbidden_modules"]
+    for contract in (apart, below):
+        assert not contract.get("ignore_imports"), contract["name"]
+
+
+def test_no_service_reaches_another_or_the_launcher_in_the_graph() -> None:
+    """The same rule on the real graph (lazy imports included), so it holds in the test suite
+    too, not only under ``scripts/lint.sh``."""
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    services = ["services.rollout", "services.reward", "services.engine", "services.reward_model",
+                "allocator", "learner"]  # fmt: skip
+    chains = [
+        chain
+        for a in services
+        for b in [*services, "launcher"]
+        if a != b
+        for chain in graph.find_shortest_chains(importer=a, imported=b, as_packages=True)
+    ]
+    assert chains == []
+    # The search itself finds a package's chains (a service does import the shared package).
+    assert graph.find_shortest_chains(importer="services.rollout", imported="dynamo_rl")

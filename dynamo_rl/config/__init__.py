@@ -30,6 +30,7 @@ from dynamo_rl.config.rollout import RolloutConfig
 from dynamo_rl.config.up import UpConfig
 
 __all__ = [
+    "ALIASES",
     "ENV_VARS",
     "AllocatorConfig",
     "ConfigError",
@@ -47,6 +48,45 @@ __all__ = [
 ]
 
 
+ALIASES: dict[str, str] = {
+    "rollout.n": "allocator.n_per_prompt",
+    "rollout.n_min": "allocator.n_min",
+    "rollout.n_max": "allocator.n_max",
+}
+"""Older spellings of keys declared elsewhere -> the one key. The batch's budget and bounds are
+allocation parameters, declared once (``AllocationParams``, the ``allocator`` section); a YAML
+file or an override may still write them under ``rollout``, and they load into the allocator
+section. Written in both places, they must agree."""
+
+
+def _move_aliases(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` with every :data:`ALIASES` key moved to its one key (a new dict where anything
+    moves); a :class:`ConfigError` when both are given with different values."""
+    moves = []
+    for alias, key in ALIASES.items():
+        a_section, a_name = alias.split(".")
+        section = tree.get(a_section)
+        if isinstance(section, dict) and a_name in section:
+            moves.append((alias, key))
+    if not moves:
+        return tree
+    tree = {name: dict(v) if isinstance(v, dict) else v for name, v in tree.items()}
+    for alias, key in moves:
+        a_section, a_name = alias.split(".")
+        k_section, k_name = key.split(".")
+        value = tree[a_section].pop(a_name)
+        target = tree.setdefault(k_section, {})
+        if not isinstance(target, dict):
+            continue  # the section's own error says what is wrong with it
+        if k_name in target and target[k_name] != value:
+            raise ConfigError(
+                f"{alias} ({value!r}) and {key} ({target[k_name]!r}) are one parameter given "
+                f"twice with different values; set {key} only"
+            )
+        target[k_name] = value
+    return tree
+
+
 class ExperimentConfig(Section):
     """One experiment: where the services are, and each service's settings."""
 
@@ -58,6 +98,12 @@ class ExperimentConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     up: UpConfig = UpConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases_to_their_keys(cls, data: Any) -> Any:
+        # load_config moves them before the overrides apply; this covers a config built directly.
+        return _move_aliases(data) if isinstance(data, dict) else data
 
     @model_validator(mode="before")
     @classmethod
@@ -109,7 +155,7 @@ def _parse_value(text: str) -> Any:
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, model: type[BaseModel]) -> None:
-    parts = dotted.split(".")
+    parts = ALIASES.get(dotted, dotted).split(".")
     if any(not p for p in parts):
         raise ConfigError(f"override {dotted!r}: empty key segment")
     node = tree
@@ -137,11 +183,21 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, model: type[BaseM
 
 def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` strings to a raw config tree (in place) and return it."""
+    given: dict[str, tuple[str, Any]] = {}  # one key -> (spelling, value) of its last override
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. learner.lr=1e-6")
-        _set_dotted(tree, key.strip(), _parse_value(raw), ExperimentConfig)
+        key, value = key.strip(), _parse_value(raw)
+        one = ALIASES.get(key, key)
+        spelling, earlier = given.get(one, (key, value))
+        if spelling != key and earlier != value:
+            raise ConfigError(
+                f"overrides {spelling}={earlier!r} and {key}={value!r} set one parameter ({one}) "
+                "to different values; give it once"
+            )
+        given[one] = (key, value)
+        _set_dotted(tree, key, value, ExperimentConfig)
     return tree
 
 
@@ -193,7 +249,8 @@ def load_config(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p}: expected a mapping of sections at the top level")
-        tree = loaded
+        # The file's aliases first: an override of either spelling then replaces the value.
+        tree = _move_aliases(loaded)
     env = os.environ if env is None else env
     env_overrides = [f"{key}={env[var]}" for var, key in ENV_VARS.items() if env.get(var)]
     # Env values are taken as plain strings except lists (ENGINE_URLS=a,b).

@@ -1,15 +1,18 @@
-"""The allocator service's section: where it listens, the allocation defaults a request may
-override, how statistics are kept in Redis, and the limits that protect the server.
+"""The allocator section: the run's allocation parameters, where the allocator server listens,
+how statistics are kept in Redis, and the limits that protect the server.
 
-The allocation defaults are the fields of :class:`dynamo_rl.contracts.allocator.AllocationParams`
-(the one declaration of those parameters, shared with the server, the algorithm and the client):
-``allocator.n_min`` and the rest are that model's fields, with its bounds and checks."""
+The allocation parameters are the fields of :class:`dynamo_rl.contracts.allocator.AllocationParams`
+(the one declaration of those parameters, shared with the server, the algorithm, the client and the
+rollout worker): ``allocator.n_per_prompt``, ``allocator.n_min`` and the rest are that model's
+fields, with its bounds and checks, and nowhere else declared. The rollout worker reads its budget
+and bounds here (``rollout.n``, ``rollout.n_min`` and ``rollout.n_max`` are accepted spellings of
+the same three keys: :data:`dynamo_rl.config.ALIASES`)."""
 
 from __future__ import annotations
 
 from typing import Annotated, ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
@@ -39,3 +42,15 @@ class AllocatorConfig(Section, AllocationParams):
     """Most prompt ids (or outcomes) one request may carry; more is INVALID_ARGUMENT."""
     redis_timeout_s: Annotated[float, Field(gt=0)] = 2.0
     """Socket timeout of every Redis call; past it the request fails with UNAVAILABLE."""
+
+    @model_validator(mode="after")
+    def _mean_within_bounds(self) -> AllocatorConfig:
+        # Not a check of AllocationParams itself: a request's n_per_prompt outside the bounds is
+        # clipped (the budget is), while a run whose mean lies outside them is a config mistake.
+        if not self.n_min <= self.n_per_prompt <= self.n_max:
+            raise ValueError(
+                "allocator.n_min <= allocator.n_per_prompt <= allocator.n_max must hold, got "
+                f"{self.n_min} <= {self.n_per_prompt} <= {self.n_max} (rollout.n_min, rollout.n "
+                "and rollout.n_max are the same keys)"
+            )
+        return self

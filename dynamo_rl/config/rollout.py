@@ -1,5 +1,6 @@
-"""The rollout worker's section: the dataset, how many responses per prompt, sampling, the engine
-protocol, and the bounds that keep the worker from running ahead of the learner."""
+"""The rollout worker's section: the dataset, the batch, sampling, the engine protocol, and the
+bounds that keep the worker from running ahead of the learner. How many responses each prompt gets
+is the allocator section's (:class:`dynamo_rl.contracts.allocator.AllocationParams`)."""
 
 from __future__ import annotations
 
@@ -154,18 +155,14 @@ class RolloutConfig(Section):
     worker_index: Annotated[int, Field(ge=0)] = 0
     """This worker's shard, 0 .. num_workers-1."""
 
-    # Responses per prompt.
+    # Responses per prompt: the budget and bounds are the allocator section's
+    # (allocator.n_per_prompt, n_min, n_max; rollout.n, rollout.n_min, rollout.n_max load there).
     batch_size: Annotated[int, Field(ge=1)] = 8
     """Prompts per batch (one Allocate call, one trajectory group each)."""
-    n: Annotated[int, Field(ge=1)] = 8
-    """Mean responses per prompt: the batch budget is n x batch_size, as uniform GRPO's."""
-    n_min: Annotated[int, Field(ge=0)] = 2
-    """Fewest responses the allocator may give a prompt."""
-    n_max: Annotated[int, Field(ge=1)] = 16
-    """Most responses the allocator may give a prompt."""
     allocation: Literal["dynamic", "uniform"] = "dynamic"
-    """dynamic: counts from the allocator (DRA); uniform: n per prompt, the allocator is only told
-    the outcomes."""
+    """dynamic: counts from the allocator (DRA) within allocator.n_min..n_max,
+    allocator.n_per_prompt on average; uniform: allocator.n_per_prompt per prompt, the allocator
+    is only told the outcomes."""
     max_n_per_request: Annotated[int, Field(ge=1)] = 8
     """A prompt's count is split into engine requests of at most this many samples, so one
     prompt's responses spread across replicas."""
@@ -246,11 +243,6 @@ class RolloutConfig(Section):
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutConfig:
-        if not self.n_min <= self.n <= self.n_max:
-            raise ValueError(
-                f"rollout.n_min <= rollout.n <= rollout.n_max must hold, got "
-                f"{self.n_min} <= {self.n} <= {self.n_max}"
-            )
         if self.worker_index >= self.num_workers:
             raise ValueError(
                 f"rollout.worker_index ({self.worker_index}) must be < rollout.num_workers "

@@ -155,7 +155,7 @@ class UpConfig(Section):
     sft_control: bool = False
     """The SFT-continuation control instead of RL: after the evaluation before, ``up`` goes on
     with supervised training on the warm start's own demonstrations for the same compute as the
-    RL run — ``learner.max_steps`` steps of ``learner.train_batch_size`` x ``rollout.n`` rows each
+    RL run — ``learner.max_steps`` steps of ``learner.train_batch_size`` x ``allocator.n_per_prompt`` rows each
     (RL's optimizer steps and sequences per step), at ``up.warm_start.lr`` — loads the result into
     the engines and evaluates after as RL would (``products`` and ``when`` tasks)."""
 

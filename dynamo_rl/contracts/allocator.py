@@ -4,11 +4,17 @@
 documentation. Every end uses it:
 
 - the config's ``allocator`` section (:class:`dynamo_rl.config.AllocatorConfig`) is an
-  ``AllocationParams`` plus the server's own settings, so ``allocator.n_min`` etc. are these fields;
+  ``AllocationParams`` plus the server's own settings, so ``allocator.n_min`` etc. are these fields
+  (the older keys ``rollout.n``, ``rollout.n_min``, ``rollout.n_max`` load into
+  ``allocator.n_per_prompt``, ``allocator.n_min``, ``allocator.n_max``:
+  :data:`dynamo_rl.config.ALIASES`);
+- the rollout worker sends the run's ``n_per_prompt``, ``n_min`` and ``n_max`` from that section
+  with every ``Allocate`` (and uses ``n_per_prompt`` for uniform allocation);
 - the server (``allocator/server.py``) validates an ``Allocate`` request by merging the request's
   fields over its config with :meth:`AllocationParams.with_overrides`;
 - the algorithm (``allocator.algorithm.allocate_rollouts``) takes an ``AllocationParams``;
-- the client (``allocator/client.py``) sets the request fields named by :data:`REQUEST_FIELDS`.
+- the client (``dynamo_rl/clients/allocator.py``) sets the request fields named by
+  :data:`REQUEST_FIELDS`.
 
 The wire format stays ``proto/dynamo/v1/allocator.proto``: ``AllocateRequest`` carries every field
 of :data:`REQUEST_FIELDS` (unset: the server's config) besides the batch (``namespace``,
@@ -61,11 +67,13 @@ class AllocationParams(BaseModel):
     key_prefix: ClassVar[str] = ""
     """Written before a field's name in the cross-field errors ("allocator." in the config)."""
 
-    n_per_prompt: Annotated[int, Field(ge=1)] = 16
-    """Budget per prompt when a request gives neither budget nor n_per_prompt (uniform GRPO's n)."""
-    n_min: Annotated[int, Field(ge=0)] = 4
+    n_per_prompt: Annotated[int, Field(ge=1)] = 8
+    """Mean responses per prompt, uniform GRPO's n: a batch's budget is n_per_prompt x its
+    prompts (the rollout worker's request; the server's when a request gives neither budget nor
+    n_per_prompt), and what every prompt gets under uniform allocation or the worker's fallback."""
+    n_min: Annotated[int, Field(ge=0)] = 2
     """Fewest responses any prompt gets."""
-    n_max: Annotated[int, Field(ge=1)] = 24
+    n_max: Annotated[int, Field(ge=1)] = 16
     """Most responses any prompt gets."""
     initial_budget: Annotated[int, Field(ge=0)] = 8
     """Samples a prompt needs before its success rate is trusted; until then it is explored."""

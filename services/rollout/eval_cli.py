@@ -368,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.model:
             # Self-contained: an engine and a reward service of our own on free ports.
-            from launcher.service_table import SERVICES
+            from dynamo_rl.service_table import SERVICES
 
             logs = Path(tempfile.mkdtemp(prefix="dynamo-eval-"))
             engine, engine_url = SERVICES["engine"].start(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dynamo_rl.codec import TrajectoryGroup
-from dynamo_rl.metrics import ServiceMetrics
+from dynamo_rl.metrics import MetricSet, counter, gauge, histogram
 
 if TYPE_CHECKING:
     from services.rollout.episodes import Episode
@@ -20,115 +20,111 @@ TOOL_ERROR_KINDS = ("malformed", "timeout", "failed", "unknown", "bad", "other")
 bad arguments, anything else."""
 
 
-class WorkerMetrics:
+class WorkerMetrics(MetricSet):
     """The rollout worker's metrics (``dynamo_rollout_*``)."""
 
-    def __init__(self) -> None:
-        m = ServiceMetrics("rollout")
-        self.metrics = m
-        self.batches = m.counter("batches_total", "Rollout batches pushed to the stream")
-        self.groups = m.counter("groups_total", "Trajectory groups pushed (one per prompt)")
-        self.responses = m.counter("responses_total", "Responses pushed")
-        self.tokens = m.counter("tokens_generated_total", "Response tokens generated")
-        self.tokens_per_second = m.gauge(
-            "tokens_per_second", "Generated tokens per second of generation in the last batch"
-        )
-        self.reward_mean = m.gauge("reward_mean", "Mean reward of the last batch's responses")
-        self.correct_fraction = m.gauge(
-            "correct_fraction", "Fraction of the last batch's responses judged correct"
-        )
-        self.allocation = m.histogram(
-            "allocation_count",
-            "Responses allocated per prompt",
-            buckets=(0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128),
-        )
-        self.zero_advantage_responses = m.counter(
-            "zero_advantage_responses_total",
-            "Responses pushed in groups whose rewards were all equal (no signal under "
-            "group-normalised advantages); over responses_total: the zero-advantage share",
-        )
-        self.leases_reissued = m.counter(
-            "leases_reissued_total",
-            "Prompts taken over from lapsed leases (a worker died mid-batch) and re-issued",
-        )
-        self.allocator_fallbacks = m.counter(
-            "allocator_fallbacks_total", "Batches that used uniform n because the allocator failed"
-        )
-        self.report_failures = m.counter(
-            "report_failures_total", "ReportOutcomes calls that failed (outcomes kept for the next)"
-        )
-        self.staleness = m.gauge(
-            "staleness_versions", "Learner's latest weight version minus the engines' (oldest)"
-        )
-        self.weight_version = m.gauge("weight_version", "Oldest weight version among the engines")
-        self.waits = m.counter(
-            "waits_total",
-            "Times the worker waited, by reason (staleness, backpressure, engine, reward, redis)",
-            ["reason"],
-        )
-        self.wait_seconds = m.counter(
-            "wait_seconds_total", "Seconds spent waiting, by reason", ["reason"]
-        )
-        self.pending_groups = m.gauge(
-            "pending_groups", "Groups in the stream the learner has not read yet (its lag)"
-        )
-        self.engine_failures = m.counter(
-            "engine_failures_total", "Failed engine requests (retried elsewhere)", ["url"]
-        )
-        self.reward_retries = m.counter(
-            "reward_retries_total", "Retried /v1/verify requests (reward service down or busy)"
-        )
-        self.prompts_over_length = m.counter(
-            "prompts_over_length_total",
-            "Dataset prompts longer than rollout.max_prompt_len at load, by what was done "
-            "(dropped, truncated, refused)",
-            ["action"],
-        )
-        self.prompts_refused = m.counter(
-            "prompts_refused_total",
-            "Prompts an engine refused (HTTP 4xx), dead-lettered and served no more",
-        )
-        self.batch_seconds = m.histogram(
-            "batch_seconds",
-            "Wall time of one batch, by phase (allocate, generate, verify, push, total)",
-            ["phase"],
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
-        )
-        # Multi-turn episodes (rollout.env; docs/agents.md).
-        self.episodes = m.counter(
-            "episodes_total",
-            "Episodes pushed, by why they ended (done, max_turns, max_tool_calls, token_budget)",
-            ["end"],
-        )
-        self.episodes_dropped = m.counter(
-            "episodes_dropped_total", "Episodes dropped because the sandbox stayed down"
-        )
-        self.episode_turns = m.histogram(
-            "episode_turns", "Model turns per episode", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32)
-        )
-        self.episode_forks = m.counter(
-            "episode_forks_total",
-            "Samples forked because the chat template's next prompt did not extend the tokens",
-        )
-        self.tool_calls = m.counter("tool_calls_total", "Tool calls made by episodes")
-        self.tool_errors = m.counter(
-            "tool_errors_total",
-            "Tool calls that did not run cleanly, by kind (malformed, timeout, failed, unknown, "
-            "bad, other)",
-            ["kind"],
-        )
-        self.tool_latency = m.histogram("tool_latency_seconds", "Latency of one tool call")
-        self.masked_token_share = m.gauge(
-            "masked_token_share",
-            "Share of the last batch's episode tokens that are observations (loss mask 0)",
-        )
-        self.episodes_per_second = m.gauge(
-            "episodes_per_second", "Episodes finished per second of generation in the last batch"
-        )
-        self.tool_calls_per_second = m.gauge(
-            "tool_calls_per_second",
-            "Tool calls made per second of generation in the last batch (episodes' wall time)",
-        )
+    service = "rollout"
+    batches = counter("batches_total", "Rollout batches pushed to the stream")
+    groups = counter("groups_total", "Trajectory groups pushed (one per prompt)")
+    responses = counter("responses_total", "Responses pushed")
+    tokens = counter("tokens_generated_total", "Response tokens generated")
+    tokens_per_second = gauge(
+        "tokens_per_second", "Generated tokens per second of generation in the last batch"
+    )
+    reward_mean = gauge("reward_mean", "Mean reward of the last batch's responses")
+    correct_fraction = gauge(
+        "correct_fraction", "Fraction of the last batch's responses judged correct"
+    )
+    allocation = histogram(
+        "allocation_count",
+        "Responses allocated per prompt",
+        buckets=(0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128),
+    )
+    zero_advantage_responses = counter(
+        "zero_advantage_responses_total",
+        "Responses pushed in groups whose rewards were all equal (no signal under "
+        "group-normalised advantages); over responses_total: the zero-advantage share",
+    )
+    leases_reissued = counter(
+        "leases_reissued_total",
+        "Prompts taken over from lapsed leases (a worker died mid-batch) and re-issued",
+    )
+    allocator_fallbacks = counter(
+        "allocator_fallbacks_total", "Batches that used uniform n because the allocator failed"
+    )
+    report_failures = counter(
+        "report_failures_total", "ReportOutcomes calls that failed (outcomes kept for the next)"
+    )
+    staleness = gauge(
+        "staleness_versions", "Learner's latest weight version minus the engines' (oldest)"
+    )
+    weight_version = gauge("weight_version", "Oldest weight version among the engines")
+    waits = counter(
+        "waits_total",
+        "Times the worker waited, by reason (staleness, backpressure, engine, reward, redis)",
+        "reason",
+    )
+    wait_seconds = counter("wait_seconds_total", "Seconds spent waiting, by reason", "reason")
+    pending_groups = gauge(
+        "pending_groups", "Groups in the stream the learner has not read yet (its lag)"
+    )
+    engine_failures = counter(
+        "engine_failures_total", "Failed engine requests (retried elsewhere)", "url"
+    )
+    reward_retries = counter(
+        "reward_retries_total", "Retried /v1/verify requests (reward service down or busy)"
+    )
+    prompts_over_length = counter(
+        "prompts_over_length_total",
+        "Dataset prompts longer than rollout.max_prompt_len at load, by what was done "
+        "(dropped, truncated, refused)",
+        "action",
+    )
+    prompts_refused = counter(
+        "prompts_refused_total",
+        "Prompts an engine refused (HTTP 4xx), dead-lettered and served no more",
+    )
+    batch_seconds = histogram(
+        "batch_seconds",
+        "Wall time of one batch, by phase (allocate, generate, verify, push, total)",
+        "phase",
+        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+    )
+    # Multi-turn episodes (rollout.env; docs/agents.md).
+    episodes = counter(
+        "episodes_total",
+        "Episodes pushed, by why they ended (done, max_turns, max_tool_calls, token_budget)",
+        "end",
+    )
+    episodes_dropped = counter(
+        "episodes_dropped_total", "Episodes dropped because the sandbox stayed down"
+    )
+    episode_turns = histogram(
+        "episode_turns", "Model turns per episode", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32)
+    )
+    episode_forks = counter(
+        "episode_forks_total",
+        "Samples forked because the chat template's next prompt did not extend the tokens",
+    )
+    tool_calls = counter("tool_calls_total", "Tool calls made by episodes")
+    tool_errors = counter(
+        "tool_errors_total",
+        "Tool calls that did not run cleanly, by kind (malformed, timeout, failed, unknown, "
+        "bad, other)",
+        "kind",
+    )
+    tool_latency = histogram("tool_latency_seconds", "Latency of one tool call")
+    masked_token_share = gauge(
+        "masked_token_share",
+        "Share of the last batch's episode tokens that are observations (loss mask 0)",
+    )
+    episodes_per_second = gauge(
+        "episodes_per_second", "Episodes finished per second of generation in the last batch"
+    )
+    tool_calls_per_second = gauge(
+        "tool_calls_per_second",
+        "Tool calls made per second of generation in the last batch (episodes' wall time)",
+    )
 
     def waited(self, reason: str, seconds: float) -> None:
         """A wait (or a retry's delay) of ``seconds`` for ``reason``."""

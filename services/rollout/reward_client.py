@@ -1,8 +1,9 @@
 """Client of the reward service's ``POST /v1/verify`` (``docs/contracts.md``).
 
 Nothing may reach the stream unscored, so an unreachable or busy service (connection refused,
-timeout, 429, 5xx) is retried with the project's back-off (:class:`dynamo_rl.retry.Backoff`:
-``backoff_s`` doubling up to ``backoff_max_s``, jittered) — a ``Retry-After`` raises a delay to
+timeout, 429, 5xx) is retried with the project's back-off (the client base
+:class:`dynamo_rl.clients.base.HttpClient`: ``backoff_s`` doubling up to ``backoff_max_s``,
+jittered) — a ``Retry-After`` raises a delay to
 the hint, up to 6 × ``backoff_max_s`` — until it answers, or until ``max_wait_s`` when set. Any other 4xx is a bug in the request and raised at once.
 Results are matched to items by id, not position, and a reply missing an item is an error.
 Requests are built and replies parsed with the models of :mod:`dynamo_rl.contracts.reward`, the
@@ -12,14 +13,16 @@ ones the service itself validates with; a reply that does not fit them is an err
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
+from dynamo_rl.clients.base import ClientSettings, HttpClient
 from dynamo_rl.contracts.reward import Health, ItemResult, VerifyItem, VerifyRequest, VerifyResponse
-from dynamo_rl.retry import Backoff, RetryExhausted, RetryPolicy
+from dynamo_rl.retry import RetryExhausted
 
 __all__ = ["RewardClient", "RewardRequestError", "RewardUnavailable"]
 
@@ -34,34 +37,29 @@ class RewardRequestError(RuntimeError):
     """The reward service refused the request (4xx other than 408/429)."""
 
 
-class RewardClient:
+class RewardClient(HttpClient):
+    """``POST /v1/verify`` of one reward service; the keywords are :class:`~dynamo_rl.clients.
+    base.Client`'s, where ``max_wait_s`` 0 means no limit (``rollout.reward_max_wait_s``), plus
+    ``batch_items``, the most items per request."""
+
+    peer = "reward service"
+    defaults = ClientSettings(timeout_s=120.0, backoff_s=0.5, backoff_max_s=10.0)
+
     def __init__(
-        self,
-        url: str,
-        *,
-        timeout_s: float = 120.0,
-        batch_items: int = 256,
-        backoff_s: float = 0.5,
-        backoff_max_s: float = 10.0,
-        max_wait_s: float = 0.0,
-        on_retry: Callable[[str, float], None] | None = None,
+        self, url: str, *, batch_items: int = 256, max_wait_s: float | None = None, **settings: Any
     ) -> None:
-        self.url = url.rstrip("/")
+        super().__init__(url, max_wait_s=max_wait_s or math.inf, **settings)
         self.batch_items = batch_items
-        self.max_wait_s = max_wait_s
-        self.retry = RetryPolicy(
-            Backoff(backoff_s, backoff_max_s), max_wait_s=max_wait_s or None, on_retry=on_retry
-        )
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
+        self.max_wait_s = max_wait_s or 0.0
 
     async def _post(self, items: list[VerifyItem]) -> list[ItemResult]:
         body = VerifyRequest(items=items).model_dump(mode="json", exclude_unset=True)
-        retrying = self.retry.start(f"reward service {self.url}")
+        retrying = self.retrying()
         while True:
             reason: str
             retry_after: float | None = None
             try:
-                response = await self._client.post(f"{self.url}/v1/verify", json=body)
+                response = await self.http.post(f"{self.url}/v1/verify", json=body)
             except httpx.HTTPError as e:
                 reason = f"{type(e).__name__}: {e}"
             else:
@@ -107,12 +105,9 @@ class RewardClient:
 
     async def health(self) -> Health:
         """``GET /healthz`` once (no retries): what the service scores."""
-        response = await self._client.get(f"{self.url}/healthz")
+        response = await self.http.get(f"{self.url}/healthz")
         response.raise_for_status()
         return Health.model_validate(response.json())
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 def _seconds(header: str | None) -> float | None:

@@ -5,8 +5,9 @@ One batch, in order:
 1. **Gates.** Wait until the engines' weights are at most ``max_staleness`` versions behind the
    learner's latest (``weight_version_key``), and until the stream holds fewer than
    ``max_pending_groups`` groups the learner has not read yet (backpressure).
-2. **Allocate.** Ask the allocator for each prompt's count (``n`` on average, within
-   ``n_min..n_max``). If it cannot answer, every prompt gets ``n`` — logged and counted in
+2. **Allocate.** Ask the allocator for each prompt's count (``allocator.n_per_prompt`` on
+   average, within ``allocator.n_min..n_max``: the run's allocation parameters, sent with the
+   request). If it cannot answer, every prompt gets ``n_per_prompt`` — logged and counted in
    ``dynamo_rollout_allocator_fallbacks_total`` — and the next batch asks again.
 3. **Generate and verify** each prompt's count of episodes of ``rollout.env`` through the one
    pipeline eval uses too (:mod:`services.rollout.pipeline`: first turns in requests of at most
@@ -57,6 +58,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dynamo_rl.codec import Response, Timing, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
 from dynamo_rl.config.rollout import EnvConfig
+from dynamo_rl.contracts.allocator import AllocationParams
 from dynamo_rl.contracts.engine import alist_engines
 from dynamo_rl.contracts.stream import TrajectoryWriter
 from dynamo_rl.envs import EnvContext, check_env_config, make_env
@@ -118,8 +120,11 @@ class RolloutWorker:
         sandbox: SandboxClient | None = None,
         limits: EnvConfig | None = None,
         notices: Notices | None = None,
+        allocation: AllocationParams | None = None,
     ) -> None:
         self.cfg = cfg
+        # The run's budget and bounds (the config's allocator section), sent with every Allocate.
+        self.allocation = allocation or AllocationParams()
         self.notices = notices or Notices(None, "rollout")
         self.namespace = namespace
         self.worker_id = worker_id
@@ -245,20 +250,21 @@ class RolloutWorker:
 
     async def allocate(self, prompt_ids: Sequence[str]) -> tuple[list[int], list[float], bool]:
         """Counts and priorities per prompt, and whether the uniform fallback was used."""
-        uniform = [self.cfg.n] * len(prompt_ids), [-1.0] * len(prompt_ids)
+        a = self.allocation
+        uniform = [a.n_per_prompt] * len(prompt_ids), [-1.0] * len(prompt_ids)
         if self.cfg.allocation == "uniform" or self.allocator is None:
             return *uniform, False
         try:
             result = await self.allocator.aallocate(
                 self.namespace,
                 list(prompt_ids),
-                n_per_prompt=self.cfg.n,
-                n_min=self.cfg.n_min,
-                n_max=self.cfg.n_max,
+                n_per_prompt=a.n_per_prompt,
+                n_min=a.n_min,
+                n_max=a.n_max,
             )
         except Exception as e:  # grpc.RpcError above all; any failure means "use uniform n"
             log.warning(
-                "allocator unavailable (%s); uniform n=%d for this batch", _short(e), self.cfg.n
+                "allocator unavailable (%s); uniform n=%d for this batch", _short(e), a.n_per_prompt
             )
             self.metrics.allocator_fallbacks.inc()
             await self._reset_allocator()
@@ -559,7 +565,7 @@ def build_worker(
         max_wait_s=rc.reward_max_wait_s,
         on_retry=reward_retried,
     )
-    from allocator.client import AllocatorClient
+    from dynamo_rl.clients.allocator import AllocatorClient
 
     def allocator_factory() -> AllocatorClient:
         return AllocatorClient(
@@ -588,6 +594,7 @@ def build_worker(
         sandbox=make_sandbox(cfg),
         limits=limits,
         notices=notices,
+        allocation=cfg.allocator,
     )
     pool.admit = worker.fresh  # a replica back from a failure serves once within max_staleness
     return worker

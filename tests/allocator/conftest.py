@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from allocator.client import AllocatorClient
 from allocator.server import RunningServer
+from dynamo_rl.clients.allocator import AllocatorClient
 from tests.allocator.helpers import start_allocator
 
 

@@ -187,7 +187,8 @@ def _params(case: dict) -> dict:
 
 def _vectorised(case: dict):
     params = AllocationParams(**_params(case))
-    return allocate_rollouts(case["g"], case["k"], case["budget"], params, return_priorities=True)
+    result = allocate_rollouts(case["g"], case["k"], case["budget"], params)
+    return result.counts, result.weights
 
 
 def _loop(case: dict):
@@ -250,7 +251,7 @@ def test_priorities_by_hand() -> None:
 def test_counts_move_toward_half_solved_prompts() -> None:
     g = np.array([32, 32, 32, 32])
     k = np.array([16, 2, 31, 0])  # half-solved, hard, easy, never solved
-    counts = allocate_rollouts(g, k, 4 * 16, AllocationParams(n_min=8, n_max=24))
+    counts = allocate_rollouts(g, k, 4 * 16, AllocationParams(n_min=8, n_max=24)).counts
     assert counts.sum() == 64
     assert counts[0] == 24  # capped; its overflow goes to the others by priority
     assert counts[1] > counts[2] == counts[3] >= 8
@@ -259,10 +260,14 @@ def test_counts_move_toward_half_solved_prompts() -> None:
 def test_unexplored_prompts_get_their_initial_budget() -> None:
     g = np.array([0, 0, 32, 32])
     k = np.array([0, 0, 16, 16])
-    counts = allocate_rollouts(g, k, 4 * 6, AllocationParams(n_min=4, n_max=24, initial_budget=8))
+    counts = allocate_rollouts(
+        g, k, 4 * 6, AllocationParams(n_min=4, n_max=24, initial_budget=8)
+    ).counts
     assert list(counts) == [8, 8, 4, 4]
     # Budget short: the part above n_min is scaled, never below n_min for anyone.
-    counts = allocate_rollouts(g, k, 4 * 5, AllocationParams(n_min=4, n_max=24, initial_budget=8))
+    counts = allocate_rollouts(
+        g, k, 4 * 5, AllocationParams(n_min=4, n_max=24, initial_budget=8)
+    ).counts
     assert list(counts) == [6, 6, 4, 4]
 
 
@@ -270,19 +275,21 @@ def test_hopeless_prompts_give_their_share_to_the_others() -> None:
     g = np.array([32, 32, 32, 8, 32])
     k = np.array([16, 2, 0, 0, 0.3])  # half-solved, hard, never solved (32), (only 8), decayed
     kw = {"n_min": 4, "n_max": 24, "initial_budget": 8}
-    base = allocate_rollouts(g, k, 5 * 8, AllocationParams(**kw))
-    counts = allocate_rollouts(g, k, 5 * 8, AllocationParams(**kw, hopeless_after=16, hopeless_n=1))
+    base = allocate_rollouts(g, k, 5 * 8, AllocationParams(**kw)).counts
+    counts = allocate_rollouts(
+        g, k, 5 * 8, AllocationParams(**kw, hopeless_after=16, hopeless_n=1)
+    ).counts
     assert base.min() >= 4
     # never solved after >= 16 samples (k < 0.5 also after decay): 1 each; 8 samples: not yet.
     assert counts[2] == counts[4] == 1 and counts[3] >= 4
     assert counts.sum() == base.sum() == 40
     assert counts[0] > base[0] and counts[1] >= base[1]  # the freed 6 follow the priorities
-    off = allocate_rollouts(g, k, 5 * 8, AllocationParams(**kw, hopeless_after=0))
+    off = allocate_rollouts(g, k, 5 * 8, AllocationParams(**kw, hopeless_after=0)).counts
     assert off.tolist() == base.tolist()
     # Everyone else capped: what is left reaches the hopeless prompts again (sum stays exact).
     full = allocate_rollouts(
         g, k, 5 * 24, AllocationParams(n_min=4, n_max=24, hopeless_after=16, hopeless_n=0)
-    )
+    ).counts
     assert full.tolist() == [24] * 5
 
 
@@ -291,16 +298,16 @@ def test_round_robin_when_no_priority() -> None:
     k = np.zeros(3)
     counts = allocate_rollouts(
         g, k, 3 * 4 + 2, AllocationParams(n_min=4, n_max=8, min_priority=0.0)
-    )
+    ).counts
     assert list(counts) == [5, 5, 4]
 
 
 def test_budget_is_clipped_and_empty_input() -> None:
     g, k = np.full(5, 20.0), np.full(5, 10.0)
     params = AllocationParams(n_min=4, n_max=24)
-    assert allocate_rollouts(g, k, 0, params).tolist() == [4] * 5
-    assert allocate_rollouts(g, k, 10**9, params).tolist() == [24] * 5
-    assert allocate_rollouts([], [], 100).size == 0
+    assert allocate_rollouts(g, k, 0, params).counts.tolist() == [4] * 5
+    assert allocate_rollouts(g, k, 10**9, params).counts.tolist() == [24] * 5
+    assert allocate_rollouts([], [], 100).counts.size == 0
 
 
 def test_water_level_std_beats_reference_on_the_variance_objective() -> None:
@@ -311,7 +318,7 @@ def test_water_level_std_beats_reference_on_the_variance_objective() -> None:
     objective = {}
     for scheme in ("reference", "water-level"):
         params = AllocationParams(n_min=4, n_max=32, scheme=scheme, priority="std")
-        counts = allocate_rollouts(g, k, 16 * 2000, params)
+        counts = allocate_rollouts(g, k, 16 * 2000, params).counts
         objective[scheme] = float((sigma2 / counts).sum())
     uniform = float((sigma2 / 16).sum())
     assert objective["water-level"] < objective["reference"] < uniform
@@ -346,17 +353,17 @@ def test_bad_statistics_are_rejected() -> None:
         allocate_rollouts([4, 4], [1], 16)
 
 
-def test_the_defaults_are_n_min_4_n_max_24_initial_budget_8_and_hopeless_n_1() -> None:
+def test_the_defaults_are_n_min_2_n_max_16_initial_budget_8_and_hopeless_n_1() -> None:
     """Left out, each keyword means its documented default: the floor (budget 0), the cap (a
     large budget), a prompt at G = 8 explored, and a hopeless prompt's share."""
     g, k = [8, 0, 16, 8, 12], [4, 0, 0, 8, 3]
-    explicit = {"n_min": 4, "n_max": 24, "initial_budget": 8, "hopeless_n": 1}
+    explicit = {"n_min": 2, "n_max": 16, "initial_budget": 8, "hopeless_n": 1}
     for budget in (0, 30, 10_000):
         assert (
-            allocate_rollouts(g, k, budget, AllocationParams(hopeless_after=16)).tolist()
+            allocate_rollouts(g, k, budget, AllocationParams(hopeless_after=16)).counts.tolist()
             == allocate_rollouts(
                 g, k, budget, AllocationParams(hopeless_after=16, **explicit)
-            ).tolist()
+            ).counts.tolist()
         ), budget
     assert compute_priorities([8, 7], [4, 3]).tolist() == (
         compute_priorities([8, 7], [4, 3], AllocationParams(initial_budget=8)).tolist()

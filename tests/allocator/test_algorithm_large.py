@@ -20,7 +20,7 @@ def test_a_batch_over_4096_prompts_matches_the_loop_twin(scheme: str) -> None:
     k = np.floor(g * rng.random(n))
     kw = {"n_min": 2, "n_max": 12, "initial_budget": 8}
     budget = 6 * n  # between N·n_min and N·n_max: the level must be solved, not capped
-    counts = allocate_rollouts(g, k, budget, AllocationParams(scheme=scheme, **kw))
+    counts = allocate_rollouts(g, k, budget, AllocationParams(scheme=scheme, **kw)).counts
     twin, _prio = loop_allocate(list(g), list(k), budget, mastery_threshold=0.85, min_priority=0.01,
                                 priority="variance", scheme=scheme, **kw)  # fmt: skip
     assert int(counts.sum()) == budget == sum(twin)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from allocator.client import AllocatorClient
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.procs import free_port
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import redis
 
-from allocator.client import AllocatorClient
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.contracts import gradstats
 from dynamo_rl.contracts.gradstats import GradRecord
 from dynamo_rl.keys import weight_version_key

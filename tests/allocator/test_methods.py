@@ -54,7 +54,7 @@ def batches(draw):
 def test_every_method_spends_exactly_its_budget_within_the_bounds(case) -> None:
     g, k, grad, draws, params, budget = case
     n = g.size
-    counts = allocate_rollouts(g, k, budget, params, grad=grad, skip_draws=draws)
+    counts = allocate_rollouts(g, k, budget, params, grad=grad, skip_draws=draws).counts
     assert counts.dtype == np.int64 and counts.shape == (n,)
     assert int(counts.sum()) == int(np.clip(budget, n * params.n_min, n * params.n_max))
     assert (counts <= params.n_max).all() and (counts >= 0).all()
@@ -98,7 +98,7 @@ def test_knapsack_matches_its_greedy_loop_twin(seed: int) -> None:
     k = np.floor(g * rng.choice([0.0, 0.1, 0.3, 0.5, 0.8, 1.0], n))
     params = AllocationParams(method="knapsack", n_min=2, n_max=16, initial_budget=8)
     budget = int(rng.integers(2 * n, 16 * n + 1))
-    counts = allocate_rollouts(g, k, budget, params)
+    counts = allocate_rollouts(g, k, budget, params).counts
     rate = (k / g).tolist()
     value = [p * (1 - p) ** 2 for p in rate]
     want = loop_knapsack(rate, value, 2, 16, budget - 2 * n)
@@ -112,7 +112,7 @@ def test_knapsack_matches_its_greedy_loop_twin(seed: int) -> None:
 def test_knapsack_favours_hard_prompts_that_rarely_give_a_signal() -> None:
     """p = 0.1 needs many samples for a non-zero gradient; p = 0.5 gets one with few."""
     params = AllocationParams(method="knapsack", n_min=2, n_max=24, initial_budget=8)
-    counts = allocate_rollouts([16, 16, 16, 16], [2, 8, 16, 0], 32, params)
+    counts = allocate_rollouts([16, 16, 16, 16], [2, 8, 16, 0], 32, params).counts
     assert counts[0] > counts[1] > counts[2] and counts[3] == 2 and counts[2] == 2
 
 
@@ -120,7 +120,7 @@ def test_grad_follows_the_measured_spread_and_falls_back_to_sigma() -> None:
     params = AllocationParams(method="grad", n_min=2, n_max=24, initial_budget=8)
     g, k = np.full(4, 16.0), np.full(4, 8.0)  # equal σ
     grad = GradStats(np.array([1.0, 4.0, np.nan, 0.0]), np.zeros(4), np.zeros(4))
-    counts = allocate_rollouts(g, k, 32, params, grad=grad)
+    counts = allocate_rollouts(g, k, 32, params, grad=grad).counts
     assert counts[1] > counts[0] > counts[3] and counts[3] == 2
     # The unmeasured prompt gets σ scaled to the measured ones: c = (1 + 4 + 0) / 3 σ-units.
     w = grad_weights(np.full(4, 0.5), grad, params.grad_half_life)
@@ -138,9 +138,9 @@ def test_a_stale_spread_decays_toward_the_sigma_allocation() -> None:
 
     def counts(age: float):
         stats = GradStats(spread, np.full(6, age), np.zeros(6))
-        return allocate_rollouts(g, k, 60, grad_params, grad=stats)
+        return allocate_rollouts(g, k, 60, grad_params, grad=stats).counts
 
-    sigma = allocate_rollouts(g, k, 60, sigma_params)
+    sigma = allocate_rollouts(g, k, 60, sigma_params).counts
     fresh, aged = counts(0), counts(2)
     assert fresh[0] > sigma[0]  # the measured spread, not σ, at the current weights
     assert abs(aged[0] - sigma[0]) < abs(fresh[0] - sigma[0])  # half-way after a half-life
@@ -166,14 +166,14 @@ def test_skipped_prompts_are_rechecked_now_and_then() -> None:
     rng = np.random.default_rng(0)
     visits = []
     for _ in range(2000):
-        counts = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=rng.random(3))
+        counts = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=rng.random(3)).counts
         assert counts.sum() == 12
         visits.append(counts[0] > 0)
         if counts[0] == 0:
             assert counts[1:].tolist() == [6, 6]
     rate = float(np.mean(visits))
     assert 0.22 < rate < 0.28  # re-checked with probability 1 − 0.75
-    rechecked = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=[0.8, 0.0, 0.0])
+    rechecked = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=[0.8, 0.0, 0.0]).counts
     assert rechecked[0] >= params.n_min
 
 
@@ -203,6 +203,48 @@ def test_a_vanishing_spread_counts_as_no_signal() -> None:
     run out of steps and overspend the budget."""
     params = AllocationParams(method="grad", n_min=2, n_max=5, initial_budget=0)
     grad = GradStats(np.array([np.nan, 2e-219, 1.0]), np.zeros(3), np.zeros(3))
-    counts = allocate_rollouts([2, 2, 8], [0, 0, 4], 9, params, grad=grad)
+    counts = allocate_rollouts([2, 2, 8], [0, 0, 4], 9, params, grad=grad).counts
     assert counts.sum() == 9 and counts[1] == 2
     assert grad_weights(np.full(3, 0.1), grad, 4.0)[1] == 0.0
+
+
+def test_the_registry_holds_exactly_the_contracts_methods() -> None:
+    """A method named in the contract (what the config and a request accept) and missing from the
+    registry, or the other way round, fails here rather than at a server's first Allocate."""
+    from allocator.algorithm import METHODS as REGISTRY
+
+    assert tuple(REGISTRY) == METHODS
+
+
+def test_an_unknown_method_names_the_allowed_ones() -> None:
+    """The model refuses an unknown method; one that gets past it (model_copy does not validate)
+    is refused by the registry with the same allowed names."""
+    from allocator.algorithm import method
+
+    params = AllocationParams().model_copy(update={"method": "neyman"})
+    with pytest.raises(ValueError, match="'neyman' is not one of dra, grad, knapsack"):
+        allocate_rollouts([8, 8], [1, 2], 16, params)
+    with pytest.raises(
+        ValueError, match=r"allocator\.method: 'x' is not one of dra, grad, knapsack"
+    ):
+        method("x")
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_returns_one_result_type_with_its_weights(name: str) -> None:
+    """Counts and the step-3 weights come back together whatever the method: −1 exactly where a
+    prompt is still explored, the method's own weight elsewhere."""
+    from allocator.algorithm import UNEXPLORED, Allocation, compute_priorities
+
+    params = AllocationParams(method=name, n_min=2, n_max=16, initial_budget=8)
+    g, k = np.array([4.0, 16, 16, 16]), np.array([2.0, 8, 2, 15])
+    result = allocate_rollouts(g, k, 4 * 8, params)
+    assert isinstance(result, Allocation)
+    assert result.counts.dtype == np.int64 and result.counts.sum() == 32
+    assert result.weights.dtype == np.float64 and result.weights.shape == (4,)
+    assert result.weights[0] == UNEXPLORED and (result.weights[1:] > 0).all()
+    if name == "dra":
+        np.testing.assert_array_equal(result.weights, compute_priorities(g, k, params))
+    elif name == "knapsack":
+        rate = k[1:] / g[1:]
+        np.testing.assert_allclose(result.weights[1:], rate * (1 - rate) ** 2)

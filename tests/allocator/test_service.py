@@ -16,9 +16,9 @@ import time
 import grpc
 import pytest
 
-from allocator.client import AllocatorClient
 from allocator.server import RunningServer
 from allocator.stats import StatsStore
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.config import AllocatorConfig
 from tests.allocator.helpers import start_allocator
 from tests.conftest import REPO
@@ -47,10 +47,10 @@ def test_budget_scheme_and_server_defaults(client: AllocatorClient) -> None:
     client.report_outcomes("exp", [(pid, 20, 2 + 2 * i) for i, pid in enumerate(ids)])
     by_budget = client.allocate("exp", ids, budget=100, scheme="water-level", priority="std")
     assert by_budget.budget == sum(by_budget.counts) == 100
-    defaults = client.allocate("exp", ids)  # server defaults: n_per_prompt 16, n 4..24
-    assert defaults.budget == 16 * 8 and min(defaults.counts) >= 4 and max(defaults.counts) <= 24
+    defaults = client.allocate("exp", ids)  # server defaults: n_per_prompt 8, n 2..16
+    assert defaults.budget == 8 * 8 and min(defaults.counts) >= 2 and max(defaults.counts) <= 16
     clipped = client.allocate("exp", ids, budget=10**6)
-    assert clipped.counts == [24] * 8
+    assert clipped.counts == [16] * 8
 
 
 def test_hopeless_prompts_get_hopeless_n_through_the_service(redis_url: str) -> None:
@@ -129,7 +129,7 @@ def test_large_report_is_chunked_and_counted(redis_url: str) -> None:
 REPORTER = textwrap.dedent(
     """
     import sys
-    from allocator.client import AllocatorClient
+    from dynamo_rl.clients.allocator import AllocatorClient
     addr, worker = sys.argv[1], int(sys.argv[2])
     with AllocatorClient(addr, retries=5) as c:
         for step in range(40):

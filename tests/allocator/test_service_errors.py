@@ -9,8 +9,8 @@ import subprocess
 import grpc
 import pytest
 
-from allocator.client import AllocatorClient
 from allocator.server import RunningServer
+from dynamo_rl.clients.allocator import AllocatorClient
 from tests.allocator.helpers import requests_total, start_allocator
 from tests.conftest import REPO, dynamo_rl_argv
 

@@ -1,4 +1,4 @@
-"""The server's fast paths: the hand-written ``Allocate`` reply, batched metrics, batched reads."""
+"""The server's fast paths: batched metrics, batched reads."""
 
 from __future__ import annotations
 
@@ -9,24 +9,6 @@ import pytest
 
 from allocator.stats import StatsStore
 from dynamo_rl.procs import free_port
-
-
-@pytest.mark.parametrize("high", [1, 128, 300, 20_000, 2**31 - 1])
-def test_allocate_reply_is_byte_identical_to_protobuf(high: int) -> None:
-    from allocator.server import encode_allocate_response
-    from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
-
-    rng = np.random.default_rng(high)
-    for n in (0, 1, 7, 512):
-        counts = rng.integers(0, high, n)
-        if n:
-            counts[0] = high - 1  # the widest varint of the range
-        priorities = np.where(rng.random(n) < 0.2, -1.0, rng.random(n))
-        for budget in (0, 1, int(counts.sum()), 2**40 + 3):
-            expected = pb.AllocateResponse(
-                counts=counts.tolist(), priorities=priorities.tolist(), budget=budget
-            ).SerializeToString()
-            assert encode_allocate_response(counts, priorities, budget) == expected, (n, budget)
 
 
 def test_observe_many_matches_observe_one_by_one() -> None:

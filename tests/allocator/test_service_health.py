@@ -16,11 +16,11 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from allocator.client import AllocatorClient
 from allocator.metrics import AllocatorMetrics
 from allocator.server import SERVICE_NAME, RunningServer
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.procs import free_port, grpc_healthy, start_redis
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from tests.allocator.helpers import requests_total, start_allocator
 from tests.conftest import REPO
 

@@ -114,8 +114,8 @@ SENT = [
 
 @pytest.mark.parametrize("sent", SENT)
 def test_what_the_client_sends_is_what_the_server_reads(sent: dict) -> None:
-    from allocator.client import allocate_request
     from allocator.server import request_params
+    from dynamo_rl.clients.allocator import allocate_request
 
     defaults = AllocatorConfig(n_min=1, hopeless_after=0)
     request = allocate_request("ns", ["a", "b"], **sent)
@@ -129,7 +129,7 @@ def test_what_the_client_sends_is_what_the_server_reads(sent: dict) -> None:
 
 
 def test_none_leaves_a_field_unset_and_budget_excludes_n_per_prompt() -> None:
-    from allocator.client import allocate_request
+    from dynamo_rl.clients.allocator import allocate_request
 
     request = allocate_request("ns", ["a"], None, budget=7, n_min=None, scheme=None)
     assert request.WhichOneof("total") == "budget" and request.budget == 7
@@ -156,8 +156,8 @@ def test_none_leaves_a_field_unset_and_budget_excludes_n_per_prompt() -> None:
     ],
 )
 def test_a_bad_request_names_the_field_and_what_it_allows(overrides: dict, message: str) -> None:
-    from allocator.client import allocate_request
     from allocator.server import BadRequest, request_params
+    from dynamo_rl.clients.allocator import allocate_request
 
     defaults = AllocatorConfig(hopeless_after=16)
     with pytest.raises(InvalidParams, match=f"^{message}$"):

@@ -4,6 +4,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dynamo_rl.config import ConfigError, ExperimentConfig, load_config
 from tests.conftest import dynamo_rl_argv
@@ -127,3 +128,110 @@ def test_shipped_configs_validate() -> None:
     assert configs, "no configs/*.yaml found: the loop below would check nothing"
     for path in configs:
         load_config(path, env={})
+
+
+# -- the allocation parameters: declared once (AllocationParams, the allocator section) -------------
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_ALLOCATION = {
+    # (n_per_prompt, n_min, n_max) each shipped experiment runs with: what its rollout worker sent
+    # with every Allocate before the parameters were declared once (then rollout.n/n_min/n_max).
+    "configs/agent_code.yaml": (8, 2, 16),
+    "configs/agent_text.yaml": (8, 2, 16),
+    "configs/agent_tools.yaml": (8, 2, 16),
+    "configs/agent_when.yaml": (8, 2, 16),
+    "configs/dapo.yaml": (16, 2, 16),
+    "configs/dynamo_grpo.yaml": (16, 8, 24),
+    "configs/grpo.yaml": (8, 2, 16),
+    "configs/gspo.yaml": (8, 2, 16),
+    "configs/ppo.yaml": (4, 2, 16),
+    "configs/quickstart.yaml": (8, 2, 16),
+    "configs/quickstart_lora.yaml": (8, 2, 16),
+    "configs/quickstart_vllm.yaml": (8, 2, 16),
+    "deploy/compose/quickstart.yaml": (8, 2, 16),
+    "deploy/k8s/base/experiment.yaml": (8, 2, 16),
+}
+
+
+def test_every_shipped_experiment_keeps_its_allocation() -> None:
+    shipped = {
+        str(p.relative_to(REPO))
+        for p in [*(REPO / "configs").glob("*.yaml"), *(REPO / "deploy").rglob("*.yaml")]
+        if "\nrollout:" in "\n" + p.read_text()
+    }
+    assert shipped == set(SHIPPED_ALLOCATION)
+    for name, expected in SHIPPED_ALLOCATION.items():
+        a = load_config(REPO / name, env={}).allocator
+        assert (a.n_per_prompt, a.n_min, a.n_max) == expected, name
+
+
+def test_no_shipped_config_writes_a_parameter_twice() -> None:
+    from dynamo_rl.config import ALIASES
+
+    for name in SHIPPED_ALLOCATION:
+        tree = yaml.safe_load((REPO / name).read_text())
+        written = [a for a in ALIASES if a.split(".")[1] in (tree.get("rollout") or {})]
+        assert not written, f"{name}: {written} (write {[ALIASES[a] for a in written]})"
+
+
+def test_no_section_but_the_allocator_declares_an_allocation_parameter() -> None:
+    """One declaration: the parameters' names (and the older rollout spellings) are fields of the
+    allocator section alone."""
+    from pydantic import BaseModel
+
+    from dynamo_rl.config import ALIASES
+    from dynamo_rl.contracts.allocator import AllocationParams
+
+    names = set(AllocationParams.model_fields) | {a.split(".")[1] for a in ALIASES}
+
+    def walk(model: type[BaseModel], where: str) -> list[str]:
+        found = []
+        for name, info in model.model_fields.items():
+            if name in names and where != "allocator":
+                found.append(f"{where}.{name}")
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                found += walk(ann, f"{where}.{name}" if where else name)
+        return found
+
+    assert walk(ExperimentConfig, "") == []
+    assert set(AllocationParams.model_fields) <= set(
+        type(ExperimentConfig().allocator).model_fields
+    )
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "overrides", "expected"),
+    [
+        ("rollout: {n_max: 20}\n", [], (8, 2, 20)),
+        ("rollout: {n: 4, n_min: 1, n_max: 5}\n", [], (4, 1, 5)),
+        ("allocator: {n_max: 24}\n", ["rollout.n_max=20"], (8, 2, 20)),
+        ("rollout: {n_max: 24}\n", ["allocator.n_max=20"], (8, 2, 20)),
+        ("rollout: {n_max: 24}\nallocator: {n_max: 24}\n", [], (8, 2, 24)),  # agreeing: fine
+    ],
+)
+def test_a_rollout_spelling_loads_into_the_allocator_section(
+    tmp_path: Path, yaml_text: str, overrides: list[str], expected: tuple[int, int, int]
+) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml_text)
+    a = load_config(path, overrides, env={}).allocator
+    assert (a.n_per_prompt, a.n_min, a.n_max) == expected
+    direct = ExperimentConfig.model_validate(yaml.safe_load(yaml_text)).allocator
+    if not overrides:
+        assert (direct.n_per_prompt, direct.n_min, direct.n_max) == expected
+
+
+def test_one_parameter_given_twice_differently_names_both_keys(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text("rollout: {n_max: 20}\nallocator: {n_max: 24}\n")
+    with pytest.raises(ConfigError, match=r"rollout\.n_max \(20\) and allocator\.n_max \(24\)"):
+        load_config(path, env={})
+    with pytest.raises(ConfigError, match=r"rollout\.n=4 and allocator\.n_per_prompt=8"):
+        load_config(overrides=["rollout.n=4", "allocator.n_per_prompt=8"], env={})
+
+
+def test_the_mean_must_lie_within_the_bounds_in_either_spelling() -> None:
+    for overrides in (["rollout.n=50"], ["allocator.n_per_prompt=50"], ["rollout.n_min=9"]):
+        with pytest.raises(ConfigError, match=r"allocator\.n_min <= allocator\.n_per_prompt"):
+            load_config(overrides=overrides, env={})

@@ -141,11 +141,11 @@ def test_the_parser_catches_a_wrong_default(tmp_path: Path) -> None:
     page = tmp_path / "x.md"
     page.write_text(
         "## Configuration (`allocator` section)\n\n| key | default | meaning |\n| --- | --- | --- |\n"
-        "| `n_min`, `n_max` | 4, 25 | bounds |\n"
+        "| `n_min`, `n_max` | 2, 25 | bounds |\n"
     )
     rows = documented_defaults(page)
-    assert [(k, d) for k, d, _ in rows] == [("allocator.n_min", "4"), ("allocator.n_max", "25")]
-    assert agrees("4", schema_default("allocator.n_min"))
+    assert [(k, d) for k, d, _ in rows] == [("allocator.n_min", "2"), ("allocator.n_max", "25")]
+    assert agrees("2", schema_default("allocator.n_min"))
     assert not agrees("25", schema_default("allocator.n_max"))
 
 

@@ -20,7 +20,7 @@ from dynamo_rl.envs.builtin import truncate
 from dynamo_rl.envs.parsers import TOOL_PARSERS, parse_code_blocks
 from dynamo_rl.envs.sandbox import SandboxClient
 from dynamo_rl.procs import free_port
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from tests.conftest import REPO, dynamo_rl_argv
 
 CALC = {

@@ -18,8 +18,9 @@ def test_importing_dynamo_rl_does_not_import_torch() -> None:
     code = (
         "import sys, dynamo_rl, dynamo_rl.config, dynamo_rl.codec, dynamo_rl.keys, "
         "dynamo_rl.metrics, dynamo_rl.procs, dynamo_rl.cli, dynamo_rl.retry, dynamo_rl.redis_client, "
-        "dynamo_rl.sample_log, dynamo_rl.trackers, dynamo_rl.envs, "
-        "launcher.service_table, launcher.supervisor, launcher.up, launcher.stage, "
+        "dynamo_rl.sample_log, dynamo_rl.trackers, dynamo_rl.envs, dynamo_rl.service_table, "
+        "dynamo_rl.clients.base, dynamo_rl.clients.allocator, dynamo_rl.envs.sandbox, "
+        "launcher.supervisor, launcher.up, launcher.stage, "
         "launcher.warm_start, dashboard.cli, dashboard.server, dashboard.sources, "
         "dashboard.advantages, tasks.arith, tasks.products, tasks.cli, tasks.convert\n"
         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dashboard.sources import parse_exposition
 from dynamo_rl.metrics import History, ServiceMetrics, history_path, read_history
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -149,7 +149,7 @@ def test_a_policy_gives_each_operation_a_fresh_retrying_with_its_settings():
 
 def test_every_client_builds_its_policy_from_the_same_keywords():
     """The allocator, reward and sandbox clients keep their keywords and their defaults."""
-    from allocator.client import AllocatorClient
+    from dynamo_rl.clients.allocator import AllocatorClient
     from dynamo_rl.envs.sandbox import SandboxClient
     from services.rollout.reward_client import RewardClient
 

@@ -14,7 +14,7 @@ import redis
 from dynamo_rl import keys
 from dynamo_rl.codec import Response, TrajectoryGroup, encode_entry
 from dynamo_rl.procs import ServiceProcess
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from tests.conftest import REPO
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

@@ -27,7 +27,7 @@ from dynamo_rl.contracts.engine import read_pulse
 from dynamo_rl.contracts.weight_control import read_version, weight_protocol
 from dynamo_rl.procs import ServiceProcess, free_port
 from dynamo_rl.redis_client import sync_client
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from learner.model import load_policy
 from learner.push import DistributedPush
 from learner.tiny_model import build_tiny_model

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from tests.conftest import REPO, dynamo_rl_argv
 from tests.reliability.helpers import CONTROL_TOKEN, assert_not_leaked
 

@@ -46,7 +46,7 @@ MISTAKES: list[tuple[str, str, list[str], str]] = [
     ("engine.device", "engine: {device: tpu}", [], r"engine\.device"),
     ("engine.max_batch_size", "engine: {max_batch_size: 0}", [], r"engine\.max_batch_size"),
     ("engine.dtype", "engine: {dtype: fp8}", [], r"engine\.dtype"),
-    ("rollout.n<n_min", "rollout: {n: 4, n_min: 8}", [], r"rollout\.n_min <= rollout\.n"),
+    ("rollout.n<n_min", "rollout: {n: 4, n_min: 8}", [], r"allocator\.n_min <= allocator\.n_per_prompt"),
     ("rollout.worker_index", "rollout: {worker_index: 2, num_workers: 2}", [],
      r"rollout\.worker_index"),
     ("rollout.sampling.top_p", "rollout: {sampling: {top_p: 1.5}}", [],

@@ -10,7 +10,7 @@ import httpx
 import torch
 
 from dynamo_rl.procs import ServiceProcess
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from tests.conftest import REPO
 
 

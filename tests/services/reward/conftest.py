@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from dynamo_rl.procs import ServiceProcess
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from tests.conftest import REPO
 
 SECRET_ENV = "DYNAMO_REWARD_TEST_SECRET"

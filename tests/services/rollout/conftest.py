@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from learner.tiny_model import build_tiny_model
 from tests.conftest import REPO
 from tests.services.engine.engine_util import start_engine

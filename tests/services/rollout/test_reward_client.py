@@ -8,69 +8,23 @@ The happy path against the real reward service is in test_worker.py
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from dynamo_rl.contracts.reward import MathItem
 from services.rollout.reward_client import RewardClient, RewardRequestError, RewardUnavailable
+from tests.scripted_http import Script, scripted_server
 
 ITEMS = [MathItem(kind="math", id="0:0:0", response="2", ground_truth="2")]
 
 
-class Script:
-    """Answers to give, in order; the last one repeats."""
-
-    def __init__(self) -> None:
-        self.answers: list[tuple[int, dict[str, str]]] = []
-        self.times: list[float] = []
-
-
 @pytest.fixture
 def peer() -> Iterator[tuple[str, Script]]:
-    script = Script()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            script.times.append(time.monotonic())
-            status, headers = script.answers[min(len(script.times), len(script.answers)) - 1]
-            payload = b""
-            if status == 200:
-                results = [
-                    {
-                        "id": it["id"],
-                        "score": 1.0,
-                        "correct": True,
-                        "format_ok": True,
-                        "reason": "ok",
-                    }
-                    for it in body["items"]
-                ]
-                payload = json.dumps({"results": results}).encode()
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", script
-    finally:
-        server.shutdown()
-        server.server_close()
+    with scripted_server() as served:
+        yield served
 
 
 def verify(url: str, **kw: Any) -> tuple[list[dict[str, Any]], list[float]]:

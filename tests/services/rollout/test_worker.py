@@ -21,15 +21,15 @@ import pytest
 import redis
 import torch
 
-from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.contracts.weight_control import send
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
-from launcher.service_table import SERVICES
+from dynamo_rl.service_table import SERVICES
 from services.rollout.engines import SGLangEngine
 from services.rollout.reward_client import RewardClient, RewardRequestError
 from services.rollout.worker import RolloutWorker, build_worker
@@ -306,7 +306,7 @@ def test_rollout_command_config_errors_exit_2(tmp_path):
     result = subprocess.run(
         dynamo_rl_argv("rollout", "rollout.n=50"), capture_output=True, text=True, cwd=REPO
     )
-    assert result.returncode == 2 and "rollout.n_min <= rollout.n <= rollout.n_max" in result.stderr
+    assert result.returncode == 2 and "allocator.n_min <= allocator.n_per_prompt" in result.stderr
     result = subprocess.run(
         dynamo_rl_argv("rollout", "rollout.tokenizer=/nonexistent"),
         capture_output=True, text=True, cwd=REPO, env={**os.environ, "ENGINE_URLS": ""},

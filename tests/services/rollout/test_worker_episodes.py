@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.client import AllocatorClient
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.codec import Response, TrajectoryGroup
 from dynamo_rl.envs import ENVIRONMENTS, EnvContext, Environment, Step, ToolCallRecord, register_env
 from learner.batch import batch_mask, samples_from_groups

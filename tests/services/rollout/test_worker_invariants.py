@@ -21,8 +21,8 @@ import httpx
 import pytest
 import redis
 
-from allocator.client import AllocatorClient
 from allocator.server import SERVICE_NAME
+from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.codec import TrajectoryGroup
 from dynamo_rl.contracts.weight_control import send
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy

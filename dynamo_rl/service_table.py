@@ -14,7 +14,9 @@ vllm-server``), ``rollout``, ``learner`` — with
   and the ``endpoints`` key its clients read its address from.
 
 :meth:`Service.start` starts one on a free port and waits for its probe; ``dynamo-rl up``,
-``dynamo-rl eval``, the benchmarks and the tests all start services through it.
+``dynamo-rl eval``, the benchmarks and the tests all start services through it. It lives in the
+shared package, below the launcher and the services alike, and imports no service (it names each
+by its subcommand) and no torch.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """A small, thread-safe Python client for the allocator's gRPC service (``dynamo.v1.Allocator``).
 
-It adds what every caller needs around the generated stub: a deadline on every call, ``retries``
-retries on ``UNAVAILABLE`` (the server or its Redis is briefly gone) with the project's capped,
-jittered back-off (:class:`dynamo_rl.retry.RetryPolicy`: ``backoff_s`` doubling up to
-``backoff_max_s``), and a bound on the calls in flight so a burst of rollout workers cannot pile
-unbounded work onto one server. Any other error (``INVALID_ARGUMENT`` above all) is raised at
-once: retrying a bad request cannot help.
+It lives in the shared package beside its contract (:mod:`dynamo_rl.contracts.allocator`), so the
+rollout worker — or any other framework — reaches the allocator without importing the allocator's
+package. It adds what every caller needs around the generated stub: a deadline on every call,
+``retries`` retries on ``UNAVAILABLE`` (the server or its Redis is briefly gone) with the project's
+capped, jittered back-off (the client base :class:`dynamo_rl.clients.base.Client`: ``backoff_s``
+doubling up to ``backoff_max_s``), and a bound on the calls in flight so a burst of rollout workers
+cannot pile unbounded work onto one server. Any other error (``INVALID_ARGUMENT`` above all) is
+raised at once: retrying a bad request cannot help.
 
 The calls of a rollout worker have async forms (``aallocate``, ``areport_outcomes``): each attempt
 runs in a worker thread, but the back-off between attempts is an ``asyncio.sleep``, so no thread is
@@ -27,16 +29,16 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from dynamo_rl.clients.base import Client, ClientSettings
 from dynamo_rl.contracts.allocator import CONFIG_ONLY, REQUEST_FIELDS
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2 as pb
 from dynamo_rl.proto.dynamo.v1 import allocator_pb2_grpc as pb_grpc
-from dynamo_rl.retry import Backoff, Retrying, RetryPolicy, aretry_call, retry_call
 
 __all__ = [
     "AllocationResult",
@@ -73,41 +75,39 @@ class PromptStats:
     """When outcomes were last reported (0 for a prompt never reported)."""
 
 
-class AllocatorClient:
-    """Client of one allocator server; share one instance between threads."""
+class AllocatorClient(Client):
+    """Client of one allocator server; share one instance between threads.
+
+    The keywords are :class:`~dynamo_rl.clients.base.Client`'s (``timeout_s``, ``retries``,
+    ``backoff_s``, ``backoff_max_s``, ``on_retry``; ``max_wait_s`` too), plus ``max_in_flight``
+    (calls in flight at once) and ``control_token`` (sent as a bearer token)."""
+
+    peer = "allocator"
+    defaults = ClientSettings(timeout_s=5.0, backoff_s=0.1, backoff_max_s=2.0, retries=3)
 
     def __init__(
         self,
         addr: str,
-        timeout_s: float = 5.0,
-        retries: int = 3,
-        max_in_flight: int = 256,
-        backoff_s: float = 0.1,
-        control_token: str | None = None,
         *,
-        backoff_max_s: float = 2.0,
-        on_retry: Callable[[str, float], None] | None = None,
+        max_in_flight: int = 256,
+        control_token: str | None = None,
+        **settings: Any,
     ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        self.addr = addr
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.retry = RetryPolicy(
-            Backoff(backoff_s, backoff_max_s), max_attempts=retries, on_retry=on_retry
-        )
-        self._control_token = control_token
         self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._control_token = control_token
+        super().__init__(addr, **settings)
+        self.addr = self.address
+        self.retries = self.settings.retries
+
+    def open(self) -> None:
         # Large batches (tens of thousands of prompt ids) exceed gRPC's 4 MB default.
         options = [
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
         ]
-        self._channel = grpc.insecure_channel(addr, options=options)
+        self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.AllocatorStub(self._channel)
 
     # -- calls -------------------------------------------------------------------------------
@@ -177,21 +177,16 @@ class AllocatorClient:
             call = getattr(self._stub, method)
             return call(request, timeout=self.timeout_s, metadata=metadata or None)
 
-    def _retrying(self, method: str) -> Retrying:
-        return self.retry.start(f"allocator {self.addr} {method}")
-
     def _call(self, method: str, request: Any) -> Any:
-        return retry_call(
-            lambda: self._attempt(method, request),
-            retry_on=_unavailable,
-            retrying=self._retrying(method),
+        return self.call(
+            lambda: self._attempt(method, request), retry_on=_unavailable, operation=method
         )
 
     async def _acall(self, method: str, request: Any) -> Any:
-        return await aretry_call(
+        return await self.acall(
             lambda: asyncio.to_thread(self._attempt, method, request),
             retry_on=_unavailable,
-            retrying=self._retrying(method),
+            operation=method,
         )
 
     def close(self) -> None:

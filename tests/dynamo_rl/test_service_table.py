@@ -10,7 +10,7 @@ import pytest
 
 from dynamo_rl.cli import SUBCOMMANDS
 from dynamo_rl.config import ExperimentConfig
-from launcher.service_table import ENGINE_SERVICES, SERVICES, engine_service, service
+from dynamo_rl.service_table import ENGINE_SERVICES, SERVICES, engine_service, service
 from tests.conftest import REPO
 
 
