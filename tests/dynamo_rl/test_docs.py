@@ -284,14 +284,16 @@ def _readme_layout() -> list[tuple[str, str]]:
         if folder is None:
             continue
         for cell in cells[1:]:
-            for name in re.findall(r"`([a-z0-9_]+(?:\.py|/))`", cell):
-                out.append((folder.group(1), name))
+            for name in re.findall(r"`([a-z0-9_/]+(?:\.py|/))`", cell):
+                # Relative to the row's folder, unless written from the repository's top.
+                top = name.startswith(folder.group(1))
+                out.append(("", name) if top else (folder.group(1), name))
     return out
 
 
 def _missing(pairs: list[tuple[str, str]]) -> list[str]:
     return [
-        f"{folder}{name}"
+        folder + name
         for folder, name in pairs
         if not (list(REPO.glob(folder + name)) if "*" in name else (REPO / folder / name).exists())
     ]
