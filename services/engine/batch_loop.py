@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 
+from dynamo_rl.contracts.sampling import SamplingParams
 from services.engine.kv_cache import (
     CacheState,
     cache_kwarg,
@@ -102,21 +103,6 @@ JOIN_RULES = {"static": JoinRule(None), "continuous": JoinRule(JOIN_EVERY)}
 BATCHING_MODES = tuple(JOIN_RULES)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one sequence (already validated by the HTTP layer)."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: off
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    seed: int | None = None
-    top_logprobs: int = 0  # alternatives per token to return (0: only the sampled token's)
-
-
 @dataclass
 class SequenceResult:
     """One generated sequence."""
@@ -138,6 +124,7 @@ class _Seq:
     prompt: list[int]
     params: SamplingParams
     generator: torch.Generator | None
+    top_logprobs: int = 0  # alternatives per token to return (0: only the sampled token's)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -231,14 +218,17 @@ class BatchGenerator:
         prompts: Sequence[Sequence[int]],
         params: Sequence[SamplingParams],
         adapter: str | None = None,
+        top_logprobs: int = 0,
     ) -> Future[list[SequenceResult]]:
         """Queue sequences (one per (prompt, params) pair), run with LoRA ``adapter`` (None: the
-        base); the future gets results in order."""
+        base), each returning the ``top_logprobs`` most likely alternatives of every token (0:
+        only the sampled token's log-prob); the future gets results in order. ``params``'s
+        ``seed`` is each sequence's own (:func:`~.sampler.sample_seed`)."""
         if len(prompts) != len(params):
             raise ValueError("one SamplingParams per prompt")
         seqs = []
         for prompt, p in zip(prompts, params, strict=True):
-            seqs.append(_Seq(list(prompt), p, row_generator(p.seed)))
+            seqs.append(_Seq(list(prompt), p, row_generator(p.seed), top_logprobs))
         job = _Job(seqs, Future(), [None] * len(seqs), adapter=adapter)
         if not seqs:
             job.future.set_result([])
@@ -468,8 +458,8 @@ class BatchGenerator:
                 s.tokens.append(tok)
                 s.logprobs.append(step_lps[r])
                 s.versions.append(version)
-                if s.params.top_logprobs:
-                    s.top.append(top_alternatives(step_logp[r], s.params.top_logprobs))
+                if s.top_logprobs:
+                    s.top.append(top_alternatives(step_logp[r], s.top_logprobs))
                 done = self._finished(s, tok)
                 if done is None and self.abort.is_set():
                     done = ("abort", None, None)
@@ -568,7 +558,7 @@ class BatchGenerator:
             finish_reason=reason,
             matched_stop=matched,
             stop_text_end=cut,
-            top_logprobs=list(s.top) if s.params.top_logprobs else None,
+            top_logprobs=list(s.top) if s.top_logprobs else None,
             weight_version=min(s.versions, default=self.weight_version),
             token_versions=list(s.versions),
         )

@@ -3,16 +3,17 @@
 :class:`Engine` loads nothing itself (:func:`load_model` does) and speaks no HTTP (the routes,
 :mod:`.routes`, call it): it turns a validated request into sequences for the batch loop
 (:class:`~.batch_loop.BatchGenerator`) — the one place a request's sampling fields
-(:class:`~dynamo_rl.contracts.engine.SamplingKnobs`, either API) become the loop's
-:class:`~.batch_loop.SamplingParams` — and checks what needs the model (token ids inside the
-vocabulary, the context length, the engine's caps; :class:`InvalidRequest` names the field). The
-weight updates of both protocols and the LoRA adapter loads are its :attr:`Engine.updates`
-(:mod:`.weight_updates`); the adapters a request names are loaded beside the base weights
-(:mod:`.adapters`).
+(:class:`~dynamo_rl.contracts.engine.SamplingKnobs`, either API) become each sequence's
+:class:`~dynamo_rl.contracts.sampling.SamplingParams` — and checks what needs the model (token
+ids inside the vocabulary, the context length, the engine's caps; :class:`InvalidRequest` names
+the field). The weight updates of both protocols and the LoRA adapter loads are its
+:attr:`Engine.updates` (:mod:`.weight_updates`); the adapters a request names are loaded beside
+the base weights (:mod:`.adapters`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,10 @@ import torch
 
 from dynamo_rl.config.engine import EngineConfig
 from dynamo_rl.contracts.engine import EngineRegistry, PromptInput, SamplingKnobs
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.contracts.weight_control import VLLMInitRequest, adapter_version
 from services.engine.adapters import Adapters
-from services.engine.batch_loop import BatchGenerator, BatchStats, SamplingParams
+from services.engine.batch_loop import BatchGenerator, BatchStats
 from services.engine.metrics import EngineMetrics
 from services.engine.sampler import sample_seed
 from services.engine.weight_updates import WeightUpdates
@@ -213,34 +215,22 @@ class Engine:
         *,
         max_tokens: int,
         seed: int | None,
-        top_logprobs: int,
         seed_per_prompt: bool = False,
         prefix: str = "",
     ) -> tuple[list[list[int]], list[SamplingParams]]:
         """``knobs.n`` sequences per prompt and how to sample each: the one mapping from a
-        request's sampling fields to the generator's. Sample ``k`` of a seeded request gets
-        ``sample_seed(seed, k)``, ``k`` counting across prompts (OpenAI) or within each prompt
-        (``seed_per_prompt``, SGLang)."""
-        stop_ids = self.check_token_ids(knobs.stop_token_ids, prefix + "stop_token_ids")
-        stop = (knobs.stop,) if isinstance(knobs.stop, str) else tuple(knobs.stop or ())
+        request's sampling fields to the settings of its sequences. Sample ``k`` of a seeded
+        request gets ``sample_seed(seed, k)``, ``k`` counting across prompts (OpenAI) or within
+        each prompt (``seed_per_prompt``, SGLang)."""
+        self.check_token_ids(knobs.stop_token_ids, prefix + "stop_token_ids")
+        sampling = knobs.sampling(max_tokens)
         seqs, params = [], []
         for i, ids in enumerate(prompts):
             for j in range(knobs.n):
                 k = j if seed_per_prompt else i * knobs.n + j
                 seqs.append(ids)
-                params.append(
-                    SamplingParams(
-                        max_tokens=max_tokens,
-                        temperature=knobs.temperature,
-                        top_p=knobs.top_p,
-                        top_k=max(knobs.top_k or 0, 0),
-                        stop=stop,
-                        stop_token_ids=stop_ids,
-                        ignore_eos=knobs.ignore_eos,
-                        seed=None if seed is None else sample_seed(seed, k),
-                        top_logprobs=top_logprobs,
-                    )
-                )
+                own = None if seed is None else sample_seed(seed, k)
+                params.append(dataclasses.replace(sampling, seed=own))
         return seqs, params
 
     def decode_text(self, ids: list[int], matched: int | str | None, skip_special: bool) -> str:

@@ -135,10 +135,8 @@ async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]
     prompts = engine.encode_prompts(req.prompt, "prompt")
     max_tokens = engine.resolve_max_tokens(req.max_tokens, prompts, "max_tokens")
     top = engine.check_top_logprobs(req.logprobs, "logprobs")
-    seqs, params = engine.sequences(
-        prompts, req, max_tokens=max_tokens, seed=req.seed, top_logprobs=top
-    )
-    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter))
+    seqs, params = engine.sequences(prompts, req, max_tokens=max_tokens, seed=req.seed)
+    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter, top))
     choices = []
     for k, (ids, res) in enumerate(zip(seqs, results, strict=True)):
         choice = CompletionChoice(
@@ -227,11 +225,11 @@ async def _generate(engine: Engine, req: GenerateRequest) -> Any:
     )
     top = engine.check_top_logprobs(req.top_logprobs_num, "top_logprobs_num")
     seqs, params = engine.sequences(
-        prompts, sp, max_tokens=max_tokens, seed=sp.sampling_seed,
-        top_logprobs=top if req.return_logprob else 0, seed_per_prompt=True,
+        prompts, sp, max_tokens=max_tokens, seed=sp.sampling_seed, seed_per_prompt=True,
         prefix="sampling_params.",
     )  # fmt: skip
-    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter))
+    top = top if req.return_logprob else 0
+    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter, top))
     out = [_item(engine, req, ids, res).body() for ids, res in zip(seqs, results, strict=True)]
     return out[0] if single and sp.n == 1 else out
 

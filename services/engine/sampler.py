@@ -1,8 +1,8 @@
 """The sampler: the next token of each row of a batch from its logits, and the log-probs reported.
 
 Pure functions of tensors (no model, no thread, no queue): :func:`sample` takes one step's
-logits ``[n, V]`` and each row's settings — temperature (0 = greedy: the argmax), top-k, top-p —
-and draws one token per row. A row with a per-row ``torch.Generator`` (:func:`row_generator`, a
+logits ``[n, V]`` and each row's settings (:class:`~dynamo_rl.contracts.sampling.SamplingParams`)
+— temperature (0 = greedy: the argmax), top-k (None: off), top-p — and draws one token per row. A row with a per-row ``torch.Generator`` (:func:`row_generator`, a
 seeded request's sample) draws its noise from it, so it gets the same tokens whatever else shares
 its batch (up to float reduction order); the other rows share the engine's generator.
 
@@ -24,25 +24,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
+
+from dynamo_rl.contracts.sampling import SamplingParams
 
 LOGPROBS_MODES = ("processed", "raw")
 """Which distribution returned log-probs come from (see the module docstring)."""
 MASKED_LOGPROB = -9999.0
 """A top alternative that top-k/top-p removed, in ``processed`` mode (JSON has no -inf)."""
-
-
-class RowSettings(Protocol):
-    """What the sampler reads of a row's sampling settings."""
-
-    @property
-    def temperature(self) -> float: ...
-    @property
-    def top_p(self) -> float: ...
-    @property
-    def top_k(self) -> int | None: ...
 
 
 class Draw(NamedTuple):
@@ -94,7 +85,7 @@ def filter_logits(
 
 def sample(
     logits: torch.Tensor,
-    rows: Sequence[RowSettings],
+    rows: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     rng: torch.Generator,
     logprobs_mode: str = "processed",
@@ -110,7 +101,7 @@ def sample(
     else:
         dev = logits.device
         scaled = logits / torch.tensor([t if t > 0 else 1.0 for t in temps], device=dev)[:, None]
-        top_ks = [k if 0 < (k := r.top_k or 0) < vocab else 0 for r in rows]
+        top_ks = [k if (k := r.top_k) is not None and k < vocab else 0 for r in rows]
         scaled = filter_logits(scaled, top_ks, [r.top_p for r in rows])
         probs = scaled.softmax(-1)
         # Exponential race (argmax p/E, E ~ Exp(1)) is exact categorical sampling and lets each

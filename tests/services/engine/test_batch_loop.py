@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dynamo_rl.contracts.sampling import SamplingParams
 from learner.tiny_model import build_tiny_model
 from services.engine.batch_loop import (
     JOIN_EVERY,
@@ -28,7 +29,6 @@ from services.engine.batch_loop import (
     BatchGenerator,
     BatchStats,
     JoinRule,
-    SamplingParams,
 )
 from tests.services.engine.engine_util import load_reference, reference_greedy, reference_logprobs
 

@@ -83,7 +83,7 @@ def test_a_failed_join_fails_the_joining_request_only(
     """The joining prompts' prefill raises: their request fails, the running one finishes."""
     import time
 
-    from services.engine.batch_loop import SamplingParams
+    from dynamo_rl.contracts.sampling import SamplingParams
 
     real = generator._prefill
     bad = [90, 91, 92]
