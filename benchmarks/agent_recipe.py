@@ -23,6 +23,7 @@ bit-reproducible (batch composition depends on timing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -242,7 +243,7 @@ def settings_of(quick: bool) -> dict:
                 "rollouts": rc.batch_size * cfg.allocator.n_per_prompt * (lc.max_steps or 0),
             },
             "allocation": rc.allocation,
-            "sampling": rc.sampling.model_dump(),
+            "sampling": dataclasses.asdict(rc.sampling),
             "env": rc.env.model_dump(
                 include={
                     "name",

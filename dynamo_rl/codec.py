@@ -11,6 +11,11 @@ token, finite values, one weight version per token or none; a multi-turn respons
 exactly on its turns' model tokens) and
 raises :class:`TrajectoryDecodeError` with the reason otherwise, so a poison entry goes to the
 dead-letter stream instead of crashing the learner.
+
+A group records the sampling settings it was drawn with as ``SamplingRecord``, the protobuf edge
+of :class:`dynamo_rl.contracts.sampling.SamplingParams`: :func:`sampling_record` writes one (top-k
+off as -1, no seed left absent so 0 stays a seed: the bytes written before), :func:`group_sampling`
+reads a group's back.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from collections.abc import Mapping
 
 from google.protobuf.message import DecodeError
 
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.proto.dynamo.v1.trajectory_pb2 import (
     Response,
-    SamplingParams,
+    SamplingRecord,
     Timing,
     ToolCall,
     TrajectoryGroup,
@@ -33,7 +39,7 @@ __all__ = [
     "CODEC_VERSION",
     "MAX_ENTRY_BYTES",
     "Response",
-    "SamplingParams",
+    "SamplingRecord",
     "Timing",
     "ToolCall",
     "TrajectoryDecodeError",
@@ -43,10 +49,12 @@ __all__ = [
     "decode_group",
     "encode_entry",
     "encode_group",
+    "group_sampling",
     "oldest_version",
     "response_loss_mask",
     "response_prompt",
     "response_versions",
+    "sampling_record",
 ]
 
 CODEC_VERSION = b"1"
@@ -154,6 +162,33 @@ def oldest_version(group: TrajectoryGroup) -> int:
     own ``weight_version``: what a staleness bound is held to."""
     return min(
         [int(group.weight_version), *(v for r in group.responses for v in r.weight_versions)]
+    )
+
+
+def sampling_record(sampling: SamplingParams) -> SamplingRecord:
+    """The stream's record of the settings a group was sampled with (top-k off: -1; no seed:
+    absent, so 0 stays a seed)."""
+    return SamplingRecord(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=-1 if sampling.top_k is None else sampling.top_k,
+        max_tokens=sampling.max_tokens,
+        seed=sampling.seed,
+    )
+
+
+def group_sampling(group: TrajectoryGroup) -> SamplingParams:
+    """The settings ``group`` was sampled with, from its record (the fields it records; the
+    others at their defaults); a group without a record reads as the defaults."""
+    if not group.HasField("sampling"):
+        return SamplingParams()
+    r = group.sampling
+    return SamplingParams(
+        max_tokens=r.max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        seed=r.seed if r.HasField("seed") else None,
     )
 
 

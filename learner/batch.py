@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dynamo_rl.codec import response_versions
+from dynamo_rl.codec import group_sampling, response_versions
 
 
 @dataclass
@@ -78,13 +78,6 @@ class Sample:
         return int(sum(self.trained()))
 
 
-def sampling_temperature(group: Any) -> float:
-    """The group's sampling temperature; 1.0 when unset or greedy (0: no tempered distribution
-    exists, so the raw one is used)."""
-    t = float(group.sampling.temperature) if group.HasField("sampling") else 0.0
-    return t if t > 0 else 1.0
-
-
 def episode_stats(samples: list[Sample]) -> dict[str, float]:
     """The step record's figures of multi-turn samples (one per episode unless a chat template
     forked it): mean model turns, the share that called a tool, tool calls per sample, the share
@@ -139,7 +132,8 @@ def samples_from_groups(
     out: list[Sample] = []
     for gi, g in enumerate(groups):
         prompt = list(g.prompt_token_ids)
-        temperature = sampling_temperature(g)
+        # The learner divides its logits by what the engine sampled at (greedy: 1.0).
+        temperature = group_sampling(g).logit_temperature
         for r in g.responses:
             placed = [(t.end - 1, float(t.reward)) for t in r.turns if t.has_reward]
             versions = response_versions(g, r) or [int(g.weight_version)]

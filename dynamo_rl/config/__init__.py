@@ -12,6 +12,7 @@ only assembles them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -154,23 +155,32 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def _keys(cls: Any) -> dict[str, Any] | None:
+    """A section's keys and the type of each: a pydantic model's fields, or a dataclass's (e.g.
+    ``rollout.sampling``, :class:`~dynamo_rl.contracts.sampling.SamplingParams`, whose keys are
+    all values); None when ``cls`` is not a section."""
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return {name: f.annotation for name, f in cls.model_fields.items()}
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        return {f.name: None for f in dataclasses.fields(cls)}
+    return None
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, model: type[BaseModel]) -> None:
     parts = ALIASES.get(dotted, dotted).split(".")
     if any(not p for p in parts):
         raise ConfigError(f"override {dotted!r}: empty key segment")
     node = tree
-    cls: type[BaseModel] | None = model
+    keys = _keys(model)
     for i, part in enumerate(parts):
-        if cls is not None:
-            fields = cls.model_fields
-            if part not in fields:
+        if keys is not None:
+            if part not in keys:
                 where = ".".join(parts[:i]) or "<top level>"
                 raise ConfigError(
                     f"{'.'.join(parts[: i + 1])}: unknown key under {where}; "
-                    f"allowed: {', '.join(sorted(fields))}"
+                    f"allowed: {', '.join(sorted(keys))}"
                 )
-            ann = fields[part].annotation
-            cls = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            keys = _keys(keys[part])
         if i == len(parts) - 1:
             node[part] = value
         else:
@@ -203,22 +213,18 @@ def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str,
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     """Field names of the section at ``loc`` (for 'allowed:' hints)."""
-    cls: type[BaseModel] = ExperimentConfig
+    keys = _keys(ExperimentConfig)
     for part in loc:
-        ann = cls.model_fields.get(str(part))
-        if ann is None or not (
-            isinstance(ann.annotation, type) and issubclass(ann.annotation, BaseModel)
-        ):
-            return []
-        cls = ann.annotation
-    return sorted(cls.model_fields)
+        keys = _keys(keys.get(str(part))) if keys is not None else None
+    return sorted(keys or ())
 
 
 def _format_errors(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<top level>"
-        if e["type"] == "extra_forbidden":
+        # An unknown key: a model's "extra" field, or a dataclass section's unknown argument.
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             allowed = _fields_at(e["loc"][:-1])
             lines.append(f"{key}: unknown key; allowed: {', '.join(allowed)}")
             continue

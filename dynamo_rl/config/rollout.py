@@ -10,28 +10,9 @@ from pydantic import Field, model_validator
 
 from dynamo_rl.config.base import Section
 from dynamo_rl.config.common import Host, Port
+from dynamo_rl.contracts.sampling import SamplingParams
 
 Seconds = Annotated[float, Field(gt=0)]
-
-
-class SamplingConfig(Section):
-    """Sampling parameters sent to the engines with every request."""
-
-    max_tokens: Annotated[int, Field(ge=1)] = 256
-    """Most tokens generated per response."""
-    temperature: Annotated[float, Field(ge=0)] = 1.0
-    """Softmax temperature (1.0: sample from the policy itself, as on-policy RL needs)."""
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    """Nucleus sampling mass (1.0: off)."""
-    top_k: Annotated[int, Field(ge=-1)] = -1
-    """Top-k sampling (-1: off)."""
-    stop: list[str] = []
-    """Strings that end a response (the engine's EOS always does)."""
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = []
-    """Token ids that end a response, besides EOS."""
-    seed: int | None = None
-    """Base seed; each request gets its own seed derived from it, the batch, prompt and chunk
-    (None: unseeded sampling)."""
 
 
 class EnvConfig(Section):
@@ -236,8 +217,9 @@ class RolloutConfig(Section):
     backoff_max_s: Seconds = 10.0
     """Longest retry delay."""
 
-    sampling: SamplingConfig = SamplingConfig()
-    """Sampling parameters of every generation request."""
+    sampling: SamplingParams = SamplingParams()
+    """Sampling parameters sent to the engines with every generation request (the one
+    declaration of the sampling settings, ``dynamo_rl.contracts.sampling``)."""
     env: EnvConfig = EnvConfig()
     """The episodes' environment and limits (default single_turn: one prompt, one response)."""
 

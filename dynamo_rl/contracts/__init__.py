@@ -2,6 +2,8 @@
 neither end can drift from the other.
 
 - ``stream``: rollout workers → Redis stream → learner (writer, leases, reader, lag, decoding);
+- ``sampling``: the sampling settings (``SamplingParams``), one declaration for the config, the
+  rollout clients, the engine and the learner, converted at the HTTP and protobuf edges only;
 - ``engine``: the engines' generation API (``/v1/completions``, ``/generate``) and their registry;
 - ``weight_control``: the weight-update protocols (SGLang- and vLLM-shaped) and their bodies;
 - ``reward``: the reward service's HTTP API (``/v1/verify``, ``/run_code``, ``/healthz``).

@@ -9,8 +9,14 @@ No torch.
 - ``POST /v1/completions`` (OpenAI, the subset an RL rollout uses plus vLLM's extensions):
   :class:`CompletionRequest` -> :class:`CompletionResponse` (:class:`CompletionChoice`,
   :class:`CompletionLogprobs`, :class:`CompletionUsage`).
-- ``POST /generate`` (SGLang's native API): :class:`GenerateRequest` (its
-  :class:`SGLangSamplingParams`) -> one :class:`GenerateItem`, or a list of them.
+- ``POST /generate`` (SGLang's native API): :class:`GenerateRequest` (its ``sampling_params``,
+  :class:`SGLangSampling`) -> one :class:`GenerateItem`, or a list of them.
+- Sampling: both APIs share their sampling fields, :class:`SamplingKnobs`. They are the HTTP edge
+  of :class:`dynamo_rl.contracts.sampling.SamplingParams`, the one declaration of the settings:
+  :func:`sampling_knobs` turns the settings into these fields (the rollout clients), and
+  :meth:`SamplingKnobs.sampling` turns a request's fields back into the settings (the embedded
+  engine). ``top_k`` -1, 0 or null is off on the wire (vLLM's and SGLang's spellings), None in
+  the settings.
 - Registry — ``engines_key(ns)`` is a Redis hash: field = the engine's base URL, value = JSON
   ``{"url", "weight_version", "registered_unix"}``. :class:`EngineRegistry` writes an entry,
   :func:`parse_registry` reads the hash (one parser for every reader).
@@ -44,6 +50,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.keys import engine_pulse_key, engines_key
 from dynamo_rl.redis_client import redact_url, sync_client
 
@@ -66,12 +73,13 @@ __all__ = [
     "GenerateRequest",
     "LogprobEntry",
     "PromptInput",
-    "SGLangSamplingParams",
+    "SGLangSampling",
     "SamplingKnobs",
     "alist_engines",
     "list_engines",
     "parse_registry",
     "registry_value",
+    "sampling_knobs",
 ]
 
 ABORTED = "abort"
@@ -173,6 +181,37 @@ class SamplingKnobs(EngineRequest):
             raise ValueError("stop strings must not be empty")
         return v
 
+    def sampling(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
+        """The settings these fields ask for, with the request's ``max_tokens`` and ``seed``
+        (each API names them its own way); ``top_k`` -1, 0 or null: off (None)."""
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,  # -1, 0 or null: off, which SamplingParams reads as None
+            stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            seed=seed,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+def sampling_knobs(sampling: SamplingParams) -> dict[str, Any]:
+    """The :class:`SamplingKnobs` fields ``sampling`` asks for, as the rollout clients have always
+    sent them: None (not sent, the engine's own default applies) for top-k off and empty stop
+    lists, ``ignore_eos`` only when set. ``max_tokens`` and ``seed`` go under each API's own
+    names."""
+    knobs: dict[str, Any] = dict(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        stop=list(sampling.stop) or None,
+        stop_token_ids=list(sampling.stop_token_ids) or None,
+    )
+    if sampling.ignore_eos:
+        knobs["ignore_eos"] = True
+    return knobs
+
 
 # ---- POST /v1/completions -------------------------------------------------------------------
 
@@ -243,7 +282,7 @@ class CompletionResponse(EngineAnswer):
 # ---- POST /generate -------------------------------------------------------------------------
 
 
-class SGLangSamplingParams(SamplingKnobs):
+class SGLangSampling(SamplingKnobs):
     """SGLang's ``sampling_params`` (the subset an RL rollout uses)."""
 
     max_new_tokens: Annotated[int, Field(ge=0)] | None = None
@@ -255,7 +294,7 @@ class GenerateRequest(EngineRequest):
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: SGLangSamplingParams = SGLangSamplingParams()
+    sampling_params: SGLangSampling = SGLangSampling()
     return_logprob: bool = False
     top_logprobs_num: Annotated[int, Field(ge=0)] = 0
     logprob_start_len: int | None = None

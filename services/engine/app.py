@@ -1,4 +1,4 @@
-"""The engine's FastAPI app: the routes of :mod:`.routes` over one :class:`~.scheduler.Engine`.
+"""The engine's FastAPI app: the routes of :mod:`.routes` over one :class:`~.engine.Engine`.
 
 :func:`create_app` registers the engine in Redis while it serves (and unregisters it and closes
 it on shutdown), answers the informational routes (``/health``, ``/v1/models``,
@@ -26,8 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dynamo_rl.contracts.weight_control import UpdateAnswer
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST
+from services.engine.engine import Engine, InvalidRequest
 from services.engine.routes import EngineDep, Refused, control, generation
-from services.engine.scheduler import Engine, InvalidRequest
 
 # pydantic puts union members and validator kinds into ``loc``; they are not field names.
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-.*)$")

@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from dynamo_rl.contracts.engine import EnginePulse, EngineRegistry
     from services.engine.app import create_app
-    from services.engine.scheduler import Engine, load_model
+    from services.engine.engine import Engine, load_model
 
     if ecfg.threads:
         torch.set_num_threads(ecfg.threads)

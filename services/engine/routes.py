@@ -1,16 +1,17 @@
-"""The engine's HTTP routes, as two routers over the app's :class:`~.scheduler.Engine`.
+"""The engine's HTTP routes, as two routers over the app's :class:`~.engine.Engine`.
 
 - :data:`generation` — OpenAI ``POST /v1/completions`` and SGLang ``POST /generate``. They are
   ``async`` and only wait on the scheduler's future. Requests are validated with, and answers
   built from, the models of :mod:`dynamo_rl.contracts.engine`.
 - :data:`control` — both weight-control protocols of :mod:`dynamo_rl.contracts.weight_control`
   (SGLang's update routes; vLLM's pause, start, update, finish, resume), the version reads and
-  the LoRA adapter loads and unloads (both kinds' paths); requests name an adapter in ``model``
+  the LoRA adapter loads and unloads (both kinds' paths), carried out by the engine's
+  :class:`~.weight_updates.WeightUpdates`; requests name an adapter in ``model``
   (OpenAI) or ``lora_path`` (SGLang).
   Routes that block on a process group or on disk are plain functions (run in the thread pool);
   every route that changes the engine needs the control token when one is set.
 
-A check that needs the model raises :class:`~.scheduler.InvalidRequest` (a 422 naming the field,
+A check that needs the model raises :class:`~.engine.InvalidRequest` (a 422 naming the field,
 see :mod:`.app`); an update the engine could not apply answers 400 with SGLang's
 ``{"success": false, "message"}``; a vLLM-shaped call out of order answers 409.
 """
@@ -55,8 +56,8 @@ from dynamo_rl.contracts.weight_control import (
     VLLMUpdateRequest,
     WeightVersionAnswer,
 )
-from services.engine.generation import SequenceResult
-from services.engine.scheduler import Engine, InvalidRequest
+from services.engine.batch_loop import SequenceResult
+from services.engine.engine import Engine, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +135,8 @@ async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]
     prompts = engine.encode_prompts(req.prompt, "prompt")
     max_tokens = engine.resolve_max_tokens(req.max_tokens, prompts, "max_tokens")
     top = engine.check_top_logprobs(req.logprobs, "logprobs")
-    seqs, params = engine.sequences(
-        prompts, req, max_tokens=max_tokens, seed=req.seed, top_logprobs=top
-    )
-    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter))
+    seqs, params = engine.sequences(prompts, req, max_tokens=max_tokens, seed=req.seed)
+    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter, top))
     choices = []
     for k, (ids, res) in enumerate(zip(seqs, results, strict=True)):
         choice = CompletionChoice(
@@ -226,11 +225,11 @@ async def _generate(engine: Engine, req: GenerateRequest) -> Any:
     )
     top = engine.check_top_logprobs(req.top_logprobs_num, "top_logprobs_num")
     seqs, params = engine.sequences(
-        prompts, sp, max_tokens=max_tokens, seed=sp.sampling_seed,
-        top_logprobs=top if req.return_logprob else 0, seed_per_prompt=True,
+        prompts, sp, max_tokens=max_tokens, seed=sp.sampling_seed, seed_per_prompt=True,
         prefix="sampling_params.",
     )  # fmt: skip
-    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter))
+    top = top if req.return_logprob else 0
+    results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter, top))
     out = [_item(engine, req, ids, res).body() for ids, res in zip(seqs, results, strict=True)]
     return out[0] if single and sp.n == 1 else out
 
@@ -267,7 +266,7 @@ async def get_weight_version(engine: EngineDep) -> dict[str, Any]:
 @control.post("/init_weights_update_group", dependencies=guarded)
 def init_weights_update_group(req: InitWeightsUpdateGroupRequest, engine: EngineDep) -> Any:
     with _refusals("init_weights_update_group", named=True):
-        engine.init_group(req)
+        engine.updates.init_group(req)
     log.info(
         "joined weight-update group %r as rank %d of %d (%s)",
         req.group_name, req.rank_offset, req.world_size, req.backend,
@@ -280,14 +279,14 @@ def update_weights_from_distributed(
     req: UpdateWeightsFromDistributedRequest, engine: EngineDep
 ) -> Any:
     engine.check_tensors(req.names, req.dtypes, req.shapes, "", "dtypes")
-    if req.group_name not in engine.groups:
+    if req.group_name not in engine.updates.groups:
         raise Refused(
             400,
             f"group_name {req.group_name!r} is not initialised here; call "
             "/init_weights_update_group first",
         )
     with _refusals("update_weights_from_distributed"):
-        version = engine.update_from_distributed(req)
+        version = engine.updates.update_from_distributed(req)
     message = f"{len(req.names)} tensors loaded"
     return UpdateAnswer(success=True, message=message, weight_version=version).body()
 
@@ -296,7 +295,7 @@ def update_weights_from_distributed(
 def update_weights_from_disk(req: UpdateWeightsFromDiskRequest, engine: EngineDep) -> Any:
     with _refusals("update_weights_from_disk", OSError):
         try:
-            version = engine.update_from_disk(req)
+            version = engine.updates.update_from_disk(req)
         except FileNotFoundError as e:
             raise Refused(400, f"model_path: {e}") from None
     return UpdateAnswer(success=True, message="loaded", weight_version=version).body()
@@ -309,7 +308,7 @@ def update_weights_from_disk(req: UpdateWeightsFromDiskRequest, engine: EngineDe
 @control.post("/v1/load_lora_adapter", dependencies=guarded)
 def load_lora_adapter(req: LoadLoraAdapterRequest, engine: EngineDep) -> Any:
     with _refusals("load_lora_adapter", OSError):
-        version = engine.load_adapter(req)
+        version = engine.updates.load_adapter(req)
     log.info("adapter %r loaded from %s (version %d)", req.lora_name, req.lora_path, version)
     message = f"adapter {req.lora_name!r} loaded"
     return UpdateAnswer(success=True, message=message, weight_version=version).body()
@@ -319,7 +318,7 @@ def load_lora_adapter(req: LoadLoraAdapterRequest, engine: EngineDep) -> Any:
 @control.post("/v1/unload_lora_adapter", dependencies=guarded)
 def unload_lora_adapter(req: UnloadLoraAdapterRequest, engine: EngineDep) -> Any:
     try:
-        engine.unload_adapter(req)
+        engine.updates.unload_adapter(req)
     except KeyError:
         loaded = ", ".join(engine.adapters.names()) or "none"
         raise Refused(
@@ -337,7 +336,7 @@ def _conflict(message: str) -> JSONResponse:
 
 @control.get("/weight_info")
 async def weight_info(engine: EngineDep) -> dict[str, Any]:
-    shown = str(engine.weight_version) if engine.updated else VLLM_INITIAL_VERSION
+    shown = str(engine.weight_version) if engine.updates.updated else VLLM_INITIAL_VERSION
     return WeightVersionAnswer(weight_version=shown).body()
 
 
@@ -346,7 +345,7 @@ def pause(engine: EngineDep, mode: Annotated[str, Query()] = "abort") -> Any:
     if mode not in PAUSE_MODES:
         raise InvalidRequest("mode", f"must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
     try:
-        engine.pause(mode)
+        engine.updates.pause(mode)
     except RuntimeError as e:
         raise Refused(503, str(e)) from None
     return {"status": "paused", "mode": mode}
@@ -354,30 +353,31 @@ def pause(engine: EngineDep, mode: Annotated[str, Query()] = "abort") -> Any:
 
 @control.post("/resume", dependencies=guarded)
 def resume(engine: EngineDep) -> Any:
-    engine.resume()
+    engine.updates.resume()
     return {"status": "resumed"}
 
 
 @control.get("/is_paused")
 async def is_paused(engine: EngineDep) -> dict[str, bool]:
-    return {"is_paused": engine.paused}
+    return {"is_paused": engine.updates.paused}
 
 
 @control.post("/init_weight_transfer_engine", dependencies=guarded)
 def init_weight_transfer_engine(req: VLLMInitRequest, engine: EngineDep) -> Any:
+    engine.check_transfer_init(req)
     with _refusals("init_weight_transfer_engine", named=True):
-        engine.vllm_init(req)
+        engine.updates.vllm_init(req)
     return {"status": "ok"}
 
 
 @control.post("/start_weight_update", dependencies=guarded)
 def start_weight_update(engine: EngineDep) -> Any:
     # An update while requests decode kills vLLM; this engine insists on the pause too.
-    if not engine.paused:
+    if not engine.updates.paused:
         return _conflict("pause the engine (POST /pause) before /start_weight_update")
-    if VLLM_GROUP_NAME not in engine.groups:
+    if VLLM_GROUP_NAME not in engine.updates.groups:
         return _conflict("call /init_weight_transfer_engine first")
-    engine.updating = True
+    engine.updates.updating = True
     return {"status": "ok"}
 
 
@@ -385,16 +385,16 @@ def start_weight_update(engine: EngineDep) -> Any:
 def update_weights(req: VLLMUpdateRequest, engine: EngineDep) -> Any:
     info = req.update_info
     engine.check_tensors(info.names, info.dtype_names, info.shapes, "update_info.", "dtype_names")
-    if not engine.updating:
+    if not engine.updates.updating:
         return _conflict("call /start_weight_update first")
     with _refusals("update_weights"):
-        engine.vllm_update(req)
+        engine.updates.vllm_update(req)
     return {"status": "ok"}
 
 
 @control.post("/finish_weight_update", dependencies=guarded)
 def finish_weight_update(req: VLLMFinishRequest, engine: EngineDep) -> Any:
-    if not engine.updating:
+    if not engine.updates.updating:
         return _conflict("call /start_weight_update first")
     try:
         version = int(req.weight_version)
@@ -402,7 +402,7 @@ def finish_weight_update(req: VLLMFinishRequest, engine: EngineDep) -> Any:
         raise InvalidRequest(
             "weight_version", f"{req.weight_version!r} is not an integer version"
         ) from None
-    engine.vllm_finish(version)
+    engine.updates.vllm_finish(version)
     return {"status": "ok", "weight_version": req.weight_version}
 
 

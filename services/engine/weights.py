@@ -8,8 +8,8 @@ one broadcast per tensor, or (a vLLM-shaped group with ``bucket_bytes`` > 0) one
 of several tensors, laid out by :func:`dynamo_rl.contracts.weight_layout.flat_buckets`.
 
 Tensors are received into fresh buffers first and only then copied into the model by the
-scheduler thread between batches (see ``generation``), so a batch never sees a mix of versions.
-A push whose names or shapes do not fit the model is still received in full (the learner is
+scheduler thread between batches (see :mod:`.weight_updates`), so a batch never sees a mix of
+versions. A push whose names or shapes do not fit the model is still received in full (the learner is
 already broadcasting; refusing half-way would hang it) and then rejected as a whole.
 """
 

@@ -6,7 +6,8 @@
   resolves (``rollout.max_prompt_len``, default: the model's context minus
   ``sampling.max_tokens``), and resolves the episode token budget from it
   (:func:`episode_limits`);
-- :func:`sampling_of` turns ``rollout.sampling`` into a request's :class:`Sampling`;
+- :func:`sampling_of` gives a request's sampling settings: ``rollout.sampling``, with eval's own
+  temperature and seed;
 - :func:`make_engine_factory` builds an engine client from ``rollout``'s protocol settings;
 - :func:`make_sandbox` the ``/run_code`` client of environments that run code.
 
@@ -15,6 +16,7 @@ The generation itself is :mod:`services.rollout.pipeline`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -22,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_rl.config import ExperimentConfig
-from dynamo_rl.config.rollout import EnvConfig, SamplingConfig
+from dynamo_rl.config.rollout import EnvConfig
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.envs import ENVIRONMENTS
 from dynamo_rl.envs.sandbox import SandboxClient
 from services.rollout.datasets import (
@@ -31,7 +34,7 @@ from services.rollout.datasets import (
     PromptRenderer,
     check_prompt_lengths,
 )
-from services.rollout.engines import Engine, Sampling, make_engine
+from services.rollout.engines import Engine, make_engine
 
 __all__ = [
     "episode_limits",
@@ -109,17 +112,13 @@ def prepare_prompts(
 
 
 def sampling_of(
-    s: SamplingConfig, *, temperature: float | None = None, seed: int | None = None
-) -> Sampling:
-    """``rollout.sampling`` as request parameters; ``temperature``/``seed`` replace the config's
-    when given (eval samples at its own temperature, seeded from ``run.seed``)."""
-    return Sampling(
-        max_tokens=s.max_tokens,
+    s: SamplingParams, *, temperature: float | None = None, seed: int | None = None
+) -> SamplingParams:
+    """``rollout.sampling`` with ``temperature``/``seed`` in place of the config's when given
+    (eval samples at its own temperature, seeded from ``run.seed``)."""
+    return dataclasses.replace(
+        s,
         temperature=s.temperature if temperature is None else temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        stop=tuple(s.stop),
-        stop_token_ids=tuple(s.stop_token_ids),
         seed=s.seed if seed is None else seed,
     )
 

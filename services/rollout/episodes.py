@@ -39,10 +39,11 @@ from typing import Any
 from dynamo_rl.codec import Response, ToolCall, Turn
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.envs import Environment, EnvUnavailable, Message, Step, ToolCallRecord
 from dynamo_rl.prompts import render_plain, render_raw, uses_chat_template
 from services.rollout.datasets import PromptRecord
-from services.rollout.engines import EnginePool, Sample, Sampling
+from services.rollout.engines import EnginePool, Sample
 
 __all__ = [
     "Conversation",
@@ -241,8 +242,8 @@ def _timeout_step(seconds: float) -> Step:
 
 
 def turn_sampling(
-    sampling: Sampling, limits: EnvConfig, context: int, seed: int | None
-) -> Sampling | None:
+    sampling: SamplingParams, limits: EnvConfig, context: int, seed: int | None
+) -> SamplingParams | None:
     """A turn's request parameters: ``max_tokens`` cut to the room the budget leaves a sample of
     ``context`` tokens so far; None when it leaves none."""
     if limits.max_episode_tokens is None:
@@ -287,7 +288,7 @@ async def run_episode(
     env: Environment,
     row: Mapping[str, Any],
     conversation: Conversation,
-    sampling: Sampling,
+    sampling: SamplingParams,
     limits: EnvConfig,
     *,
     seed_of: Callable[[int], int | None] = lambda _turn: None,
@@ -307,7 +308,7 @@ async def play_episode(
     env: Environment,
     opening: Opening,
     conversation: Conversation,
-    sampling: Sampling,
+    sampling: SamplingParams,
     limits: EnvConfig,
     *,
     seed_of: Callable[[int], int | None] = lambda _turn: None,

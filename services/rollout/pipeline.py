@@ -26,12 +26,13 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dynamo_rl.codec import Response, SamplingParams, Timing, TrajectoryGroup
+from dynamo_rl.codec import Response, Timing, TrajectoryGroup, sampling_record
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.envs import Environment
 from services.rollout.datasets import PromptRecord, reward_item
-from services.rollout.engines import EnginePool, Sample, Sampling
+from services.rollout.engines import EnginePool, Sample
 from services.rollout.episodes import (
     Conversation,
     Episode,
@@ -92,7 +93,7 @@ async def sample_prompt(
     pool: EnginePool,
     tokens: list[int],
     count: int,
-    sampling: Sampling,
+    sampling: SamplingParams,
     *,
     max_per_request: int,
     seed_of: Callable[[int], int | None],
@@ -112,7 +113,7 @@ async def sample_prompt(
 async def _first_turns(
     pool: EnginePool,
     openings: Sequence[Opening],
-    sampling: Sampling,
+    sampling: SamplingParams,
     limits: EnvConfig,
     max_per_request: int,
     seeds: Seeds,
@@ -150,7 +151,7 @@ async def generate_group(
     *,
     new_env: Callable[[int | None], Environment],
     conversation: Conversation,
-    sampling: Sampling,
+    sampling: SamplingParams,
     limits: EnvConfig,
     max_per_request: int,
     seeds: Seeds,
@@ -200,7 +201,7 @@ def trajectory_group(
     episodes: Sequence[Episode],
     responses: list[Response],
     *,
-    sampling: Sampling,
+    sampling: SamplingParams,
     engine_version: int,
     timing: Timing,
     **fields: object,
@@ -216,13 +217,7 @@ def trajectory_group(
         prompt_token_ids=episodes[0].segments[0].prompt_ids if episodes else ids,
         responses=responses,
         weight_version=min(reported) if reported else engine_version,
-        sampling=SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=sampling.max_tokens,
-            seed=sampling.seed,  # None: absent, so 0 stays a seed
-        ),
+        sampling=sampling_record(sampling),
         data_source=record.data_source,
         prompt_text=text,
         timing=timing,

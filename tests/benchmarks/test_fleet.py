@@ -78,7 +78,8 @@ def test_replicas_cover_the_load_at_the_target_utilisation(fleet) -> None:
 
 
 def test_simulated_engines_answer_the_sglang_client(fleet, tmp_path: Path) -> None:
-    from services.rollout.engines import Sampling, SGLangEngine
+    from dynamo_rl.contracts.sampling import SamplingParams as Sampling
+    from services.rollout.engines import SGLangEngine
 
     ports_file = tmp_path / "ports.json"
     proc = ServiceProcess(

@@ -12,6 +12,7 @@ number, ``true``, ``[]``, a name) must equal the schema's; one written as prose 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,8 @@ def agrees(doc: str, default: Any) -> bool:
         return value is default
     if isinstance(default, (int, float)) and isinstance(value, (int, float)):
         return float(value) == float(default)
+    if isinstance(default, tuple):  # a dataclass section's list (rollout.sampling.stop)
+        default = list(default)
     if isinstance(default, (list, dict)):
         return value == default
     if isinstance(default, str):
@@ -132,6 +135,8 @@ def test_every_field_of_a_documented_section_is_in_its_table(section: str) -> No
     for name in type(node).model_fields:
         value = getattr(node, name)
         subs = type(value).model_fields if hasattr(type(value), "model_fields") else None
+        if dataclasses.is_dataclass(value):  # a dataclass section (rollout.sampling)
+            subs = [f.name for f in dataclasses.fields(value)]
         keys = [f"{section}.{name}.{sub}" for sub in subs] if subs else [f"{section}.{name}"]
         missing += [k for k in keys if k not in documented]
     assert not missing, f"in the schema, not in the docs' tables: {missing}"

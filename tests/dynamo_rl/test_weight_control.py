@@ -23,6 +23,7 @@ import redis
 import torch
 
 from dynamo_rl.contracts.engine import alist_engines, list_engines, parse_registry, registry_value
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from dynamo_rl.contracts.weight_control import (
     SGLangWeights,
     VLLMWeights,
@@ -36,7 +37,7 @@ from dynamo_rl.redis_client import async_client, sync_client
 from learner.model import load_policy
 from learner.push import DistributedPush, discover_engines
 from learner.tiny_model import build_tiny_model
-from services.rollout.engines import EngineUnavailable, OpenAICompletionsEngine, Sampling
+from services.rollout.engines import EngineUnavailable, OpenAICompletionsEngine
 from tests.services.engine.engine_util import (
     complete,
     load_reference,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
+from dynamo_rl.codec import Response, SamplingRecord, TrajectoryGroup
 from dynamo_rl.config import ConfigError, load_config
 from learner.algorithms import token_logprobs_and_entropy
 from learner.batch import (
@@ -49,17 +49,17 @@ def test_collate_left_pads_prompts_and_right_pads_responses() -> None:
 
 
 def test_each_group_keeps_its_sampling_temperature() -> None:
-    def group(sampling: SamplingParams | None) -> TrajectoryGroup:
+    def group(sampling: SamplingRecord | None) -> TrajectoryGroup:
         g = TrajectoryGroup(prompt_token_ids=[5], responses=[Response(token_ids=[6], logprobs=[0])])
         if sampling is not None:
             g.sampling.CopyFrom(sampling)
         return g
 
     groups = [
-        group(SamplingParams(temperature=0.7)),
+        group(SamplingRecord(temperature=0.7)),
         group(None),  # unset: the model's own distribution
-        group(SamplingParams(temperature=0.0)),  # greedy: no tempered distribution, raw one
-        group(SamplingParams(temperature=1.3)),
+        group(SamplingRecord(temperature=0.0)),  # greedy: no tempered distribution, raw one
+        group(SamplingRecord(temperature=1.3)),
     ]
     samples = samples_from_groups(groups, 0)
     assert [s.temperature for s in samples] == pytest.approx([0.7, 1.0, 1.0, 1.3])

@@ -15,7 +15,7 @@ import time
 import redis
 import redis.asyncio as aioredis
 
-from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
+from dynamo_rl.codec import Response, SamplingRecord, TrajectoryGroup
 from dynamo_rl.config import RolloutConfig
 from dynamo_rl.keys import lease_key, trajectory_stream
 from services.rollout.datasets import PromptRecord, PromptSampler
@@ -45,7 +45,7 @@ def _group(prompt_id: str) -> TrajectoryGroup:
         prompt_token_ids=[1, 2],
         responses=[Response(token_ids=[3], logprobs=[-0.5], reward=1.0, correct=True, reason="ok")],
         weight_version=0,
-        sampling=SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4, seed=0),
+        sampling=SamplingRecord(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4, seed=0),
         namespace=NS,
         allocated_n=1,
     )

@@ -21,10 +21,11 @@ import torch
 from dynamo_rl.codec import TrajectoryGroup, decode_group, encode_group
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from dynamo_rl.envs import EnvContext, make_env
 from learner.batch import batch_mask, samples_from_groups
 from services.rollout.build import load_tokenizer
-from services.rollout.engines import EnginePool, Sample, Sampling
+from services.rollout.engines import EnginePool, Sample
 from services.rollout.engines.openai import OpenAICompletionsEngine
 from services.rollout.episodes import Conversation, Episode, episode_responses, run_episode
 from tests.vllm.conftest import VLLMServers

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from dynamo_rl.config.learner import LoraConfig
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from dynamo_rl.contracts.weight_control import VLLMWeights
-from services.rollout.engines import Sampling, make_engine
+from services.rollout.engines import make_engine
 from tests.services.engine.test_engine_lora import (
     LEARNER_TOLERANCE,
     adapter_push,

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import torch
 
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from dynamo_rl.contracts.weight_control import VLLMWeights, read_version
 from learner.mismatch import mismatch_record, mismatch_sums, weight_sketch
-from services.rollout.engines.base import Sampling
 from services.rollout.engines.openai import OpenAICompletionsEngine
 from tests.vllm.conftest import VLLMServers, completions, learner_push, reload_from_disk
 

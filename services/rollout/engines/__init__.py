@@ -15,7 +15,6 @@ from services.rollout.engines.base import (
     EngineRequestError,
     EngineUnavailable,
     Sample,
-    Sampling,
 )
 from services.rollout.engines.openai import OpenAICompletionsEngine
 from services.rollout.engines.pool import EnginePool
@@ -31,7 +30,6 @@ __all__ = [
     "OpenAICompletionsEngine",
     "SGLangEngine",
     "Sample",
-    "Sampling",
     "make_engine",
 ]
 

@@ -1,7 +1,9 @@
 """The small interfaces every inference engine client implements, and the errors they raise.
 
 - :class:`Engine` generates ``n`` samples for one tokenised prompt, each with its token ids and the
-  log-probability the engine sampled it with, and tells its weight version.
+  log-probability the engine sampled it with, and tells its weight version. How to sample is a
+  :class:`~dynamo_rl.contracts.sampling.SamplingParams`, the one declaration of the sampling
+  settings (``rollout.sampling`` is one); each client turns it into its API's request body.
 
 Requests and answers are the models of :mod:`dynamo_rl.contracts.engine`; weight control
 (versions, pushes) is :mod:`dynamo_rl.contracts.weight_control`.
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+from dynamo_rl.contracts.sampling import SamplingParams
 
 __all__ = [
     "Engine",
@@ -25,7 +29,6 @@ __all__ = [
     "EngineRequestError",
     "EngineUnavailable",
     "Sample",
-    "Sampling",
 ]
 
 
@@ -49,35 +52,6 @@ class EngineRequestError(EngineError):
 
 class EngineProtocolError(EngineError):
     """The engine's answer lacks what this client needs (wrong API or version)."""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters of one request (a subset every engine understands)."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-    ignore_eos: bool = False
-    """Sample past EOS up to ``max_tokens`` (tests and benchmarks that need set lengths)."""
-
-    def knobs(self) -> dict[str, Any]:
-        """The fields of :class:`dynamo_rl.contracts.engine.SamplingKnobs` (both generation APIs'
-        shared names) this asks for; None where the engine's own default applies (not sent)."""
-        knobs: dict[str, Any] = dict(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k if self.top_k > 0 else None,
-            stop=list(self.stop) or None,
-            stop_token_ids=list(self.stop_token_ids) or None,
-        )
-        if self.ignore_eos:
-            knobs["ignore_eos"] = True
-        return knobs
 
 
 @dataclass
@@ -111,7 +85,7 @@ class Engine(Protocol):
     url: str
 
     async def generate(
-        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+        self, prompt_token_ids: Sequence[int], n: int, sampling: SamplingParams
     ) -> list[Sample]:
         """``n`` samples for one prompt given as token ids."""
         ...

@@ -26,7 +26,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from dynamo_rl.contracts.engine import ABORTED, CompletionRequest, CompletionResponse
+from dynamo_rl.contracts.engine import (
+    ABORTED,
+    CompletionRequest,
+    CompletionResponse,
+    sampling_knobs,
+)
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.contracts.weight_control import weight_protocol
 from services.rollout.engines._http import (
     ReplicaClient,
@@ -38,7 +44,6 @@ from services.rollout.engines.base import (
     EngineProtocolError,
     EngineUnavailable,
     Sample,
-    Sampling,
 )
 
 __all__ = ["OpenAICompletionsEngine", "completion_request", "parse_choices"]
@@ -51,14 +56,14 @@ RESUME_POLL_S = 0.05
 
 
 def completion_request(
-    model: str, prompt_token_ids: Sequence[int], n: int, sampling: Sampling, url: str = ""
+    model: str, prompt_token_ids: Sequence[int], n: int, sampling: SamplingParams, url: str = ""
 ) -> CompletionRequest:
     """The request; optional knobs are sent only when set (OpenAI servers differ in extras)."""
     return build_request(
         f"{url}/v1/completions",
         lambda: CompletionRequest(
             model=model, prompt=list(prompt_token_ids), n=n, max_tokens=sampling.max_tokens,
-            seed=sampling.seed, logprobs=0, return_token_ids=True, **sampling.knobs(),
+            seed=sampling.seed, logprobs=0, return_token_ids=True, **sampling_knobs(sampling),
         ),
     )  # fmt: skip
 
@@ -137,7 +142,7 @@ class OpenAICompletionsEngine(ReplicaClient):
         return self.model
 
     async def generate(
-        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+        self, prompt_token_ids: Sequence[int], n: int, sampling: SamplingParams
     ) -> list[Sample]:
         samples = await self._complete(prompt_token_ids, n, sampling)
         if self.continue_aborted:
@@ -145,7 +150,7 @@ class OpenAICompletionsEngine(ReplicaClient):
         return samples
 
     async def _complete(
-        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+        self, prompt_token_ids: Sequence[int], n: int, sampling: SamplingParams
     ) -> list[Sample]:
         # A LoRA policy: the request names the newest adapter, so its samples were drawn with
         # exactly that version.
@@ -168,7 +173,9 @@ class OpenAICompletionsEngine(ReplicaClient):
                 sample.weight_versions = [before] * len(sample.token_ids)
         return samples
 
-    async def _continue(self, prompt: Sequence[int], sample: Sample, sampling: Sampling) -> Sample:
+    async def _continue(
+        self, prompt: Sequence[int], sample: Sample, sampling: SamplingParams
+    ) -> Sample:
         """A choice cut by a push's pause, continued from its tokens so far under the new
         weights (a fresh prefill: the push resets the prefix cache) until it ends on its own;
         each piece keeps the versions it was sampled with."""

@@ -25,8 +25,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.retry import Backoff
-from services.rollout.engines.base import Engine, EngineUnavailable, Sample, Sampling
+from services.rollout.engines.base import Engine, EngineUnavailable, Sample
 
 __all__ = ["EnginePool"]
 
@@ -137,7 +138,7 @@ class EnginePool:
         self,
         prompt_token_ids: Sequence[int],
         n: int,
-        sampling: Sampling,
+        sampling: SamplingParams,
         *,
         prefer: str | None = None,
     ) -> list[Sample]:

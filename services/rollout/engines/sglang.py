@@ -17,7 +17,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from dynamo_rl.contracts.engine import GenerateItem, GenerateRequest, SGLangSamplingParams
+from dynamo_rl.contracts.engine import (
+    GenerateItem,
+    GenerateRequest,
+    SGLangSampling,
+    sampling_knobs,
+)
+from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.contracts.weight_control import SGLangWeights
 from services.rollout.engines._http import (
     ReplicaClient,
@@ -25,7 +31,7 @@ from services.rollout.engines._http import (
     parse_answer,
     token_versions,
 )
-from services.rollout.engines.base import EngineProtocolError, Sample, Sampling
+from services.rollout.engines.base import EngineProtocolError, Sample
 
 __all__ = ["SGLangEngine", "generate_request", "parse_generate"]
 
@@ -35,14 +41,14 @@ _ITEMS = TypeAdapter(list[GenerateItem])
 def generate_request(
     prompt_token_ids: Sequence[int],
     n: int,
-    sampling: Sampling,
+    sampling: SamplingParams,
     url: str = "",
     lora_path: str | None = None,
 ) -> GenerateRequest:
     def build() -> GenerateRequest:
-        params = SGLangSamplingParams(
+        params = SGLangSampling(
             n=n, max_new_tokens=sampling.max_tokens, sampling_seed=sampling.seed,
-            **sampling.knobs(),
+            **sampling_knobs(sampling),
         )  # fmt: skip
         return GenerateRequest(
             input_ids=list(prompt_token_ids), sampling_params=params, return_logprob=True,
@@ -99,7 +105,7 @@ class SGLangEngine(ReplicaClient):
                          adapter=adapter)  # fmt: skip
 
     async def generate(
-        self, prompt_token_ids: Sequence[int], n: int, sampling: Sampling
+        self, prompt_token_ids: Sequence[int], n: int, sampling: SamplingParams
     ) -> list[Sample]:
         adapter, version = await self.adapter_to_use()
         request = generate_request(prompt_token_ids, n, sampling, self.url, lora_path=adapter)

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import torch
 
-from services.rollout.engines import OpenAICompletionsEngine, Sample, Sampling
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
+from services.rollout.engines import OpenAICompletionsEngine, Sample
 
 
 def metric(url: str, name: str) -> float:

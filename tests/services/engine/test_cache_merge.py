@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from learner.tiny_model import build_tiny_model
-from services.engine.generation import BatchGenerator, _merge, _mergeable, _trim
+from services.engine.batch_loop import BatchGenerator
+from services.engine.kv_cache import merge as _merge
+from services.engine.kv_cache import mergeable as _mergeable
+from services.engine.kv_cache import trim as _trim
 from tests.services.engine.engine_util import load_reference
 
 
@@ -80,7 +83,7 @@ def test_a_failed_join_fails_the_joining_request_only(
     """The joining prompts' prefill raises: their request fails, the running one finishes."""
     import time
 
-    from services.engine.generation import SamplingParams
+    from dynamo_rl.contracts.sampling import SamplingParams
 
     real = generator._prefill
     bad = [90, 91, 92]

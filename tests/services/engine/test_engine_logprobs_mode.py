@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
+from dynamo_rl.codec import Response, SamplingRecord, TrajectoryGroup
 from learner.batch import collate, samples_from_groups
 from learner.mismatch import mismatch_record, mismatch_sums
 from learner.model import load_policy
@@ -59,7 +59,7 @@ def _sample_groups(url: str, temps: list[float], **extra) -> list[TrajectoryGrou
                 prompt_id=str(body["seed"]),
                 prompt_token_ids=body["prompt"],
                 responses=responses,
-                sampling=SamplingParams(temperature=body["temperature"], max_tokens=16),
+                sampling=SamplingRecord(temperature=body["temperature"], max_tokens=16),
             )
         )
     return groups

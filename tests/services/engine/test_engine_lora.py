@@ -185,7 +185,8 @@ def test_rollout_clients_name_the_newest_adapter_and_stamp_its_version(
 ) -> None:
     import asyncio
 
-    from services.rollout.engines import Sampling, make_engine
+    from dynamo_rl.contracts.sampling import SamplingParams as Sampling
+    from services.rollout.engines import make_engine
 
     url = engine["url"]
     lc = LoraConfig(enabled=True, rank=4, alpha=8.0, name=f"c{engine_api}")

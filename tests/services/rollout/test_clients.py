@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from dynamo_rl.contracts.weight_control import send
 from learner.tiny_model import build_tiny_model
 from services.rollout.engines import (
@@ -21,7 +22,6 @@ from services.rollout.engines import (
     EngineUnavailable,
     OpenAICompletionsEngine,
     Sample,
-    Sampling,
     SGLangEngine,
     make_engine,
 )

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from services.rollout.engines import (
     EngineProtocolError,
     EngineRequestError,
     EngineUnavailable,
-    Sampling,
 )
 from services.rollout.engines.openai import completion_request, parse_choices
 from services.rollout.engines.sglang import generate_request, parse_generate

@@ -21,6 +21,7 @@ from dynamo_rl.codec import Timing, TrajectoryGroup, decode_group, encode_group
 from dynamo_rl.config.learner import AlgorithmConfig, PpoLoss
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from learner.batch import (
     Sample,
     batch_mask,
@@ -31,7 +32,7 @@ from learner.batch import (
 from learner.step import batch_advantages, plan_batch
 from services.rollout.build import load_tokenizer
 from services.rollout.datasets import PromptRecord
-from services.rollout.engines import Sampling, make_engine
+from services.rollout.engines import make_engine
 from services.rollout.episodes import Conversation, Episode, episode_responses, run_episode
 from services.rollout.pipeline import trajectory_group
 from tests.services.rollout.test_episodes import HIDING, Fixed, RecordingPool

@@ -17,6 +17,7 @@ import pytest
 from dynamo_rl.codec import TrajectoryGroup, decode_group, encode_group
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from dynamo_rl.envs import (
     ENVIRONMENTS,
     EnvContext,
@@ -28,7 +29,7 @@ from dynamo_rl.envs import (
 )
 from learner.batch import batch_mask, placed_turn_rewards, samples_from_groups
 from services.rollout.build import load_tokenizer
-from services.rollout.engines import EnginePool, Sample, Sampling, make_engine
+from services.rollout.engines import EnginePool, Sample, make_engine
 from services.rollout.episodes import Conversation, episode_responses, run_episode
 from tests.conftest import REPO
 

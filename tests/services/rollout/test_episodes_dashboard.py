@@ -24,12 +24,13 @@ from dashboard.sources import RunFolder, SampleFilter
 from dynamo_rl.codec import Timing, TrajectoryGroup, encode_entry
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from dynamo_rl.envs import Environment, Step, ToolCallRecord
 from dynamo_rl.keys import trajectory_stream
 from dynamo_rl.procs import http_ok
 from dynamo_rl.sample_log import SampleLog
 from services.rollout.build import load_tokenizer
-from services.rollout.engines import EnginePool, Sampling, make_engine
+from services.rollout.engines import EnginePool, make_engine
 from services.rollout.episodes import Conversation, episode_responses, run_episode
 from tests.conftest import dynamo_rl_argv
 from tests.dashboard.test_dashboard_browser import CHROMIUM, body_attrs, chromium

@@ -21,10 +21,11 @@ from dynamo_rl.codec import Response, Timing, TrajectoryGroup, decode_group
 from dynamo_rl.config import load_config
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.reward import ItemResult
+from dynamo_rl.contracts.sampling import SamplingParams as Sampling
 from dynamo_rl.envs import EnvContext, Environment, Step, make_env
 from services.rollout.build import load_tokenizer, make_engine_factory, sampling_of
 from services.rollout.datasets import PromptRecord
-from services.rollout.engines import EnginePool, Sample, Sampling
+from services.rollout.engines import EnginePool, Sample
 from services.rollout.episodes import Conversation, Episode, Segment, TurnRecord, episode_responses
 from services.rollout.pipeline import (
     Seeds,

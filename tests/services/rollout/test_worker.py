@@ -23,7 +23,7 @@ import torch
 
 from allocator.server import SERVICE_NAME
 from dynamo_rl.clients.allocator import AllocatorClient
-from dynamo_rl.codec import Response, SamplingParams, TrajectoryGroup
+from dynamo_rl.codec import Response, SamplingRecord, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
 from dynamo_rl.contracts.weight_control import send
@@ -503,7 +503,7 @@ def test_zero_advantage_responses_count_the_groups_with_equal_rewards():
             prompt_token_ids=[1],
             responses=[Response(token_ids=[2], logprobs=[-0.1], reward=r) for r in rewards],
             weight_version=0,
-            sampling=SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4),
+            sampling=SamplingRecord(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4),
         )
 
     # All equal (3 + 2 responses) counts; mixed rewards and an empty group do not.

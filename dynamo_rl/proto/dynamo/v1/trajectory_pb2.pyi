@@ -6,7 +6,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class SamplingParams(_message.Message):
+class SamplingRecord(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "seed")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -128,7 +128,7 @@ class TrajectoryGroup(_message.Message):
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     responses: _containers.RepeatedCompositeFieldContainer[Response]
     weight_version: int
-    sampling: SamplingParams
+    sampling: SamplingRecord
     data_source: str
     namespace: str
     prompt_text: str
@@ -137,4 +137,4 @@ class TrajectoryGroup(_message.Message):
     allocated_n: int
     priority: float
     batch_id: str
-    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., weight_version: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., data_source: _Optional[str] = ..., namespace: _Optional[str] = ..., prompt_text: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., worker_id: _Optional[str] = ..., allocated_n: _Optional[int] = ..., priority: _Optional[float] = ..., batch_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., weight_version: _Optional[int] = ..., sampling: _Optional[_Union[SamplingRecord, _Mapping]] = ..., data_source: _Optional[str] = ..., namespace: _Optional[str] = ..., prompt_text: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., worker_id: _Optional[str] = ..., allocated_n: _Optional[int] = ..., priority: _Optional[float] = ..., batch_id: _Optional[str] = ...) -> None: ...

@@ -1,4 +1,4 @@
-"""Batched generation with a KV cache, owned by one scheduler thread.
+"""The scheduler thread and its one batch loop: queued sequences decoded together with a KV cache.
 
 Why one thread: the model is only ever touched by the scheduler thread, so a weight update (run
 by that same thread between batches, or between two tokens of a batch) can never interleave with
@@ -7,23 +7,25 @@ one adapter's sequences (or the base's), switched to between batches, and they c
 adapter's version.
 
 When the engine is idle, the first request waits ``batch_wait_s`` for others to arrive (again
-while a burst keeps arriving, up to 20 windows), then every queued sequence (prompts x n, up to
-``max_batch_size``) is prefilled together with left padding and decoded step by step sharing one
-``DynamicCache``. Finished rows are dropped from the cache as they finish, and each sequence's
-result goes to its request as soon as the request's last sequence finishes. What happens to
-requests that arrive mid-batch is the ``batching`` mode:
+while a burst keeps arriving, up to 20 windows). Then one loop decodes a batch step by step
+sharing one KV cache (:mod:`.kv_cache`; the prompts prefilled together with left padding) and
+samples each row's next token (:mod:`.sampler`). Finished rows leave the cache as they finish, and
+each sequence's result goes to its request as soon as the request's last sequence finishes.
 
-- ``static`` (the default): they wait for the next batch, so a batch lasts as long as its longest
-  sequence while its other rows sit finished;
-- ``continuous``: at a token boundary, once :data:`JOIN_EVERY` steps have passed since the batch
-  began or last took rows in, queued sequences join the running batch up to ``max_batch_size``
-  rows: their prompts are prefilled on their own and their cache rows appended to the batch's
-  (the narrower side left padded and masked out; a cache of another kind, e.g. sliding-window
-  layers, is rebuilt over every row instead, as after an interruptible update), and positions
-  no row attends to any more are dropped. An exclusive task queued to run between batches (a
-  waiting update, a ``wait`` or ``abort`` pause, an adapter load) or a job of another adapter at
-  the queue's head stops joining: the batch drains and the task (or that adapter's batch) runs
-  after it, as in ``static``. A join that fails fails the joining requests only.
+Which queued sequences a batch takes in is one rule, :class:`JoinRule`: a new batch takes up to
+``max_batch_size``; a running one takes in more at a token boundary once ``every`` steps have
+passed since it began or last took rows in, up to ``max_batch_size`` rows. Whatever it takes
+stops at the queue's first exclusive task (a waiting update, a ``wait`` or ``abort`` pause, an
+adapter load) or first job of another adapter: the batch drains and the task (or that adapter's
+batch) runs after it. ``engine.batching`` picks the rule:
+
+- ``static`` (the default): ``every`` is None, a running batch takes nothing in, so a batch lasts
+  as long as its longest sequence while its other rows sit finished;
+- ``continuous``: ``every`` is :data:`JOIN_EVERY`; the joining prompts are prefilled on their own
+  and their cache rows appended to the batch's (:func:`~.kv_cache.merge`; a cache of another
+  kind, e.g. sliding-window layers, is rebuilt over every row instead, as after an interruptible
+  update), and positions no row attends to any more are dropped (:func:`~.kv_cache.trim`). A
+  join that fails fails the joining requests only.
 
 Weight updates come as exclusive tasks (:meth:`BatchGenerator.run_exclusive`), in one of two ways:
 
@@ -36,27 +38,11 @@ Weight updates come as exclusive tasks (:meth:`BatchGenerator.run_exclusive`), i
   then goes on. Every token records the version whose weights gave its logits
   (:attr:`SequenceResult.token_versions`), so a sequence that spans an update carries both
   versions, and each token's log-prob is what a full forward pass of that version gives.
-
-Sampling per row: temperature (0 = greedy), top-k, top-p, and a per-row ``torch.Generator`` when
-a seed is given, so a seeded request gives the same tokens whatever else shares its batch (up to
-float reduction order). The returned log-probs (the sampled token's and the top alternatives) are
-taken, per ``logprobs_mode``, from:
-
-- ``processed`` (the default): the distribution the token was drawn from, after temperature,
-  top-k and top-p (``log_softmax`` of the scaled, masked logits). With top-k and top-p off this
-  is ``log_softmax(logits / T)``, what the learner computes on the same tokens (it divides its
-  logits by each group's sampling temperature);
-- ``raw``: the model's own distribution, ``log_softmax(logits)`` before any of them.
-
-Greedy rows (temperature 0) report raw log-probs in either mode. Tokens that top-k/top-p removed
-have no finite processed log-prob; as alternatives they are reported as ``-9999.0`` (as vLLM does).
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
-import inspect
 import logging
 import threading
 import time
@@ -67,40 +53,54 @@ from typing import Any
 
 import torch
 
+from dynamo_rl.contracts.sampling import SamplingParams
+from services.engine.kv_cache import (
+    CacheState,
+    cache_kwarg,
+    left_padded,
+    merge,
+    mergeable,
+    new_cache,
+    trim,
+)
+from services.engine.sampler import (
+    LOGPROBS_MODES,
+    Draw,
+    row_generator,
+    sample,
+    top_alternatives,
+)
+
 log = logging.getLogger(__name__)
 
-LOGPROBS_MODES = ("processed", "raw")
-"""Which distribution returned log-probs come from (see the module docstring)."""
-BATCHING_MODES = ("static", "continuous")
-"""Whether queued sequences join a running batch (see the module docstring)."""
 JOIN_EVERY = 8
 """``continuous`` batching: decoding steps between two joins of one batch (each join is one
 prefill of the joining prompts)."""
-MASKED_LOGPROB = -9999.0
-"""A top alternative that top-k/top-p removed, in ``processed`` mode (JSON has no -inf)."""
-
-
-def sample_seed(seed: int, k: int) -> int:
-    """The seed of sample ``k`` of a request seeded with ``seed``: a hash of the pair, so distinct
-    request seeds give independent streams (``seed + k`` made sample 1 of seed 5 sample 0 of
-    seed 6). 63 bits: any value ``torch.Generator.manual_seed`` takes."""
-    digest = hashlib.blake2b(f"{seed}:{k}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one sequence (already validated by the HTTP layer)."""
+class JoinRule:
+    """When queued sequences join a batch (see the module docstring): a batch with no rows yet
+    takes up to ``max_batch_size``; a running one every ``every`` decoding steps (None: never)."""
 
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: off
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    seed: int | None = None
-    top_logprobs: int = 0  # alternatives per token to return (0: only the sampled token's)
+    every: int | None = None
+
+    @property
+    def joins(self) -> bool:
+        """Whether a running batch ever takes rows in (so it may live on through joins)."""
+        return self.every is not None
+
+    def room(self, rows: int, steps: int, max_rows: int) -> int:
+        """How many queued sequences a batch of ``rows`` active rows, ``steps`` decoding steps
+        after it began or last took rows in, takes in now (0: none)."""
+        if rows and (self.every is None or steps < self.every):
+            return 0
+        return max(max_rows - rows, 0)
+
+
+JOIN_RULES = {"static": JoinRule(None), "continuous": JoinRule(JOIN_EVERY)}
+"""``engine.batching`` -> its join rule."""
+BATCHING_MODES = tuple(JOIN_RULES)
 
 
 @dataclass
@@ -124,6 +124,7 @@ class _Seq:
     prompt: list[int]
     params: SamplingParams
     generator: torch.Generator | None
+    top_logprobs: int = 0  # alternatives per token to return (0: only the sampled token's)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -150,8 +151,8 @@ class _Task:
 
 @dataclass
 class BatchStats:
-    """What one decoded batch did (for metrics); of a continuous batch, what it did from one join
-    to the next."""
+    """What one decoded batch did (for metrics); of a batch that took rows in, what it did from
+    one join to the next."""
 
     sequences: int
     """Sequences it took in."""
@@ -160,67 +161,6 @@ class BatchStats:
     seconds: float
     rows: int = 0
     """Rows decoded together (after the join; 0: ``sequences``)."""
-
-
-def _mergeable(cache: Any) -> bool:
-    """Whether :func:`_merge` can append rows to ``cache``: plain per-layer keys and values (no
-    sliding window, no quantised or offloaded layers)."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:  # a transformers before per-layer caches: rebuild instead
-        return False
-    layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _merge(
-    a: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor],
-    b: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor],
-) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows of ``b`` (cache, next-token logits, attention mask, next positions) appended to
-    ``a``'s, in place of ``a``'s cache: the narrower one is left padded to the wider one's length
-    with zero keys and values that its mask leaves out, as the batch's first prefill pads. ``a``
-    changes only once every new tensor is built (a failure leaves it whole)."""
-    cache, logits, mask, pos = a
-    other, logits_b, mask_b, pos_b = b
-    width = max(mask.shape[1], mask_b.shape[1])
-
-    def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
-        short = width - t.shape[dim]
-        if not short:
-            return t
-        shape = list(t.shape)
-        shape[dim] = short
-        return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-    kv = [
-        (torch.cat([pad(layer.keys, 2), pad(new.keys, 2)]),
-         torch.cat([pad(layer.values, 2), pad(new.values, 2)]))
-        for layer, new in zip(cache.layers, other.layers, strict=True)
-    ]  # fmt: skip
-    mask = torch.cat([pad(mask, 1), pad(mask_b, 1)])
-    logits, pos = torch.cat([logits, logits_b]), torch.cat([pos, pos_b])
-    for layer, (keys, values) in zip(cache.layers, kv, strict=True):
-        layer.keys, layer.values = keys, values
-    return cache, logits, mask, pos
-
-
-def _trim(cache: Any, mask: torch.Tensor) -> torch.Tensor:
-    """Drop the leading cache positions no row attends to any more (their rows finished), so a
-    continuous batch that lives on through joins does not keep every position it ever had; the
-    trimmed mask."""
-    first = int(mask.any(0).int().argmax())
-    if first == 0:
-        return mask
-    for layer in cache.layers:
-        layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-    return mask[:, first:]
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """transformers 5 renamed ``past_key_values`` to ``cache``; accept both versions."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 class BatchGenerator:
@@ -238,15 +178,16 @@ class BatchGenerator:
         on_batch: Callable[[BatchStats], None] | None = None,
         logprobs_mode: str = "processed",
         select_adapter: Callable[[str | None], int | None] | None = None,
-        batching: str = "static",
+        batching: str | JoinRule = "static",
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
             )
-        if batching not in BATCHING_MODES:
+        if isinstance(batching, str) and batching not in JOIN_RULES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
-        self.batching = batching
+        self.join = JOIN_RULES[batching] if isinstance(batching, str) else batching
+        """Which queued sequences a batch takes in (``engine.batching``)."""
         self.logprobs_mode = logprobs_mode
         self.model = model
         self.device = next(model.parameters()).device
@@ -262,7 +203,7 @@ class BatchGenerator:
         self.weight_version = 0
         self.weights_epoch = 0  # bumped by every change of the weights (see run_exclusive)
         self.abort = threading.Event()  # set: running sequences end now with "abort"
-        self._cache_kw = _cache_kwarg(model)
+        self._cache_kw = cache_kwarg(model)
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
         self._queue: collections.deque[_Job | _Task] = collections.deque()
         self._cv = threading.Condition()
@@ -277,17 +218,17 @@ class BatchGenerator:
         prompts: Sequence[Sequence[int]],
         params: Sequence[SamplingParams],
         adapter: str | None = None,
+        top_logprobs: int = 0,
     ) -> Future[list[SequenceResult]]:
         """Queue sequences (one per (prompt, params) pair), run with LoRA ``adapter`` (None: the
-        base); the future gets results in order."""
+        base), each returning the ``top_logprobs`` most likely alternatives of every token (0:
+        only the sampled token's log-prob); the future gets results in order. ``params``'s
+        ``seed`` is each sequence's own (:func:`~.sampler.sample_seed`)."""
         if len(prompts) != len(params):
             raise ValueError("one SamplingParams per prompt")
         seqs = []
         for prompt, p in zip(prompts, params, strict=True):
-            gen = None
-            if p.seed is not None:
-                gen = torch.Generator(device="cpu").manual_seed(p.seed)
-            seqs.append(_Seq(list(prompt), p, gen))
+            seqs.append(_Seq(list(prompt), p, row_generator(p.seed), top_logprobs))
         job = _Job(seqs, Future(), [None] * len(seqs), adapter=adapter)
         if not seqs:
             job.future.set_result([])
@@ -343,7 +284,7 @@ class BatchGenerator:
                 self._run_task(head)
                 continue
             self._gather()
-            batch = self._take_batch()
+            batch = self._take_batch(self.join.room(0, 0, self.max_batch_size))
             if batch:
                 self._run_batch(batch)
         # Fail whatever is left so no caller waits forever.
@@ -377,12 +318,11 @@ class BatchGenerator:
             task.future.set_exception(e)
 
     def _take_batch(
-        self, room: int | None = None, adapter: str | None = None, joining: bool = False
+        self, room: int, adapter: str | None = None, joining: bool = False
     ) -> list[tuple[_Job, int]]:
-        """Up to ``room`` (default max_batch_size) queued sequences, stopping at the first
-        exclusive task or the first job of another adapter (one adapter per batch; ``joining``
-        a running batch: only jobs of its ``adapter``)."""
-        room = self.max_batch_size if room is None else room
+        """Up to ``room`` queued sequences (the join rule's), stopping at the first exclusive
+        task or the first job of another adapter (one adapter per batch; ``joining`` a running
+        batch: only jobs of its ``adapter``)."""
         batch: list[tuple[_Job, int]] = []
         with self._cv:
             while self._queue and len(batch) < room:
@@ -458,26 +398,13 @@ class BatchGenerator:
         )
         return out.logits[:, -1, :].float()
 
-    def _prefill(
-        self, rows: list[list[int]]
-    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, rows: list[list[int]]) -> CacheState:
         """A fresh cache over ``rows`` (left padded): the cache, the last position's logits, the
         attention mask and each row's next position."""
-        from transformers import DynamicCache
-
-        dev = self.device
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[r, width - len(row) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        # Left padding: positions count real tokens only, as in an unpadded forward pass.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        ids, mask, positions = left_padded(rows, self.pad_token_id, self.device)
+        cache = new_cache(self.model)
         logits = self._forward(ids, mask, positions, cache)
-        return cache, logits, mask, positions[:, -1] + 1
+        return CacheState(cache, logits, mask, positions[:, -1] + 1)
 
     def _interrupt(self) -> bool:
         """Run the tasks queued to run between tokens (interruptible updates, a keep pause);
@@ -531,11 +458,8 @@ class BatchGenerator:
                 s.tokens.append(tok)
                 s.logprobs.append(step_lps[r])
                 s.versions.append(version)
-                if s.params.top_logprobs:
-                    k = s.params.top_logprobs
-                    vals, idx = torch.topk(step_logp[r], k)
-                    vals = vals.clamp(min=MASKED_LOGPROB)
-                    s.top.append(list(zip(idx.tolist(), vals.tolist(), strict=True)))
+                if s.top_logprobs:
+                    s.top.append(top_alternatives(step_logp[r], s.top_logprobs))
                 done = self._finished(s, tok)
                 if done is None and self.abort.is_set():
                     done = ("abort", None, None)
@@ -546,26 +470,20 @@ class BatchGenerator:
                     self._deliver(batch[i], self._result(s, reason, matched, cut))
             if not keep:
                 break
-            continuous = self.batching == "continuous" and _mergeable(cache)
+            trimmed = self.join.joins and mergeable(cache)
             if len(keep) < len(active):
                 sel = torch.tensor(keep, device=dev)
                 cache.batch_select_indices(sel)
                 mask, next_pos, tokens = mask[sel], next_pos[sel], tokens[sel]
                 active = [active[r] for r in keep]
-                if continuous:
-                    mask = _trim(cache, mask)
+                if trimmed:
+                    mask = trim(cache, mask)
             changed = self._interrupt()
             since_join += 1
             joined = 0
-            if (
-                self.batching == "continuous"
-                and since_join >= JOIN_EVERY
-                and len(active) < self.max_batch_size
-                and not self.abort.is_set()
-            ):
-                more = self._take_batch(
-                    self.max_batch_size - len(active), batch[0][0].adapter, joining=True
-                )
+            room = self.join.room(len(active), since_join, self.max_batch_size)
+            if room and not self.abort.is_set():
+                more = self._take_batch(room, batch[0][0].adapter, joining=True)
                 if more:
                     start = len(batch)
                     batch.extend(more)
@@ -577,7 +495,7 @@ class BatchGenerator:
                     self._admit(batch, start, active)
                     joined = len(active) - before
                     seg_rows = len(active)
-            if changed or (joined and not _mergeable(cache)):
+            if changed or (joined and not mergeable(cache)):
                 # New weights mid-batch: the cache holds the old weights' keys and values, so it
                 # is rebuilt over each row's prompt and tokens so far, and the next token's
                 # logits come from the new weights alone (what the learner recomputes).
@@ -595,74 +513,21 @@ class BatchGenerator:
                 # there fails the joining requests only; the batch goes on without them.
                 try:
                     fresh = self._prefill([seqs[i].prompt for i in active[old:]])
-                    cache, logits, mask, next_pos = _merge((cache, logits, mask, next_pos), fresh)
+                    cache, logits, mask, next_pos = merge((cache, logits, mask, next_pos), fresh)
                 except Exception as e:
                     log.exception("%d sequences failed to join the running batch", joined)
                     self._fail([batch[i] for i in active[old:]], e)
                     active = active[:old]
                 else:
-                    mask = _trim(cache, mask)
+                    mask = trim(cache, mask)
         self._stats(t_seg, seg_seqs, generated, seg_rows)
 
-    def _sample(
-        self, logits: torch.Tensor, seqs: list[_Seq]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sampled token per row, its log-prob and the row's whole log-prob vector ``[n, V]``,
-        both in ``logprobs_mode``."""
-        logp = torch.log_softmax(logits, dim=-1)
-        n, vocab = logits.shape
-        temps = [s.params.temperature for s in seqs]
-        greedy = [t == 0.0 for t in temps]
-        if all(greedy):
-            tokens = logits.argmax(-1)
-        else:
-            dev = logits.device
-            scaled = (
-                logits / torch.tensor([t if t > 0 else 1.0 for t in temps], device=dev)[:, None]
-            )
-            top_ks = [s.params.top_k if 0 < s.params.top_k < vocab else 0 for s in seqs]
-            if any(top_ks):
-                kmax = max(top_ks)
-                kth = torch.topk(scaled, kmax, dim=-1).values
-                idx = torch.tensor([(k or kmax) - 1 for k in top_ks], device=dev)
-                thresh = kth.gather(1, idx[:, None])
-                off = torch.tensor([k == 0 for k in top_ks], device=dev)[:, None]
-                scaled = scaled.masked_fill((scaled < thresh) & ~off, float("-inf"))
-            top_ps = [s.params.top_p for s in seqs]
-            if any(p < 1.0 for p in top_ps):
-                sorted_logits, order = scaled.sort(dim=-1, descending=True)
-                probs_sorted = sorted_logits.softmax(-1)
-                cum = probs_sorted.cumsum(-1)
-                p = torch.tensor(top_ps, device=dev)[:, None]
-                # Drop a token when the mass before it already reaches top_p (keeps >= 1 token).
-                drop_sorted = (cum - probs_sorted) >= p
-                drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-                scaled = scaled.masked_fill(drop, float("-inf"))
-            probs = scaled.softmax(-1)
-            # Exponential race (argmax p/E, E ~ Exp(1)) is exact categorical sampling and lets
-            # each seeded row draw its noise from its own generator.
-            noise = torch.empty((n, vocab), dtype=probs.dtype)  # CPU: generators live there
-            unseeded = [r for r, s in enumerate(seqs) if s.generator is None]
-            if unseeded:
-                noise[unseeded] = torch.empty(
-                    (len(unseeded), vocab), dtype=probs.dtype
-                ).exponential_(generator=self._rng)
-            for r, s in enumerate(seqs):
-                if s.generator is not None:
-                    noise[r].exponential_(generator=s.generator)
-            tokens = (probs / noise.to(probs.device)).argmax(-1)
-            if any(greedy):
-                g = torch.tensor(greedy, device=logits.device)
-                tokens = torch.where(g, logits.argmax(-1), tokens)
-            if self.logprobs_mode == "processed":
-                # The distribution the tokens were drawn from; greedy rows report the raw one.
-                processed = torch.log_softmax(scaled, dim=-1)
-                if any(greedy):
-                    g = torch.tensor(greedy, device=logits.device)[:, None]
-                    processed = torch.where(g, logp, processed)
-                logp = processed
-        token_lp = logp.gather(1, tokens[:, None])[:, 0]
-        return tokens.cpu(), token_lp.cpu(), logp
+    def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> Draw:
+        """One step's draw for the rows ``seqs`` (:func:`~.sampler.sample`)."""
+        return sample(
+            logits, [s.params for s in seqs], [s.generator for s in seqs], self._rng,
+            self.logprobs_mode,
+        )  # fmt: skip
 
     def _finished(self, s: _Seq, tok: int) -> tuple[str, int | str | None, int | None] | None:
         p = s.params
@@ -693,7 +558,7 @@ class BatchGenerator:
             finish_reason=reason,
             matched_stop=matched,
             stop_text_end=cut,
-            top_logprobs=list(s.top) if s.params.top_logprobs else None,
+            top_logprobs=list(s.top) if s.top_logprobs else None,
             weight_version=min(s.versions, default=self.weight_version),
             token_versions=list(s.versions),
         )
