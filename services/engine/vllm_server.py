@@ -1,7 +1,7 @@
 """``dynamo-rl vllm-server``: a vLLM server from the vLLM environment, configured by the experiment.
 
 What ``dynamo-rl up`` runs for each engine when ``engine.kind=vllm`` (the ``vllm`` row of
-:data:`launcher.service_table.SERVICES`), and what to run by hand beside an experiment. It
+:data:`dynamo_rl.service_table.SERVICES`), and what to run by hand beside an experiment. It
 
 1. builds vLLM's command line from the config (:func:`vllm_command`): ``engine.vllm.python -m
    vllm.entrypoints.openai.api_server --model engine.model --dtype engine.dtype --max-model-len
