@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,38 +56,34 @@ from services.engine.weights import (
 )
 
 
+@dataclass(eq=False)
 class WeightUpdates:
     """The weight-update side of one engine: its groups, pause state and update lock."""
 
-    def __init__(
-        self,
-        generator: BatchGenerator,
-        params: dict[str, torch.Tensor],
-        adapters: Adapters,
-        cfg: EngineConfig,
-        metrics: EngineMetrics,
-        registry: EngineRegistry | None = None,
-        interruptible: bool = False,
-    ) -> None:
-        self.generator = generator
-        self.params = params
-        self.adapters = adapters
-        self.cfg = cfg
-        self.metrics = metrics
-        self.registry = registry
-        self.interruptible = interruptible
-        """Apply SGLang-shaped updates at the running batch's next token boundary
-        (``rollout.update_mode: interrupt``), not after the batch."""
-        self.groups: dict[str, WeightUpdateGroup] = {}
-        self._update_lock = threading.Lock()  # one weight update at a time
+    generator: BatchGenerator
+    params: dict[str, torch.Tensor]
+    adapters: Adapters
+    cfg: EngineConfig
+    metrics: EngineMetrics
+    registry: EngineRegistry | None = None
+    interruptible: bool = False
+    """Apply SGLang-shaped updates at the running batch's next token boundary
+    (``rollout.update_mode: interrupt``), not after the batch."""
+    groups: dict[str, WeightUpdateGroup] = field(default_factory=dict, init=False)
+    updated: bool = field(default=False, init=False)
+    """vLLM's /weight_info says "default" until the first update."""
+    updating: bool = field(default=False, init=False)
+    """Between /start_weight_update and /finish_weight_update."""
+    _update_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    """One weight update at a time."""
+    # vLLM-shaped control: the scheduler is held (paused) inside an exclusive task.
+    _pause_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _held: threading.Event = field(default_factory=threading.Event, init=False)
+    _release: threading.Event | None = field(default=None, init=False)
+    _hold_future: Any = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
         self.metrics.weight_version.set(0)
-        self.updated = False  # vLLM's /weight_info says "default" until the first update
-        # vLLM-shaped control: the scheduler is held (paused) inside an exclusive task.
-        self._pause_lock = threading.Lock()
-        self._held = threading.Event()
-        self._release: threading.Event | None = None
-        self._hold_future: Any = None
-        self.updating = False  # between /start_weight_update and /finish_weight_update
 
     @property
     def weight_version(self) -> int:
