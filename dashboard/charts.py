@@ -256,6 +256,17 @@ CHARTS: tuple[Chart, ...] = (
         ),
     ),
     Chart(
+        "generation",
+        "Generated tokens per learner step: kept (trained on) and dropped (all rewards equal, "
+        "dropped by the workers or the learner; stale)",
+        "throughput",
+        "tokens",
+        (
+            _learner("kept", "gen_tokens_kept"),
+            _learner("dropped", "gen_tokens_dropped"),
+        ),
+    ),
+    Chart(
         "step_split",
         "Learner step time split",
         "throughput",

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from dynamo_rl.codec import group_sampling, response_versions
+from dynamo_rl.contracts.generation import response_episode
 
 
 @dataclass
@@ -94,12 +95,6 @@ def episode_stats(samples: list[Sample]) -> dict[str, float]:
     }
 
 
-def response_episode(response: Any) -> int | None:
-    """The episode a stream response is a segment of (its ``episode``); None for a single-turn
-    response (no turns), which is an episode of its own."""
-    return int(response.episode) if response.turns else None
-
-
 def episode_ids(groups: Sequence[int], episodes: Sequence[int | None]) -> torch.Tensor:
     """``[N]`` each row's episode, numbered across the batch (the estimators' ``episode_ids``):
     rows of one group with one ``episode`` share a number, a row with None has its own."""
@@ -109,19 +104,6 @@ def episode_ids(groups: Sequence[int], episodes: Sequence[int | None]) -> torch.
         for i, (g, e) in enumerate(zip(groups, episodes, strict=True))
     ]
     return torch.tensor([seen.setdefault(k, len(seen)) for k in keys], dtype=torch.long)
-
-
-def uniform_group(group: Any) -> bool:
-    """DAPO dynamic sampling's test of a stream ``TrajectoryGroup``: True when its episodes all
-    scored the same (a group of one episode included) — no learning signal. A forked episode
-    counts once, with its first segment's reward (its return)."""
-    from learner.algorithms import dapo_keep_groups
-
-    rewards = torch.tensor([r.reward for r in group.responses])
-    n = len(rewards)
-    episodes = episode_ids([0] * n, [response_episode(r) for r in group.responses])
-    keep = dapo_keep_groups(rewards, torch.zeros(n, dtype=torch.long), episode_ids=episodes)
-    return not bool(keep.any())
 
 
 def samples_from_groups(

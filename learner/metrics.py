@@ -60,6 +60,13 @@ GAUGES: dict[str, str] = {
     "grad_var_ratio": "estimated gradient variance of the step's allocation / uniform n's",
     "grad_spread_mean": "mean gradient spread of the step's prompts (allocator.method grad)",
     "grad_zero_adv_share": "share of the step's prompts whose group had zero advantage",
+    "gen_groups_kept": "groups the last step trained on",
+    "gen_groups_dropped": "groups generated for the last step and not trained on (dropped by "
+    "the workers, rollout.drop_uniform_groups, or skipped by the learner's filters)",
+    "gen_rollouts_kept": "rollouts (episodes) of the groups the last step trained on",
+    "gen_rollouts_dropped": "rollouts (episodes) of the last step's dropped groups",
+    "gen_tokens_kept": "generated tokens of the groups the last step trained on",
+    "gen_tokens_dropped": "generated tokens of the last step's dropped groups",
 }
 LAG_PREFIX = "mismatch_kl_lag"
 """Step-record keys ``mismatch_kl_lag<k>`` feed ``dynamo_learner_mismatch_kl_by_lag{lag="<k>"}``."""
@@ -76,6 +83,18 @@ class LearnerMetrics(MetricSet):
     tokens = counter("tokens_total", "response tokens trained on")
     skipped = counter("groups_skipped_total", "groups read but not trained on", "reason")
     dead_letters = counter("dead_letters_total", "stream entries sent to the dead-letter stream")
+    gen_groups = counter(
+        "generated_groups_total",
+        "groups generated for the steps, by fate: kept (trained on) or dropped (by the workers "
+        "before the stream, or by the learner's filters)",
+        "fate",
+    )
+    gen_rollouts = counter(
+        "generated_rollouts_total", "rollouts (episodes) of those groups, by fate", "fate"
+    )
+    gen_tokens = counter(
+        "generated_tokens_total", "generated (model) tokens of those groups, by fate", "fate"
+    )
     equal_reward_warnings = counter(
         "equal_reward_warnings_total",
         "warnings: learner.equal_reward_warn_steps steps in a row with all rewards equal",
@@ -110,6 +129,15 @@ class LearnerMetrics(MetricSet):
         if record.get("equal_reward_warning"):
             self.equal_reward_warnings.inc()
         self.groups.inc(float(record.get("groups", 0)))
+        for fate in ("kept", "dropped"):
+            for name, series in (
+                ("groups", self.gen_groups),
+                ("rollouts", self.gen_rollouts),
+                ("tokens", self.gen_tokens),
+            ):
+                value = record.get(f"gen_{name}_{fate}")
+                if isinstance(value, int | float):
+                    series.labels(fate).inc(float(value))
         self.tokens.inc(float(record.get("tokens", 0)))
         for phase in PHASES:
             seconds = record.get(f"time_{phase}")

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dynamo_rl.config.learner import LearnerConfig
+from dynamo_rl.contracts.generation import StepGeneration
 from dynamo_rl.contracts.gradstats import GradRecord
 from learner import algorithms as A
 from learner.batch import (
@@ -87,6 +88,9 @@ class RLBatch:
     """Groups the source read and left out (stale, all-equal rewards under dynamic sampling)."""
     entry_ids: list[str] = field(default_factory=list)
     """Stream ids the step consumed, trained or skipped (empty for in-process batches)."""
+    generation: StepGeneration | None = None
+    """What the batch's groups cost to generate, kept and dropped (the stream source fills it;
+    an in-process benchmark that drops groups fills it itself); None: no ``gen_*`` fields."""
 
     @property
     def groups(self) -> int:
@@ -403,6 +407,8 @@ class RLStep:
             "time_optimizer": t_opt,
         }
         record |= episode_stats(samples) | grad_fields
+        if batch.generation is not None:
+            record |= batch.generation.record()
         if algo.kl.coef > 0:
             record["kl"] = totals["kl"] / tokens / epochs
         if self.kl_ctl.beta > 0:

@@ -18,6 +18,11 @@ Rank 0 fills a batch of ``learner.train_batch_size`` groups:
 
 Skipped groups count as consumed. Nothing is acknowledged until the checkpoint holding the
 steps that consumed it is on disk (:meth:`StreamSource.commit`): a crash replays, never loses.
+
+The batch carries what its groups cost to generate (``RLBatch.generation``,
+:class:`dynamo_rl.contracts.generation.StepGeneration`): the kept groups' own cost, and as
+dropped the groups the filters skipped plus what the workers dropped before the stream, carried
+on the entries this step consumed — exact figures, each dropped group counted once.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from typing import Any
 
 from dynamo_rl.codec import oldest_version
 from dynamo_rl.config.learner import LearnerConfig
+from dynamo_rl.contracts.generation import StepGeneration, uniform_group
 from dynamo_rl.contracts.stream import TrajectoryReader
-from learner.batch import samples_from_groups, uniform_group
+from learner.batch import samples_from_groups
 from learner.dist import broadcast_object, world_size
 from learner.step import RLBatch
 
@@ -94,6 +100,8 @@ class StreamSource:
         need = lc.train_batch_size
         kept: list[Any] = []
         consumed: list[str] = []
+        groups_read: list[Any] = []  # every group consumed: the dropped cost it carries counts
+        left_out: list[Any] = []  # the groups the filters skipped: their own cost is dropped
         skipped: dict[str, int] = defaultdict(int)
         reads = 0
         last_arrival = last_beat = last_look = time.monotonic()
@@ -125,14 +133,17 @@ class StreamSource:
             for e in entries:
                 consumed.append(e.entry_id)
                 g = e.group
+                groups_read.append(g)
                 # The bound holds for every token: a response that spans updates counts from
                 # its oldest token.
                 stale = version - oldest_version(g)
                 if lc.stream.max_staleness is not None and stale > lc.stream.max_staleness:
                     skipped["stale"] += 1
+                    left_out.append(g)
                     continue
                 if algo.dapo.dynamic_sampling and uniform_group(g):
                     skipped["uniform_reward"] += 1
+                    left_out.append(g)
                     continue
                 kept.append(g)
             reads += 1
@@ -156,5 +167,6 @@ class StreamSource:
             prompt_ids=[g.prompt_id for g in kept],
             skipped=sum(skipped.values()),
             entry_ids=consumed,
+            generation=StepGeneration.of(kept, left_out, groups_read),
         )
         return {"kind": "batch", "batch": batch, "last": timed_out}

@@ -99,6 +99,8 @@ def learner_record(step: int) -> dict[str, float]:
         "time_optimizer": 0.1,
         "groups": 8,
         "tokens": 2048,
+        "gen_tokens_kept": 2048,
+        "gen_tokens_dropped": rng.randrange(0, 1024),
     }
 
 

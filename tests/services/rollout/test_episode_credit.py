@@ -20,15 +20,10 @@ import torch
 from dynamo_rl.codec import Timing, TrajectoryGroup, decode_group, encode_group
 from dynamo_rl.config.learner import AlgorithmConfig, PpoLoss
 from dynamo_rl.config.rollout import EnvConfig
+from dynamo_rl.contracts.generation import uniform_group
 from dynamo_rl.contracts.reward import ItemResult
 from dynamo_rl.contracts.sampling import SamplingParams as Sampling
-from learner.batch import (
-    Sample,
-    batch_mask,
-    placed_turn_rewards,
-    samples_from_groups,
-    uniform_group,
-)
+from learner.batch import Sample, batch_mask, placed_turn_rewards, samples_from_groups
 from learner.step import batch_advantages, plan_batch
 from services.rollout.build import load_tokenizer
 from services.rollout.datasets import PromptRecord
