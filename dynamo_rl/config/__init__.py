@@ -88,6 +88,11 @@ def _move_aliases(tree: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
+GROUP_RELATIVE_ADVANTAGES = ("grpo", "drgrpo", "rloo")
+"""Advantage estimators under which a group whose episodes all scored the same has zero
+advantage everywhere: the ones ``rollout.drop_uniform_groups`` goes with."""
+
+
 class ExperimentConfig(Section):
     """One experiment: where the services are, and each service's settings."""
 
@@ -132,6 +137,31 @@ class ExperimentConfig(Section):
                 "rollout.update_mode=interrupt does not go with learner.lora.enabled=true: an "
                 "adapter push loads a new adapter version beside the running one, so generations "
                 "in flight are never cut (use update_mode wait)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dropping_needs_group_advantages(self) -> ExperimentConfig:
+        """The filler drops groups whose episodes all scored the same because their
+        group-relative advantages are zero. Under another estimator such a group still has a
+        signal (a critic's baseline, REINFORCE++'s batch whitening); and with one episode per
+        group every group is dropped: the learner would never train."""
+        if not self.rollout.drop_uniform_groups:
+            return self
+        adv = self.learner.algorithm.advantage.type
+        if adv not in GROUP_RELATIVE_ADVANTAGES:
+            raise ValueError(
+                f"rollout.drop_uniform_groups=true does not go with "
+                f"learner.algorithm.advantage.type={adv!r}: a group whose rewards are all equal "
+                f"still has a signal there, and dropping it would throw that away (use one of "
+                f"{', '.join(GROUP_RELATIVE_ADVANTAGES)}, or drop_uniform_groups=false)"
+            )
+        if self.allocator.n_per_prompt < 2:
+            raise ValueError(
+                f"rollout.drop_uniform_groups=true needs allocator.n_per_prompt >= 2 (got "
+                f"{self.allocator.n_per_prompt}): a group of one episode is always uniform, and "
+                "uniform allocation (or the allocator's fallback) gives every prompt "
+                "n_per_prompt, so every group would be dropped and the learner never train"
             )
         return self
 

@@ -149,6 +149,14 @@ class RolloutConfig(Section):
     prompt's responses spread across replicas."""
     num_batches: Annotated[int, Field(ge=0)] = 0
     """Batches to produce before exiting (0: run until stopped)."""
+    drop_uniform_groups: bool = False
+    """The informative-batch filler (DAPO's dynamic sampling on the rollout side): a group whose
+    episodes all scored the same (no learning signal; ``dynamo_rl.contracts.generation``) is
+    counted and dropped before the stream, its outcomes still reported to the allocator, and the
+    worker goes on generating, so the learner's ``train_batch_size`` groups all carry a signal.
+    What the dropped groups cost rides on the next pushed entry, for the learner's ``gen_*``
+    step-record fields. Needs a group-relative advantage (grpo, drgrpo, rloo) and
+    ``allocator.n_per_prompt`` >= 2."""
 
     # Engines.
     engine_api: Literal["openai", "sglang"] = "openai"

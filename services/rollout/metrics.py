@@ -45,6 +45,17 @@ class WorkerMetrics(MetricSet):
         "Responses pushed in groups whose rewards were all equal (no signal under "
         "group-normalised advantages); over responses_total: the zero-advantage share",
     )
+    dropped_groups = counter(
+        "dropped_groups_total",
+        "Groups dropped before the stream because their episodes all scored the same "
+        "(rollout.drop_uniform_groups; their outcomes still reported to the allocator)",
+    )
+    dropped_rollouts = counter(
+        "dropped_rollouts_total", "Rollouts (episodes) of the groups dropped before the stream"
+    )
+    dropped_tokens = counter(
+        "dropped_tokens_total", "Generated (model) tokens of the groups dropped before the stream"
+    )
     leases_reissued = counter(
         "leases_reissued_total",
         "Prompts taken over from lapsed leases (a worker died mid-batch) and re-issued",

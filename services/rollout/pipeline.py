@@ -13,7 +13,8 @@ others: one turn, see :mod:`dynamo_rl.envs.base`). For one prompt:
    turn's text with its model tokens, and hands the verdicts back per prompt, matched by id;
 3. :func:`trajectory_group` builds the prompt's group for the stream from the episodes'
    responses (:func:`~services.rollout.episodes.episode_responses`), and :func:`outcome` what
-   the allocator is told: episodes attempted and episodes correct.
+   the allocator is told: episodes attempted and episodes correct (:func:`batch_groups`: both
+   for every prompt of a worker's batch).
 
 The worker adds allocation, leases, the stream and its metrics; eval adds accuracy.
 """
@@ -24,7 +25,7 @@ import asyncio
 import dataclasses
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dynamo_rl.codec import Response, Timing, TrajectoryGroup, sampling_record
 from dynamo_rl.config.rollout import EnvConfig
@@ -37,6 +38,7 @@ from services.rollout.episodes import (
     Conversation,
     Episode,
     Opening,
+    episode_responses,
     open_episode,
     play_episode,
     record_row,
@@ -45,7 +47,9 @@ from services.rollout.episodes import (
 from services.rollout.reward_client import RewardClient
 
 __all__ = [
+    "BatchGroups",
     "Seeds",
+    "batch_groups",
     "generate_group",
     "outcome",
     "request_seed",
@@ -229,3 +233,51 @@ def outcome(record: PromptRecord, verdicts: Sequence[ItemResult]) -> tuple[str, 
     """What the allocator is told of a prompt: ``(prompt_id, attempts, successes)``, counting
     episodes (forks add training samples, not attempts)."""
     return record.prompt_id, len(verdicts), sum(v.correct for v in verdicts)
+
+
+@dataclass
+class BatchGroups:
+    """A worker batch's groups for the stream, what the allocator is told of each (one outcome
+    per group, in order), and the reward of every episode that made a response."""
+
+    groups: list[TrajectoryGroup] = field(default_factory=list)
+    outcomes: list[tuple[str, int, int]] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+
+
+def batch_groups(
+    records: Sequence[PromptRecord],
+    rendered: Sequence[tuple[str, list[int]]],
+    episodes: Sequence[Sequence[Episode]],
+    verdicts: Sequence[Sequence[ItemResult]],
+    counts: Sequence[int],
+    priorities: Sequence[float],
+    *,
+    limits: EnvConfig,
+    conversation: Conversation,
+    sampling: SamplingParams,
+    engine_version: int,
+    timing: Timing,
+    **fields: object,
+) -> BatchGroups:
+    """Each prompt's group (:func:`trajectory_group`, with its ``allocated_n`` and ``priority``;
+    ``fields``: the batch's namespace, worker_id, batch_id) and outcome; a prompt whose episodes
+    made no response gets neither."""
+    out = BatchGroups()
+    for r, prompt, group, results, count, priority in zip(
+        records, rendered, episodes, verdicts, counts, priorities, strict=True
+    ):
+        prompt_ids = group[0].segments[0].prompt_ids if group else []
+        responses: list[Response] = []
+        for j, (e, res) in enumerate(zip(group, results, strict=True)):
+            made = episode_responses(e, j, res, prompt_ids, limits, conversation)
+            responses += made
+            out.rewards += [made[0].reward] if made else []
+        if not responses:
+            continue
+        out.groups.append(trajectory_group(
+            r, prompt, group, responses, sampling=sampling, engine_version=engine_version,
+            timing=timing, allocated_n=count, priority=priority, **fields,
+        ))  # fmt: skip
+        out.outcomes.append(outcome(r, results))
+    return out

@@ -17,7 +17,10 @@ One batch, in order:
 4. **Push** one ``TrajectoryGroup`` per prompt with one Lua script, so a batch lands whole or not
    at all, and at most once (see :meth:`RolloutWorker.push`), then **report**
    ``(prompt_id, episodes, correct)`` to the allocator (kept and re-sent with the next batch if
-   the allocator is down): statistics count only episodes that reached the stream.
+   the allocator is down): statistics count only episodes that were scored and pushed — or
+   dropped by the informative-batch filler (``rollout.drop_uniform_groups``,
+   :mod:`services.rollout.filler`: groups whose episodes all scored the same stay off the
+   stream, and what they cost rides on the next pushed group).
 
 **Leases.** While a batch runs, the worker holds a lease on the batch's prompt ids, renewed every
 third of ``lease_ttl_s``; the push releases it in the same transaction as the groups. A worker
@@ -49,13 +52,13 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dynamo_rl.codec import Response, Timing, TrajectoryGroup
+from dynamo_rl.codec import Timing, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.allocator import AllocationParams
@@ -71,14 +74,14 @@ from services.rollout.build import make_engine_factory, make_sandbox, sampling_o
 from services.rollout.data_check import data_inputs, load_prompts
 from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, check_routes
 from services.rollout.engines import Engine, EnginePool, EngineRequestError
-from services.rollout.episodes import Conversation, Episode, episode_responses
+from services.rollout.episodes import Conversation, Episode
+from services.rollout.filler import Filler
 from services.rollout.metrics import WorkerMetrics
 from services.rollout.pipeline import (
     Seeds,
+    batch_groups,
     generate_group,
-    outcome,
     split_count,
-    trajectory_group,
     verify_groups,
 )
 from services.rollout.reward_client import RewardClient
@@ -93,8 +96,11 @@ T = TypeVar("T")
 class BatchResult:
     index: int
     groups: list[TrajectoryGroup]
+    """The groups pushed (with ``rollout.drop_uniform_groups``: those with a signal)."""
     entry_ids: list[str]
     used_fallback: bool
+    dropped: list[TrajectoryGroup] = field(default_factory=list)
+    """The groups the filler kept off the stream (their outcomes reported all the same)."""
 
 
 class RolloutWorker:
@@ -135,6 +141,7 @@ class RolloutWorker:
         self.redis = redis
         self.allocator = allocator
         self.metrics = metrics or WorkerMetrics()
+        self.filler = Filler(cfg.drop_uniform_groups, self.metrics)
         self.engine_factory = engine_factory
         self.allocator_factory = allocator_factory
         self.engines_namespace = engines_namespace or namespace
@@ -432,32 +439,20 @@ class RolloutWorker:
         )
         verify_s = time.monotonic() - t_ver
 
-        timing = Timing(created_unix=time.time(), generate_s=generate_s, verify_s=verify_s)
-        groups: list[TrajectoryGroup] = []
-        outcomes: list[tuple[str, int, int]] = []
-        rewards: list[float] = []
-        for r, prompt, group, results, count, priority in zip(
-            records, rendered, episodes, verdicts, counts, priorities, strict=True
-        ):
-            prompt_ids = group[0].segments[0].prompt_ids if group else []
-            responses: list[Response] = []
-            for j, (e, res) in enumerate(zip(group, results, strict=True)):
-                made = episode_responses(e, j, res, prompt_ids, self.limits, self.conversation)
-                responses += made
-                rewards += [made[0].reward] if made else []
-            if not responses:
-                continue
-            groups.append(trajectory_group(
-                r, prompt, group, responses, sampling=self.sampling, engine_version=engine_version,
-                timing=timing, namespace=self.namespace, worker_id=self.worker_id,
-                allocated_n=count, priority=priority, batch_id=batch_id,
-            ))  # fmt: skip
-            outcomes.append(outcome(r, results))
+        made = batch_groups(
+            records, rendered, episodes, verdicts, counts, priorities, limits=self.limits,
+            conversation=self.conversation, sampling=self.sampling, engine_version=engine_version,
+            timing=Timing(created_unix=time.time(), generate_s=generate_s, verify_s=verify_s),
+            namespace=self.namespace, worker_id=self.worker_id, batch_id=batch_id,
+        )  # fmt: skip
+        groups, dropped = self.filler.split(made.groups)
+        rewards, outcomes = made.rewards, made.outcomes
 
         t_push = time.monotonic()
         entry_ids = await self.push(groups, batch_id)
         t_end = time.monotonic()
-        await self.report(outcomes)  # after the push: statistics count what reached the stream
+        # After the push: statistics count what was pushed, and what was dropped as uniform.
+        await self.report(outcomes)
         played = [e for group in episodes for e in group]
         n_tokens = sum(e.model_tokens for e in played)
         self.metrics.record_episodes([e for e in played if e.multi_turn], generate_s)
@@ -469,18 +464,19 @@ class RolloutWorker:
             },
         )  # fmt: skip
         log.info(
-            "batch %d: %d groups, %d episodes, %d model tokens (%.0f tok/s), reward %.3f%s",
-            batch_index, len(groups), len(rewards), n_tokens,
-            n_tokens / generate_s if generate_s > 0 else 0.0,
+            "batch %d: %d groups (%d dropped: all equal), %d episodes, %d model tokens "
+            "(%.0f tok/s), reward %.3f%s", batch_index, len(groups), len(dropped), len(rewards),
+            n_tokens, n_tokens / generate_s if generate_s > 0 else 0.0,
             sum(rewards) / len(rewards) if rewards else 0.0,
             " [uniform fallback]" if fallback else "",
         )  # fmt: skip
-        return BatchResult(batch_index, groups, entry_ids, fallback)
+        return BatchResult(batch_index, groups, entry_ids, fallback, dropped)
 
     async def push(self, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
         """Add a batch's groups atomically and at most once, releasing the lease; their ids
-        (:meth:`TrajectoryWriter.push`: a retry after a lost reply adds nothing twice)."""
-        return await self.writer.push(groups, batch_id)
+        (:meth:`TrajectoryWriter.push`: a retry after a lost reply adds nothing twice). The first
+        group carries what the groups dropped since the last push cost (:meth:`Filler.push`)."""
+        return await self.filler.push(self.writer.push, groups, batch_id)
 
     async def run(self, num_batches: int | None = None) -> int:
         """Produce batches until ``num_batches`` (None: the config's; 0: forever)."""

@@ -235,3 +235,24 @@ def test_the_mean_must_lie_within_the_bounds_in_either_spelling() -> None:
     for overrides in (["rollout.n=50"], ["allocator.n_per_prompt=50"], ["rollout.n_min=9"]):
         with pytest.raises(ConfigError, match=r"allocator\.n_min <= allocator\.n_per_prompt"):
             load_config(overrides=overrides, env={})
+
+
+def test_drop_uniform_groups_is_refused_where_it_contradicts_the_config() -> None:
+    """The filler drops groups with zero group-relative advantage: another estimator finds a
+    signal there, and one episode per group would leave nothing to train on."""
+    for overrides, named in (
+        (["learner.algorithm.advantage.type=reinforce_pp"], "learner.algorithm.advantage.type"),
+        (["learner.algorithm.advantage.type=gae", "learner.critic.enabled=true"],
+         "learner.algorithm.advantage.type"),
+        (["allocator.n_per_prompt=1", "allocator.n_min=1"], "allocator.n_per_prompt"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            load_config(None, ["rollout.drop_uniform_groups=true", *overrides], env={})
+        assert "rollout.drop_uniform_groups" in str(err.value) and named in str(err.value)
+        load_config(None, overrides, env={})  # fine without the switch
+    for adv in ("grpo", "drgrpo", "rloo"):
+        cfg = load_config(
+            None, ["rollout.drop_uniform_groups=true", f"learner.algorithm.advantage.type={adv}"],
+            env={},
+        )  # fmt: skip
+        assert cfg.rollout.drop_uniform_groups

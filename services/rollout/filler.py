@@ -1,0 +1,71 @@
+"""The informative-batch filler: DAPO's dynamic sampling done on the rollout side
+(``rollout.drop_uniform_groups``).
+
+DAPO fills a batch with groups that carry a signal by sampling more until it has enough. In an
+asynchronous system the learner should neither wait for a synchronous resample nor read groups it
+will throw away, so the workers do the filtering: they keep generating, and each batch's groups
+whose episodes all scored the same (:func:`dynamo_rl.contracts.generation.uniform_group`, the
+rule the learner's own ``dapo.dynamic_sampling`` applies) are counted and left out of the push.
+Their outcomes still go to the allocator: a prompt that is all right or all wrong is exactly what
+its statistics must see. The learner reads ``train_batch_size`` groups as ever, every one with a
+signal.
+
+**Accounting, exact and once.** What the dropped groups cost
+(:class:`~dynamo_rl.contracts.generation.Spent`: groups, episodes, model tokens) is counted in
+``dynamo_rollout_dropped_*_total`` and added to :attr:`Filler.carry`. The next push that holds a
+group writes the carry on its first group (``TrajectoryGroup.dropped_*``), and the carry is
+cleared only once that push has returned. A push lands whole and once — a retry after a lost
+reply finds the batch's marker and adds nothing — so each dropped group reaches the stream
+exactly once, and a batch left with nothing to push hands its carry on to the next. A worker that
+dies takes the carry since its last push with it, as it does the batch it was generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from dynamo_rl.codec import TrajectoryGroup
+from dynamo_rl.contracts.generation import Spent, uniform_group
+from services.rollout.metrics import WorkerMetrics
+
+__all__ = ["Filler"]
+
+Push = Callable[[Sequence[TrajectoryGroup], str], Awaitable[list[str]]]
+
+
+class Filler:
+    """A worker's filter (on when ``enabled``) and its dropped cost not yet on the stream."""
+
+    def __init__(self, enabled: bool, metrics: WorkerMetrics) -> None:
+        self.enabled = enabled
+        self.metrics = metrics
+        self.carry = Spent()
+        """What the groups dropped since the last push that carried it cost."""
+
+    def split(
+        self, groups: Sequence[TrajectoryGroup]
+    ) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
+        """``(kept, dropped)`` in order; the dropped ones counted and carried. Off: all kept."""
+        if not self.enabled:
+            return list(groups), []
+        kept: list[TrajectoryGroup] = []
+        dropped: list[TrajectoryGroup] = []
+        for g in groups:
+            (dropped if uniform_group(g) else kept).append(g)
+        cost = Spent.total(Spent.of_group(g) for g in dropped)
+        self.carry = self.carry + cost
+        self.metrics.dropped_groups.inc(cost.groups)
+        self.metrics.dropped_rollouts.inc(cost.rollouts)
+        self.metrics.dropped_tokens.inc(cost.tokens)
+        return kept, dropped
+
+    async def push(self, push: Push, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
+        """``push(groups, batch_id)`` with the carry on the first group, cleared once it landed
+        (``push`` must be at most once per ``batch_id``: ``TrajectoryWriter.push``). With no
+        group to push the carry waits for the next batch."""
+        if not groups:
+            return await push(groups, batch_id)
+        self.carry.stamp(groups[0])
+        ids = await push(groups, batch_id)
+        self.carry = Spent()
+        return ids
