@@ -2,10 +2,14 @@
 side: the shared no-signal rule is the learner's own (DAPO's ``dapo_keep_groups``), and the
 stream source (real Redis) hands the step exact kept and dropped figures — the dropped groups the
 entries carry, each entry counted once, plus the groups the learner's filters skipped — which the
-step record (``RLStep`` on a tiny model) and the Prometheus counters then hold."""
+step record (``RLStep`` on a tiny model), the Prometheus counters and a torchrun learner's step
+log (slow) then hold."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import redis
 import torch
 from hypothesis import given, settings
@@ -19,8 +23,10 @@ from learner.algorithms import dapo_keep_groups
 from learner.batch import episode_ids, response_episode
 from learner.metrics import LearnerMetrics
 from learner.step import RLStep, adamw
+from learner.steplog import read_log
 from learner.stream_source import StreamSource
-from tests.learner.helpers import make_groups, write_groups
+from learner.tiny_model import build_tiny_model
+from tests.learner.helpers import base_overrides, make_groups, run_learner, write_groups
 
 NS = "gencount"
 
@@ -139,3 +145,34 @@ def test_a_step_counts_what_its_entries_carried_and_what_it_skipped(redis_url: s
     assert f'dynamo_learner_generated_tokens_total{{fate="kept"}} {float(kept)}' in exposition
     assert 'dynamo_learner_generated_groups_total{fate="dropped"} 12.0' in exposition
     assert "dynamo_learner_gen_tokens_dropped 70.0" in exposition  # the last step's gauge
+
+
+@pytest.mark.slow
+def test_the_learners_step_log_holds_the_streams_figures(redis_url: str, tmp_path: Path) -> None:
+    """A torchrun learner on a stream whose entries carry dropped groups' cost: each line of
+    ``metrics.jsonl`` holds the sums over the entries its step consumed, and the run's add up to
+    the stream's."""
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
+                             num_kv_heads=1)  # fmt: skip
+    groups = make_groups(6, sizes=[2, 3, 2, 4, 3, 2], seed=7)
+    for i, g in enumerate(groups):
+        if i % 2 == 0:
+            carrying(g, i + 1, 3 * (i + 1), 40 + i)
+    ids = write_groups(redis_url, "genlog", groups)
+    by_id = dict(zip(ids, groups, strict=True))
+    overrides = base_overrides(model, tmp_path / "run", redis_url, "genlog")
+    run_learner(1, [*overrides, "learner.train_batch_size=2", "learner.max_steps=3"],
+                tmp_path / "learner.log")  # fmt: skip
+    steps = read_log(tmp_path / "run" / "metrics.jsonl")
+    assert len(steps) == 3
+    for record in steps:
+        consumed = [by_id[i] for i in record["entry_ids"]]
+        assert {k: record[k] for k in RECORD_FIELDS} == {
+            "gen_groups_kept": len(consumed),
+            "gen_rollouts_kept": sum(len(g.responses) for g in consumed),
+            "gen_tokens_kept": sum(len(r.token_ids) for g in consumed for r in g.responses),
+            "gen_groups_dropped": sum(g.dropped_groups for g in consumed),
+            "gen_rollouts_dropped": sum(g.dropped_rollouts for g in consumed),
+            "gen_tokens_dropped": sum(g.dropped_tokens for g in consumed),
+        }
+    assert sum(r["gen_groups_dropped"] for r in steps) == 1 + 3 + 5
