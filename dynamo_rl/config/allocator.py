@@ -43,6 +43,11 @@ class AllocatorConfig(Section, AllocationParams):
     atomically when the visit is written. None: success counts fade only by ``decay`` (per
     report) and the gradient statistic is the last visit's alone."""
 
+    allow_token_mean: bool = False
+    """Let ``rollout.allocation: dynamic`` run with ``learner.algorithm.agg: token-mean``, which
+    the config refuses otherwise: under token-mean a prompt's weight grows with its responses, and
+    every allocator measured raised the batch gradient's error (1.13-2.51x uniform's)."""
+
     # Limits.
     max_prompts_per_request: Annotated[int, Field(ge=1)] = 65536
     """Most prompt ids (or outcomes) one request may carry; more is INVALID_ARGUMENT."""

@@ -140,10 +140,12 @@ class RolloutConfig(Section):
     # (allocator.n_per_prompt, n_min, n_max; rollout.n, rollout.n_min, rollout.n_max load there).
     batch_size: Annotated[int, Field(ge=1)] = 8
     """Prompts per batch (one Allocate call, one trajectory group each)."""
-    allocation: Literal["dynamic", "uniform"] = "dynamic"
+    allocation: Literal["dynamic", "uniform"] = "uniform"
     """dynamic: counts from the allocator (DRA) within allocator.n_min..n_max,
-    allocator.n_per_prompt on average; uniform: allocator.n_per_prompt per prompt, the allocator
-    is only told the outcomes."""
+    allocator.n_per_prompt on average (needs learner.algorithm.agg prompt-mean, or
+    allocator.allow_token_mean); uniform: allocator.n_per_prompt per prompt, the allocator is only
+    told the outcomes. Uniform by default, as the learner's defaults are GRPO's (token-mean, no
+    modulation); DynaMO's recipes set dynamic with prompt-mean."""
     max_n_per_request: Annotated[int, Field(ge=1)] = 8
     """A prompt's count is split into engine requests of at most this many samples, so one
     prompt's responses spread across replicas."""
