@@ -217,20 +217,24 @@ def test_skip_rule_skips_zero_advantage_streaks_with_growing_probability() -> No
     assert not skip_probability(grad, 0, 0.75, 4.0).any()  # off
 
 
-def test_skipped_prompts_are_rechecked_now_and_then() -> None:
-    """A prompt whose group never has signal is still re-checked about 1 − skip_max of the time,
-    and its share goes to the others meanwhile."""
-    params = AllocationParams(method="grad", n_min=2, n_max=8, skip_after=1, skip_max=0.75)
+@pytest.mark.parametrize("budget_mode", ["respend", "save"])
+def test_skipped_prompts_are_rechecked_now_and_then(budget_mode: str) -> None:
+    """A prompt whose group never has signal is still re-checked about 1 − skip_max of the time;
+    meanwhile its share goes to the others (respend) or is not spent (save)."""
+    params = AllocationParams(
+        method="grad", n_min=2, n_max=8, skip_after=1, skip_max=0.75, skip_budget=budget_mode
+    )
     g, k = np.full(3, 16.0), np.array([0.0, 8, 8])
     grad = GradStats(np.array([0.0, 1, 1]), np.zeros(3), np.array([10.0, 0, 0]))
     rng = np.random.default_rng(0)
     visits = []
     for _ in range(2000):
         counts = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=rng.random(3)).counts
-        assert counts.sum() == 12
         visits.append(counts[0] > 0)
         if counts[0] == 0:
-            assert counts[1:].tolist() == [6, 6]
+            assert counts[1:].tolist() == ([6, 6] if budget_mode == "respend" else [4, 4])
+        else:
+            assert counts.sum() == 12
     rate = float(np.mean(visits))
     assert 0.22 < rate < 0.28  # re-checked with probability 1 − 0.75
     rechecked = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=[0.8, 0.0, 0.0]).counts
