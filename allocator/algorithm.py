@@ -42,16 +42,22 @@ a :class:`Method` (a weight function and a share function, one signature for all
   toward the σ fallback by its age in weight versions (:func:`grad_weights`); prompts never
   measured get σ scaled to the spreads' units;
 - ``knapsack``: Knapsack RL — one response at a time where value·P(non-zero gradient) gains most,
-  value = p(1−p)² of the success rate p (:func:`_knapsack`).
+  value = p(1−p)² of the success rate p (:func:`_knapsack`);
+- ``uniform``: weight 1 for every prompt and no exploration step (no prompt is ``UNEXPLORED``):
+  the rest goes round-robin, so every prompt gets the budget's even share, ⌊T/N⌋ or one more,
+  lowest index first. Uniform n with the skip rule or hopeless prompts on.
 
 The skip rule (``skip_after`` > 0, any method): a prompt whose last visits gave zero advantage is
-skipped — 0 responses, its n_min to the others — with a probability growing with that streak,
-capped at ``skip_max`` (:func:`skip_probability`), so it is re-checked now and then. Skipped
-prompts are demoted like hopeless ones.
+skipped — 0 responses — with a probability growing with that streak, capped at ``skip_max``
+(:func:`skip_probability`), so it is re-checked now and then. Its share of the budget:
+``skip_budget="respend"`` (default): its n_min goes to the others and it is demoted like a
+hopeless prompt; ``"save"``: nobody gets it — the batch is allocated as if only the N − S kept
+prompts were in it, with the clipped budget T cut to ⌊T·(N − S)/N⌋ (each kept prompt's mean share
+unchanged), and the skipped prompts get exactly 0.
 
-The result sums to exactly the clipped budget and every count lies in [n_min, n_max] (hopeless
-prompts: [hopeless_n, n_max]; skipped ones [0, n_max], above 0 only once every other prompt is at
-n_max). Differences
+The result sums to exactly the clipped budget (``save`` with S skipped: ⌊T·(N − S)/N⌋) and every
+count lies in [n_min, n_max] (hopeless prompts: [hopeless_n, n_max]; skipped ones [0, n_max],
+above 0 only under ``respend`` and only once every other prompt is at n_max). Differences
 from the released code, on purpose: (a) its step 1 could leave a prompt below n_min when
 exploration used the whole budget — here n_min is reserved for everyone first; (b) unexplored
 prompts take no part in step 3 (the reference gave them a stale per-epoch rank instead).
@@ -235,7 +241,7 @@ class Method:
     """An allocation method: what changes from one to another is step 3 alone.
 
     ``weights(batch)`` gives every prompt its step-3 weight (``UNEXPLORED`` exactly where
-    ``batch.priority`` is); ``share(batch, eligible, spare)`` hands ``spare`` responses (at most
+    ``batch.priority`` is, or nowhere for a method without exploration: uniform); ``share(batch, eligible, spare)`` hands ``spare`` responses (at most
     n_max − n_min each) to the ``eligible`` prompts — done exploring, weight > 0, all at n_min —
     and returns what each of them gets, in the order of ``eligible``'s true entries."""
 
@@ -261,6 +267,10 @@ def _knapsack_weights(b: Batch) -> npt.NDArray[np.float64]:
     return np.where(b.priority == UNEXPLORED, UNEXPLORED, rate * np.square(1.0 - rate))
 
 
+def _uniform_weights(b: Batch) -> npt.NDArray[np.float64]:
+    return np.ones(b.g.size)
+
+
 def _dra_share(b: Batch, w, eligible, spare: int) -> npt.NDArray[np.int64]:
     """x_i = clip(λ·p_i − a, 0, room): a = 0 for the reference scheme (a share proportional to
     priority above n_min), a = n_min for water-level (n = clip(λ·p, n_min, n_max))."""
@@ -280,10 +290,16 @@ def _knapsack_share(b: Batch, w, eligible, spare: int) -> npt.NDArray[np.int64]:
     return _knapsack(w, b.rate[eligible], n_min, b.params.n_max - n_min, spare)
 
 
+def _uniform_share(b: Batch, w, eligible, spare: int) -> npt.NDArray[np.int64]:
+    """One more each, lowest index first, round and round (an even split)."""
+    return _round_robin(np.full(w.size, b.params.n_max - b.params.n_min), spare)
+
+
 METHODS: dict[str, Method] = {
     "dra": Method(_dra_weights, _dra_share),
     "grad": Method(_grad_weights, _grad_share),
     "knapsack": Method(_knapsack_weights, _knapsack_share),
+    "uniform": Method(_uniform_weights, _uniform_share),
 }
 """``params.method`` → its :class:`Method`; the names are those of
 :data:`dynamo_rl.contracts.allocator.METHODS` (a test keeps the two equal)."""
@@ -307,7 +323,8 @@ def allocate_rollouts(
     skip_draws: npt.ArrayLike | None = None,
 ) -> Allocation:
     """Responses per prompt (``.counts``, int64[N]) summing to the budget clipped to
-    [N·n_min, N·n_max], and the step-3 weights behind them (``.weights``).
+    [N·n_min, N·n_max] (less the skipped prompts' share under ``skip_budget="save"``), and the
+    step-3 weights behind them (``.weights``).
 
     ``sample_counts`` (G) and ``success_counts`` (k) may be floats (statistics with decay).
     ``params`` are validated already (n_min ≤ n_max, hopeless_n ≤ n_min, ...): the model
@@ -337,23 +354,32 @@ def allocate_rollouts(
     p = chosen.weights(batch)
     counts = np.full(n, n_min, dtype=np.int64)
     total = int(np.clip(budget, n * n_min, n * n_max))
-    spare = total - n * n_min  # what is left once everyone has n_min (step 2 done up front)
-    # Demoted prompts (hopeless, skipped) start below n_min, take no part in steps 1 and 3 and
-    # get more only once every other prompt is at n_max.
-    demoted = np.zeros(n, dtype=bool)
-    if hopeless_after > 0:
-        hopeless = (p != UNEXPLORED) & (g >= hopeless_after) & (k < 0.5)
-        counts[hopeless] = hopeless_n
-        demoted |= hopeless
+    skipped = np.zeros(n, dtype=bool)
     if skip_draws is not None and params.skip_after > 0:
         draws = np.asarray(skip_draws, dtype=np.float64).reshape(-1)
         if draws.shape != (n,):
             raise ValueError(f"skip_draws has {draws.size} entries for {n} prompts")
         half = params.grad_half_life
         skipped = draws < skip_probability(grad, params.skip_after, params.skip_max, half)
+    # Out of the batch (skip_budget save): 0 responses, no share of the budget, no round-robin.
+    out = skipped if params.skip_budget == "save" else np.zeros(n, dtype=bool)
+    kept = n - int(out.sum())
+    if kept < n:
+        total = total * kept // n  # the skipped prompts' share is not spent
+    counts[out] = 0
+    spare = total - kept * n_min  # what is left once everyone has n_min (step 2 done up front)
+    # Demoted prompts (hopeless, skipped under respend) start below n_min, take no part in steps
+    # 1 and 3 and get more only once every other prompt is at n_max.
+    demoted = np.zeros(n, dtype=bool)
+    if hopeless_after > 0:
+        hopeless = (p != UNEXPLORED) & (g >= hopeless_after) & (k < 0.5) & ~out
+        counts[hopeless] = hopeless_n
+        demoted |= hopeless
+    if params.skip_budget == "respend":
         counts[skipped] = 0
         demoted |= skipped
     spare += int(n_min * demoted.sum() - counts[demoted].sum())
+    demoted |= out
 
     # Step 1: exploration above n_min, scaled down if the spare budget is short. Computed on the
     # prompts being explored only (usually few once training runs).
@@ -382,7 +408,7 @@ def allocate_rollouts(
             counts += add
             spare -= int(add.sum())
         if spare > 0:  # nothing (more) follows a priority: round-robin, lowest index first
-            counts += _round_robin(n_max - counts, spare)
+            counts += _round_robin(np.where(out, 0, n_max - counts), spare)
     return Allocation(counts, p)
 
 

@@ -65,7 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     acfg = cfg.allocator
     store = StatsStore.from_url(
-        cfg.endpoints.redis_url, decay=acfg.decay, timeout_s=acfg.redis_timeout_s
+        cfg.endpoints.redis_url,
+        decay=acfg.decay,
+        timeout_s=acfg.redis_timeout_s,
+        half_life=acfg.stats_half_life,
     )
     metrics = AllocatorMetrics()
     running = start_server(acfg, store, metrics, control_token=token_value)

@@ -96,6 +96,8 @@ def main() -> int:
                 f"rollout.n_min={max(1, args.n // 2)}", f"rollout.n_max={args.n * 2}",
                 f"rollout.sampling.max_tokens={args.max_tokens}", "rollout.shuffle=false",
                 "rollout.max_pending_groups=0",
+                # The allocator in the loop, as before uniform became the default.
+                "rollout.allocation=dynamic", "learner.algorithm.agg=prompt-mean",
             ],
             env={},
         )  # fmt: skip

@@ -28,7 +28,12 @@ learner's own loss coefficients, prompt-mean; ``visit_stats``), plus the group o
 it (the skip rule's zero-advantage streak). Every runnable allocator takes the suffixes ``@8``
 (a previous group of 8) and ``@stale`` (at an RL checkpoint: statistics drawn from the warm
 start's pool of the same prompts, and the allocator told they are ``rl_steps`` weight versions
-old). Variants: ``uniform``; ``dra`` (scheme reference, priority variance: the shipped recipe's
+old). The suffix ``@h<H>`` (``grad@h4``; ``--half-lives 1,4,16`` adds ``grad@hH`` and ``dra@hH`` for
+each H) gives statistics that survive between visits (``allocator.stats_half_life`` = H): the last
+``history`` visits of a group of 8, visit j made j·``revisit`` weight versions ago (from the warm
+start's pool once that is over half the checkpoint's RL steps: the policy it saw was nearer the
+warm start's), merged as the Redis scripts merge them (:func:`merge_visits`) — the measurement that
+chooses the half-life. Variants: ``uniform``; ``dra`` (scheme reference, priority variance: the shipped recipe's
 allocator); ``dra-wl-std`` (water-level, std); each with hopeless prompts (k = 0 after ≥
 ``stat_samples`` samples) cut to ``hopeless_n`` responses (``+hl``); ``grad`` (the allocator's
 grad method on that statistic), ``grad+skip`` (with the skip rule, ``skip_after`` 1), ``knapsack``
@@ -115,6 +120,12 @@ class GVSettings:
     rl_batch: int = 16
     rl_n: int = 8
     seed: int = 0
+    half_lives: str = ""
+    """Half-lives H (weight versions) to measure: adds grad@hH and dra@hH for each (``@h``)."""
+    revisit: int = 4
+    """@h: weight versions between two visits of a prompt."""
+    history: int = 4
+    """@h: earlier visits behind a visit-averaged statistic."""
 
 
 RECIPE = REPO / "configs" / "dynamo_grpo.yaml"
@@ -155,7 +166,14 @@ checkpoint (their age, ``rl_steps`` weight versions, is what the allocator is to
 
 
 def spec_of(name: str) -> tuple[dict[str, Any], str]:
-    """(the allocator's spec, its statistics variant: "", "@8" or "@stale")."""
+    """(the allocator's spec, its statistics variant: "", "@8", "@stale" or "@h<H>")."""
+    base, sep, half = name.rpartition("@h")
+    if sep and base in ALLOCATORS and ALLOCATORS[base] and not ALLOCATORS[base].get("oracle"):
+        try:
+            if float(half) > 0:
+                return ALLOCATORS[base], "@h" + half
+        except ValueError:
+            pass
     for v in VARIANTS:
         if name.endswith(v) and name[: -len(v)] in ALLOCATORS:
             base = ALLOCATORS[name[: -len(v)]]
@@ -630,6 +648,29 @@ def visit_stats(
     }
 
 
+def merge_visits(visits: list[dict[str, Any]], revisit: int, half_life: float) -> dict[str, Any]:
+    """One statistic of several visits (:func:`visit_stats`, the latest first, visit j made
+    j·``revisit`` versions before the latest), merged as the stores merge them with
+    ``allocator.stats_half_life`` = ``half_life``: each visit weighs 0.5^(j·revisit/half_life);
+    success counts add up weighted (``allocator/stats.py``), the spread is the root of the
+    weighted mean of spread² (``dynamo_rl/contracts/gradstats.py``); the streak and age are the
+    latest visit's."""
+    import numpy as np
+
+    w = [0.5 ** (j * revisit / half_life) for j in range(len(visits))]
+    g = sum(wj * v["g"] for wj, v in zip(w, visits, strict=True))
+    k = sum(wj * v["k"] for wj, v in zip(w, visits, strict=True))
+    sq = sum(wj * np.square(v["spread"]) for wj, v in zip(w, visits, strict=True))
+    latest = visits[0]
+    return {
+        **latest,
+        "g": g,
+        "k": k,
+        "spread": np.sqrt(sq / sum(w)),
+        "spread_full": np.full(len(g), math.nan),
+    }
+
+
 def ci(values) -> tuple[float, float]:
     """Mean and 95% half-width (normal approximation)."""
     import numpy as np
@@ -677,6 +718,17 @@ def measure_checkpoint(
 
         def stats_at(m: int, variant: str, b: int = b, visits: dict = visits) -> dict[str, Any]:
             """The statistics of batch ``m`` (the same for every allocator of a variant)."""
+            if variant.startswith("@h"):  # the visits are shared by every half-life
+                history = []
+                for j in range(1, g.history + 1):
+                    key_j = (f"@visit{j}", m)
+                    if key_j not in visits:
+                        old = stale is not None and j * g.revisit > age / 2
+                        rng = np.random.default_rng([seed, b, m, 8, 2, j])
+                        src = stale if old else pool
+                        visits[key_j] = visit_stats(src, g, rng, 8, float(g.revisit), False)
+                    history.append(visits[key_j])
+                return merge_visits(history, g.revisit, float(variant[2:]))
             group = 8 if variant == "@8" else g.stat_samples
             key = (variant, m)
             if key not in visits:
@@ -873,6 +925,9 @@ def parse(argv: list[str] | None):
         v = getattr(args, name, None)
         if v is not None:
             setattr(g, name, v)
+    if g.half_lives:
+        extra = [f"{m}@h{h}" for h in g.half_lives.split(",") for m in ("grad", "dra")]
+        g.allocators = ",".join([*g.allocators.split(","), *extra])
     if g.prompt_sets < 1:
         p.error(f"--prompt-sets {g.prompt_sets}: must be >= 1")
     if g.advantage not in ADVANTAGES:
@@ -882,7 +937,7 @@ def parse(argv: list[str] | None):
     if unknown or "uniform" not in chosen:
         p.error(
             f"--allocators {g.allocators!r}: must include uniform; allowed: {', '.join(ALLOCATORS)}"
-            f" (runnable ones with {' or '.join(VARIANTS)})"
+            f" (runnable ones with {', '.join(VARIANTS)} or @h<half-life>)"
             + (f" (unknown: {', '.join(unknown)})" if unknown else "")
         )
     return args, s, g

@@ -93,6 +93,12 @@ class RLTrainer(Trainer):
         if result.grad_records and self.env.is_main and self.redis is not None:
             # At the current weight version: the allocator ages a statistic from it.
             t0 = time.perf_counter()
-            gradstats.write(self.redis, self.namespace, self.weight_version, result.grad_records)
+            gradstats.write(
+                self.redis,
+                self.namespace,
+                self.weight_version,
+                result.grad_records,
+                half_life=self.cfg.allocator.stats_half_life,
+            )
             record["time_grad_stats"] += time.perf_counter() - t0
         return record

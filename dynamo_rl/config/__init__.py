@@ -33,6 +33,7 @@ from dynamo_rl.config.up import UpConfig
 __all__ = [
     "ALIASES",
     "ENV_VARS",
+    "TOKEN_MEAN_REFUSAL",
     "AllocatorConfig",
     "ConfigError",
     "EndpointsConfig",
@@ -92,6 +93,18 @@ GROUP_RELATIVE_ADVANTAGES = ("grpo", "drgrpo", "rloo")
 """Advantage estimators under which a group whose episodes all scored the same has zero
 advantage everywhere: the ones ``rollout.drop_uniform_groups`` goes with."""
 
+TOKEN_MEAN_REFUSAL = (
+    "rollout.allocation: dynamic does not go with learner.algorithm.agg: token-mean: under "
+    "token-mean a prompt's weight grows with its number of responses, so allocation biases the "
+    "gradient toward the prompts it favours, and every allocator benchmarks/grad_variance.py "
+    "measured raised the batch gradient's error to 1.13-2.51x uniform's (docs/benchmarks.md, "
+    '"Allocation methods at equal budget"). Set learner.algorithm.agg: prompt-mean (DynaMO\'s '
+    "recipes), or rollout.allocation: uniform, or allocator.allow_token_mean: true to run the "
+    "pairing anyway"
+)
+"""The config's refusal of dynamic allocation under token-mean weighting (its fields, the figure,
+the ways out)."""
+
 
 class ExperimentConfig(Section):
     """One experiment: where the services are, and each service's settings."""
@@ -132,6 +145,12 @@ class ExperimentConfig(Section):
                 f"engine.kind={kind} needs rollout.weight_api={kind} (got {api}): a {kind} "
                 "server speaks only its own weight-update protocol"
             )
+        if (
+            self.rollout.allocation == "dynamic"
+            and self.learner.algorithm.agg == "token-mean"
+            and not self.allocator.allow_token_mean
+        ):
+            raise ValueError(TOKEN_MEAN_REFUSAL)
         if self.rollout.update_mode == "interrupt" and self.learner.lora.enabled:
             raise ValueError(
                 "rollout.update_mode=interrupt does not go with learner.lora.enabled=true: an "

@@ -140,10 +140,18 @@ class RolloutConfig(Section):
     # (allocator.n_per_prompt, n_min, n_max; rollout.n, rollout.n_min, rollout.n_max load there).
     batch_size: Annotated[int, Field(ge=1)] = 8
     """Prompts per batch (one Allocate call, one trajectory group each)."""
-    allocation: Literal["dynamic", "uniform"] = "dynamic"
+    allocation: Literal["dynamic", "uniform"] = "uniform"
     """dynamic: counts from the allocator (DRA) within allocator.n_min..n_max,
-    allocator.n_per_prompt on average; uniform: allocator.n_per_prompt per prompt, the allocator
-    is only told the outcomes."""
+    allocator.n_per_prompt on average (needs learner.algorithm.agg prompt-mean, or
+    allocator.allow_token_mean); uniform: allocator.n_per_prompt per prompt, the allocator is only
+    told the outcomes. Uniform by default, as the learner's defaults are GRPO's (token-mean, no
+    modulation); DynaMO's recipes set dynamic with prompt-mean."""
+    round_size: Annotated[int, Field(ge=0)] = 0
+    """Sampling in rounds (Reinforce-Ada): 0, off: a prompt's count is generated at once. k > 0:
+    its episodes are generated k at a time, each round verified before the next, and the prompt
+    stops as soon as its group has both a correct and an incorrect episode, or at its count (the
+    allocator's, or allocator.n_per_prompt under uniform allocation). Single-turn environments
+    only."""
     max_n_per_request: Annotated[int, Field(ge=1)] = 8
     """A prompt's count is split into engine requests of at most this many samples, so one
     prompt's responses spread across replicas."""
@@ -243,6 +251,12 @@ class RolloutConfig(Section):
                 "rollout.vllm_pause_mode: 'keep' does not go with rollout.update_mode "
                 "'interrupt', which pauses vLLM with 'abort' and continues the cut responses "
                 "(leave vllm_pause_mode at wait or abort, or use update_mode 'wait')"
+            )
+        if self.round_size and self.env.name != "single_turn":
+            raise ValueError(
+                f"rollout.round_size ({self.round_size}) needs rollout.env.name single_turn "
+                f"(got {self.env.name!r}): sampling in rounds is built and tested for "
+                "single-turn episodes only (set rollout.round_size: 0 for multi-turn ones)"
             )
         if self.backoff_s > self.backoff_max_s:
             raise ValueError(

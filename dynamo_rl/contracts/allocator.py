@@ -45,11 +45,13 @@ __all__ = [
     "Method",
     "Priority",
     "Scheme",
+    "SkipBudget",
 ]
 
 Priority = Literal["variance", "std"]
 Scheme = Literal["reference", "water-level"]
-Method = Literal["dra", "grad", "knapsack"]
+Method = Literal["dra", "grad", "knapsack", "uniform"]
+SkipBudget = Literal["respend", "save"]
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 SCHEMES: tuple[str, ...] = get_args(Scheme)
 METHODS: tuple[str, ...] = get_args(Method)
@@ -97,7 +99,8 @@ class AllocationParams(BaseModel):
     method: Method = "dra"
     """The allocation scheme: dra (the paper's: the success-rate priority, by ``scheme``), grad
     (n ∝ the gradient spread the learner measured, σ where none was measured), knapsack (Knapsack
-    RL: n maximising Σ P(non-zero gradient)·p(1−p)²)."""
+    RL: n maximising Σ P(non-zero gradient)·p(1−p)²), uniform (the budget spread evenly, no
+    exploration step: uniform n where the skip rule or hopeless prompts are wanted)."""
     grad_half_life: Annotated[float, Field(gt=0)] = 4.0
     """grad: weight versions after which a measured gradient spread counts half (it decays toward
     the σ fallback as the policy moves on)."""
@@ -106,6 +109,10 @@ class AllocationParams(BaseModel):
     advantage is skipped (0 responses) with a probability growing with that streak (0: off)."""
     skip_max: Annotated[float, Field(ge=0, lt=1)] = 0.75
     """Most a prompt is ever skipped with: 1 − skip_max is the least chance it is re-checked."""
+    skip_budget: SkipBudget = "respend"
+    """What a skipped prompt's share of the budget does: respend (to the other prompts of the
+    batch, so the allocation sums to the budget) or save (nobody gets it: the batch's budget
+    shrinks by the skipped prompts' share, ⌊T·(N − S)/N⌋ is spent, and the worker moves on)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> AllocationParams:
@@ -140,6 +147,7 @@ CONFIG_ONLY: tuple[str, ...] = (
     "grad_half_life",
     "skip_after",
     "skip_max",
+    "skip_budget",
 )
 """Parameters only the server's config sets: no request field carries them."""
 

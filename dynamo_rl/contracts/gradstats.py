@@ -7,9 +7,20 @@ version they were measured at; the allocator reads them for its ``grad`` method 
 (``allocator/algorithm.py``). Both ends import this module and nothing else of each other.
 
 Layout: one hash per namespace (``dynamo_rl.keys.grad_stats_key``), field = prompt id, value =
-four little-endian float64 — mean, spread, weight version, zero-advantage streak (32 bytes). A
-write goes through one Lua script that, per prompt, sets the streak to the old one + 1 when the
-group had zero advantage (every reward equal) and to 0 otherwise, atomically. A read is one
+five little-endian float64 — mean, spread, weight version, zero-advantage streak, visit weight
+(40 bytes; a 32-byte value from before the weight was kept reads with weight 1). A write goes
+through one Lua script that, per prompt and atomically, sets the streak to the old one + 1 when
+the group had zero advantage (every reward equal) and to 0 otherwise, and merges the visit into
+the statistics:
+
+- without a half-life (``half_life`` None, the default): the visit replaces them (weight 1);
+- with one (``allocator.stats_half_life`` = h): the old statistics count w = W·0.5^(Δv/h), W
+  their weight and Δv = the visit's version − theirs (at least 0), and the visit 1: weight
+  w + 1, mean (w·mean + m)/(w + 1), spread √((w·spread² + s²)/(w + 1)) — the spread the
+  allocator reads is the root of a visit-weighted mean of spread², the statistic its Σσ²/n
+  objective uses. The version stored is the visit's.
+
+A read is one
 ``HMGET`` plus the namespace's current weight version (``dynamo_rl.keys.weight_version_key``,
 which the learner sets after every push; 0 while unset), in one round trip; a prompt never
 measured reads as NaN spread.
@@ -33,31 +44,49 @@ from dynamo_rl.keys import grad_stats_key, weight_version_key
 
 __all__ = ["VALUE", "GradRecord", "GradStatsRead", "aread", "decode", "read", "write"]
 
-VALUE = struct.Struct("<dddd")
-"""A stored value: mean, spread, weight version, zero-advantage streak."""
+VALUE = struct.Struct("<ddddd")
+"""A stored value: mean, spread, weight version, zero-advantage streak, visit weight."""
 
-_MISSING = VALUE.pack(np.nan, np.nan, 0.0, 0.0)
+_MISSING = VALUE.pack(np.nan, np.nan, 0.0, 0.0, 0.0)
+_WEIGHT_ONE = struct.pack("<d", 1.0)
+"""Appended to a 32-byte value (written before the weight was kept)."""
 
-# KEYS[1] the hash; ARGV[1] the version; then per prompt: id, mean, spread, zero (0/1).
+# KEYS[1] the hash; ARGV[1] the version; ARGV[2] the half-life (0: none, the visit replaces);
+# then per prompt: id, mean, spread, zero (0/1).
 _WRITE_LUA = """
 local version = tonumber(ARGV[1])
-local m = math.floor((#ARGV - 1) / 4)
+local half = tonumber(ARGV[2])
+local m = math.floor((#ARGV - 2) / 4)
 local ids = {}
-for j = 1, m do ids[j] = ARGV[4 * j - 2] end
+for j = 1, m do ids[j] = ARGV[4 * j - 1] end
 local olds = redis.call('HMGET', KEYS[1], unpack(ids))
 local args = {}
 for j = 1, m do
-  local streak = 0
-  if tonumber(ARGV[4 * j + 1]) > 0 then
-    streak = 1
-    if olds[j] then
-      local _, _, _, s = struct.unpack('<dddd', olds[j])
-      streak = s + 1
+  local mean, spread = tonumber(ARGV[4 * j]), tonumber(ARGV[4 * j + 1])
+  local zero = tonumber(ARGV[4 * j + 2]) > 0
+  local streak, weight = 0, 1
+  local old = olds[j]
+  if old then
+    local om, os, ov, s = struct.unpack('<dddd', old)
+    local ow = 1
+    if #old >= 40 then
+      local _, _, _, _, w = struct.unpack('<ddddd', old)
+      ow = w
     end
+    if zero then streak = s + 1 end
+    if half > 0 then
+      local dv = version - ov
+      local w = ow
+      if dv > 0 then w = ow * 0.5 ^ (dv / half) end
+      weight = w + 1
+      mean = (w * om + mean) / weight
+      spread = math.sqrt((w * os * os + spread * spread) / weight)
+    end
+  elseif zero then
+    streak = 1
   end
   args[#args + 1] = ids[j]
-  args[#args + 1] = struct.pack('<dddd', tonumber(ARGV[4 * j - 1]), tonumber(ARGV[4 * j]),
-                                version, streak)
+  args[#args + 1] = struct.pack('<ddddd', mean, spread, version, streak, weight)
 end
 redis.call('HSET', KEYS[1], unpack(args))
 return m
@@ -87,6 +116,9 @@ class GradStatsRead:
     """NaN where never measured."""
     version: npt.NDArray[np.float64]
     streak: npt.NDArray[np.float64]
+    weight: npt.NDArray[np.float64]
+    """The visits behind each statistic, each weighted by its age at the last write (1 without a
+    half-life; 0 where never measured)."""
     current_version: int
 
     @property
@@ -95,16 +127,27 @@ class GradStatsRead:
         return np.maximum(self.current_version - self.version, 0.0)
 
 
-def write(client: Any, namespace: str, version: int, records: Sequence[GradRecord]) -> int:
-    """Store ``records`` measured at weight ``version`` (a redis-py client); returns how many."""
+def write(
+    client: Any,
+    namespace: str,
+    version: int,
+    records: Sequence[GradRecord],
+    half_life: float | None = None,
+) -> int:
+    """Store ``records`` measured at weight ``version`` (a redis-py client), merged into the
+    stored statistics with ``half_life`` (``allocator.stats_half_life``; None: each replaces
+    the last); returns how many."""
     if not records:
         return 0
+    if half_life is not None and not half_life > 0:
+        raise ValueError(f"half_life must be > 0 (or None: off), got {half_life}")
+    half = repr(float(half_life)) if half_life else "0"
     merged = {r.prompt_id: r for r in records}  # a prompt twice in one batch: the last counts
     script = client.register_script(_WRITE_LUA)
     rows = list(merged.values())
     done = 0
     for i in range(0, len(rows), WRITE_CHUNK):
-        args: list[Any] = [int(version)]
+        args: list[Any] = [int(version), half]
         for r in rows[i : i + WRITE_CHUNK]:
             if not r.prompt_id:
                 raise ValueError("GradRecord.prompt_id: empty")
@@ -115,13 +158,12 @@ def write(client: Any, namespace: str, version: int, records: Sequence[GradRecor
 
 def decode(values: Sequence[bytes | None], current_version: bytes | str | None) -> GradStatsRead:
     """A read's replies (``HMGET`` values, the version key's value) as arrays."""
-    packed = b"".join(v if v else _MISSING for v in values)
-    table = np.frombuffer(packed, dtype="<f8").reshape(-1, 4)
+    packed = b"".join(
+        (v if len(v) == VALUE.size else v + _WEIGHT_ONE) if v else _MISSING for v in values
+    )
+    table = np.frombuffer(packed, dtype="<f8").reshape(-1, 5)
     return GradStatsRead(
-        table[:, 0].copy(),
-        table[:, 1].copy(),
-        table[:, 2].copy(),
-        table[:, 3].copy(),
+        *(table[:, i].copy() for i in range(5)),
         int(current_version) if current_version else 0,
     )
 

@@ -10,21 +10,34 @@ others: one turn, see :mod:`dynamo_rl.envs.base`). For one prompt:
    samples); each episode then goes on alone, one request per turn
    (:func:`~services.rollout.episodes.play_episode`), all concurrently;
 2. :func:`verify_groups` scores every episode of a batch in one ``/v1/verify`` call, the final
-   turn's text with its model tokens, and hands the verdicts back per prompt, matched by id;
+   turn's text with its model tokens, and hands the verdicts back per prompt, matched by id
+   (:func:`play_batch` runs steps 1 and 2 for a batch, at once or in rounds);
 3. :func:`trajectory_group` builds the prompt's group for the stream from the episodes'
    responses (:func:`~services.rollout.episodes.episode_responses`), and :func:`outcome` what
    the allocator is told: episodes attempted and episodes correct (:func:`batch_groups`: both
    for every prompt of a worker's batch).
 
 The worker adds allocation, leases, the stream and its metrics; eval adds accuracy.
+
+**Rounds** (``rollout.round_size`` = k > 0; Reinforce-Ada's sampling): :func:`play_batch` then
+plays each prompt's episodes k at a time, verifies each round as it ends (one verify call per
+prompt and round), and stops the prompt as soon as its group has both a correct and an incorrect
+episode (:func:`has_signal`: the allocator's success, so a group stopped early always has a
+non-zero advantage) or its count is reached. The count stays the cap: the prompt's allocation
+(``allocator.n_per_prompt`` under uniform allocation), so a prompt the policy splits costs about
+k episodes and one it always or never solves its whole count. Prompts run their rounds
+independently and concurrently; round r > 0 samples with seeds of its own (:class:`Seeds` with
+the round in its parts). Single-turn only: the config refuses rounds with a multi-turn
+environment (``rollout.env``), whose episodes were not built or tested to be played in rounds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from dynamo_rl.codec import Response, Timing, TrajectoryGroup, sampling_record
@@ -48,10 +61,13 @@ from services.rollout.reward_client import RewardClient
 
 __all__ = [
     "BatchGroups",
+    "Played",
     "Seeds",
     "batch_groups",
     "generate_group",
+    "has_signal",
     "outcome",
+    "play_batch",
     "request_seed",
     "sample_prompt",
     "split_count",
@@ -91,6 +107,10 @@ class Seeds:
     def turn(self, j: int, turn: int) -> int | None:
         """Episode ``j``'s turn ``turn`` after the first."""
         return request_seed(self.base, *self.parts, j, turn)
+
+    def round(self, r: int) -> Seeds:
+        """The seeds of round ``r`` of a prompt sampled in rounds (round 0's are these)."""
+        return Seeds(self.base, (*self.parts, f"round{r}")) if r else self
 
 
 async def sample_prompt(
@@ -197,6 +217,81 @@ async def verify_groups(
     results = await reward.verify(items) if items else []
     by_id = {str(it.id): res for it, res in zip(items, results, strict=True)}
     return [[by_id[item_id(p, j)] for j in range(len(group))] for p, group in enumerate(groups)]
+
+
+def has_signal(verdicts: Sequence[ItemResult]) -> bool:
+    """Whether a group has both a correct and an incorrect episode (a non-zero advantage)."""
+    right = sum(v.correct for v in verdicts)
+    return 0 < right < len(verdicts)
+
+
+@dataclass(frozen=True)
+class Played:
+    """A batch's episodes and their verdicts per prompt, in order, and where its time went."""
+
+    episodes: list[list[Episode]]
+    verdicts: list[list[ItemResult]]
+    generate_s: float
+    """Wall time generating (in rounds: the batch's wall time less ``verify_s``)."""
+    verify_s: float
+    """Wall time verifying (in rounds: the most any prompt spent waiting for its verdicts)."""
+    rounds: list[int]
+    """Rounds each prompt ran (0 or 1 without rounds)."""
+
+
+async def play_batch(
+    reward: RewardClient,
+    records: Sequence[PromptRecord],
+    counts: Sequence[int],
+    generate: Callable[[int, int, int], Awaitable[list[Episode]]],
+    *,
+    round_size: int,
+    item_prefix: str,
+) -> Played:
+    """Steps 1 and 2 for a batch: ``generate(p, n, r)`` plays n episodes of prompt ``p`` in
+    round ``r`` (none: the engine refused it). Without rounds (``round_size`` 0) every prompt's
+    count at once, then one verify call for the batch (items ``{item_prefix}:{p}:{j}``); with
+    rounds as the module docstring says (items ``{item_prefix}:{p}:{r}:{j}``)."""
+    t0 = time.monotonic()
+    if round_size <= 0:
+        episodes = list(await asyncio.gather(*(generate(p, c, 0) for p, c in enumerate(counts))))
+        t1 = time.monotonic()
+        verdicts = await verify_groups(
+            reward, records, episodes, lambda p, j: f"{item_prefix}:{p}:{j}"
+        )
+        rounds = [int(c > 0) for c in counts]
+        return Played(episodes, verdicts, t1 - t0, time.monotonic() - t1, rounds)
+    waited = [0.0] * len(counts)
+
+    async def rounds_of(p: int) -> tuple[list[Episode], list[ItemResult], int]:
+        episodes: list[Episode] = []
+        verdicts: list[ItemResult] = []
+        asked = r = 0
+        while asked < counts[p]:
+            n = min(round_size, counts[p] - asked)
+            played = await generate(p, n, r)
+            asked += n
+            t = time.monotonic()
+            (got,) = await verify_groups(
+                reward, [records[p]], [played], lambda _i, j, r=r: f"{item_prefix}:{p}:{r}:{j}"
+            )
+            waited[p] += time.monotonic() - t
+            episodes += played
+            verdicts += got
+            r += 1
+            if not played or has_signal(verdicts):
+                break
+        return episodes, verdicts, r
+
+    done = await asyncio.gather(*(rounds_of(p) for p in range(len(counts))))
+    verify_s = max(waited, default=0.0)
+    return Played(
+        [d[0] for d in done],
+        [d[1] for d in done],
+        time.monotonic() - t0 - verify_s,
+        verify_s,
+        [d[2] for d in done],
+    )
 
 
 def trajectory_group(

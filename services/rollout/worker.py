@@ -11,9 +11,9 @@ One batch, in order:
    ``dynamo_rollout_allocator_fallbacks_total`` — and the next batch asks again.
 3. **Generate and verify** each prompt's count of episodes of ``rollout.env`` through the one
    pipeline eval uses too (:mod:`services.rollout.pipeline`: first turns in requests of at most
-   ``max_n_per_request`` samples over the replica pool, failures moved to another replica; every
-   episode scored in one ``/v1/verify`` call, matched back by id). The reward service being down
-   means wait and retry: nothing is pushed unscored.
+   ``max_n_per_request`` samples over the replica pool, failures moved to another replica; all
+   scored in one ``/v1/verify`` call, matched back by id; or in rounds, ``rollout.round_size``).
+   The reward service being down means wait and retry: nothing is pushed unscored.
 4. **Push** one ``TrajectoryGroup`` per prompt with one Lua script, so a batch lands whole or not
    at all, and at most once (see :meth:`RolloutWorker.push`), then **report**
    ``(prompt_id, episodes, correct)`` to the allocator (kept and re-sent with the next batch if
@@ -81,8 +81,8 @@ from services.rollout.pipeline import (
     Seeds,
     batch_groups,
     generate_group,
+    play_batch,
     split_count,
-    verify_groups,
 )
 from services.rollout.reward_client import RewardClient
 
@@ -386,17 +386,23 @@ class RolloutWorker:
             renewer.cancel()
 
     async def _generate(
-        self, record: PromptRecord, rendered: tuple[str, list[int]], count: int, batch_index: int
+        self,
+        record: PromptRecord,
+        rendered: tuple[str, list[int]],
+        count: int,
+        batch_index: int,
+        round_index: int = 0,
     ) -> list[Episode]:
-        """``count`` episodes of one prompt (:func:`generate_group`); dropped ones (sandbox down)
-        are counted and left out; none when an engine refuses the prompt (dead-lettered)."""
+        """``count`` episodes of one prompt (:func:`generate_group`) in round ``round_index``;
+        dropped ones are counted and left out; none when an engine refuses it (dead-lettered)."""
         try:
             episodes = await generate_group(
                 self.pool, record, rendered, count,
                 new_env=lambda seed: make_env(EnvContext(self.limits, self.sandbox, seed=seed)),
                 conversation=self.conversation, sampling=self.sampling, limits=self.limits,
                 max_per_request=self.cfg.max_n_per_request,
-                seeds=Seeds(self.sampling.seed, (self.worker_id, batch_index, record.prompt_id)),
+                seeds=Seeds(self.sampling.seed, (self.worker_id, batch_index, record.prompt_id))
+                .round(round_index),
             )  # fmt: skip
         except EngineRequestError as e:
             await self.refuse(record, len(rendered[1]), str(e))
@@ -425,19 +431,13 @@ class RolloutWorker:
         for c in counts:
             self.metrics.allocation.observe(c)
 
-        t_gen = time.monotonic()
-        episodes = await asyncio.gather(
-            *(
-                self._generate(r, prompt, count, batch_index)
-                for r, prompt, count in zip(records, rendered, counts, strict=True)
-            )
-        )
-        generate_s = time.monotonic() - t_gen
-        t_ver = time.monotonic()
-        verdicts = await verify_groups(
-            self.reward, records, episodes, lambda p, j: f"{batch_index}:{p}:{j}"
-        )
-        verify_s = time.monotonic() - t_ver
+        t_gen = time.monotonic()  # generate and verify, at once or in rounds (rollout.round_size)
+        played = await play_batch(
+            self.reward, records, counts, round_size=self.cfg.round_size, item_prefix=f"{batch_index}",
+            generate=lambda p, n, rnd: self._generate(records[p], rendered[p], n, batch_index, rnd),
+        )  # fmt: skip
+        episodes, verdicts = played.episodes, played.verdicts
+        generate_s, verify_s = played.generate_s, played.verify_s
 
         made = batch_groups(
             records, rendered, episodes, verdicts, counts, priorities, limits=self.limits,

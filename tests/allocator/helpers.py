@@ -14,7 +14,9 @@ def start_allocator(
 ) -> RunningServer:
     """A real gRPC server on a free port, with ``cfg`` as its allocator section."""
     config = AllocatorConfig(port=0, **cfg)  # type: ignore[arg-type]
-    store = StatsStore.from_url(redis_url, decay=config.decay, timeout_s=1.0)
+    store = StatsStore.from_url(
+        redis_url, decay=config.decay, timeout_s=1.0, half_life=config.stats_half_life
+    )
     return start_server(
         config, store, AllocatorMetrics(), control_token=control_token, ping_interval_s=0.2
     )

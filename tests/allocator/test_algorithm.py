@@ -2,17 +2,19 @@
 
 The twin below follows ``allocator/algorithm.py``'s docstring one prompt at a time: water-filling
 pass by pass (as the authors' code does), bisection for the water level, largest remainder and
-round-robin with explicit loops. It shares no code with the vectorised version.
+round-robin with explicit loops, the skip rule's probability and both ``skip_budget`` modes. It
+shares no code with the vectorised version.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from allocator.algorithm import UNEXPLORED, allocate_rollouts, compute_priorities
+from allocator.algorithm import UNEXPLORED, GradStats, allocate_rollouts, compute_priorities
 from dynamo_rl.contracts.allocator import AllocationParams
 
 # -- the loop twin -----------------------------------------------------------------------------
@@ -61,26 +63,52 @@ def loop_allocate(
     scheme,
     hopeless_after=0,
     hopeless_n=1,
+    method="dra",
+    skip_after=0,
+    skip_max=0.75,
+    grad_half_life=4.0,
+    skip_budget="respend",
+    streak=None,
+    age=None,
+    draws=None,
 ):
     n_max = max(n_min, n_max)
     initial_budget = max(n_min, initial_budget)
     n = len(g)
-    p = loop_priorities(g, k, initial_budget, mastery_threshold, min_priority, priority)
+    if method == "uniform":  # no exploration, equal weights
+        p = [1.0] * n
+    else:
+        p = loop_priorities(g, k, initial_budget, mastery_threshold, min_priority, priority)
     total = min(max(budget, n * n_min), n * n_max)
-    counts = [n_min] * n  # step 2 first: n_min for everyone is reserved
-    spare = total - n * n_min
+    skipped = [False] * n
+    if draws is not None and skip_after > 0:
+        for i in range(n):
+            over = streak[i] - skip_after + 1
+            prob = min(skip_max, 1 - 2.0**-over) if over > 0 else 0.0
+            skipped[i] = draws[i] < prob * 0.5 ** (max(age[i], 0) / grad_half_life)
+    out = [skip_budget == "save" and skipped[i] for i in range(n)]
+    kept = n - sum(out)
+    if kept < n:  # the skipped prompts' share, T·S/N rounded up, is not spent
+        total = math.floor(Fraction(total * kept, n))
+    counts = [0 if out[i] else n_min for i in range(n)]  # step 2 first: n_min is reserved
+    spare = total - kept * n_min
     hopeless = [
-        hopeless_after > 0 and p[i] != -1.0 and g[i] >= hopeless_after and k[i] < 0.5
+        hopeless_after > 0 and p[i] != -1.0 and g[i] >= hopeless_after and k[i] < 0.5 and not out[i]
         for i in range(n)
     ]
+    demoted = [False] * n
     for i in range(n):
-        if hopeless[i]:
+        if skipped[i] and not out[i]:  # respend: its n_min goes to the others
+            counts[i] = 0
+            spare += n_min
+        elif hopeless[i]:
             counts[i] = hopeless_n
             spare += n_min - hopeless_n
+        demoted[i] = skipped[i] or hopeless[i]
     # Step 1: exploration above n_min.
     extra = []
     for i in range(n):
-        if p[i] == -1.0:
+        if p[i] == -1.0 and not demoted[i]:
             need = min(max(initial_budget - g[i], 0), n_max)
             extra.append(max(math.ceil(need) - n_min, 0))
         else:
@@ -97,8 +125,14 @@ def loop_allocate(
         spare = 0
     # Step 3: by priority.
     room = n_max - n_min
-    eligible = [i for i in range(n) if p[i] != -1.0 and p[i] > 0 and not hopeless[i]]
-    if spare > 0 and eligible and room > 0:
+    eligible = [i for i in range(n) if p[i] != -1.0 and p[i] > 0 and not demoted[i]]
+    if spare > 0 and eligible and room > 0 and method == "uniform":
+        while spare > 0 and any(counts[i] < n_max for i in eligible):  # even, lowest first
+            for i in eligible:
+                if spare > 0 and counts[i] < n_max:
+                    counts[i] += 1
+                    spare -= 1
+    elif spare > 0 and eligible and room > 0:
         x = dict.fromkeys(eligible, 0.0)
         if scheme == "reference":
             active = list(eligible)
@@ -137,7 +171,7 @@ def loop_allocate(
         for j, i in enumerate(eligible):
             counts[i] += add[j]
         spare -= sum(add)
-    for pool in ([i for i in range(n) if not hopeless[i]], list(range(n))):
+    for pool in ([i for i in range(n) if not demoted[i]], [i for i in range(n) if not out[i]]):
         while spare > 0 and any(counts[i] < n_max for i in pool):  # round-robin, lowest first
             for i in pool:
                 if spare > 0 and counts[i] < n_max:
@@ -177,22 +211,46 @@ def _random_case(rng: np.random.Generator) -> dict:
         "scheme": str(rng.choice(["reference", "water-level"])),
         "hopeless_after": int(rng.choice([0, 0, 4, 16])),
         "hopeless_n": int(rng.integers(0, n_min + 1)),
+        "method": str(rng.choice(["dra", "dra", "uniform"])),
+        "skip_after": int(rng.choice([0, 1, 2])),
+        "skip_max": float(rng.choice([0.0, 0.5, 0.9])),
+        "grad_half_life": float(rng.choice([1.0, 4.0])),
+        "skip_budget": str(rng.choice(["respend", "save"])),
+        "streak": rng.integers(0, 5, n).astype(float),
+        "age": rng.integers(0, 9, n).astype(float),
+        "draws": rng.random(n),
     }
 
 
+ARRAYS = ("g", "k", "budget", "streak", "age", "draws")
+
+
 def _params(case: dict) -> dict:
-    """A case's parameters: every key but the statistics and the budget."""
-    return {key: value for key, value in case.items() if key not in ("g", "k", "budget")}
+    """A case's parameters: every key but the statistics, the skip draws and the budget."""
+    return {key: value for key, value in case.items() if key not in ARRAYS}
 
 
 def _vectorised(case: dict):
     params = AllocationParams(**_params(case))
-    result = allocate_rollouts(case["g"], case["k"], case["budget"], params)
+    n = len(case["g"])
+    grad = GradStats(np.full(n, np.nan), case["age"], case["streak"])
+    result = allocate_rollouts(
+        case["g"], case["k"], case["budget"], params, grad=grad, skip_draws=case["draws"]
+    )
     return result.counts, result.weights
 
 
 def _loop(case: dict):
-    return loop_allocate(list(case["g"]), list(case["k"]), case["budget"], **_params(case))
+    kw = {"streak": list(case["streak"]), "age": list(case["age"]), "draws": list(case["draws"])}
+    return loop_allocate(list(case["g"]), list(case["k"]), case["budget"], **_params(case), **kw)
+
+
+def _skipped(case: dict) -> np.ndarray:
+    """The case's skipped prompts, by the twin's own arithmetic."""
+    over = case["streak"] - case["skip_after"] + 1
+    prob = np.where(over > 0, np.minimum(case["skip_max"], 1 - 2.0 ** -np.maximum(over, 0)), 0.0)
+    prob *= 0.5 ** (case["age"] / case["grad_half_life"])
+    return (case["draws"] < prob) & (case["skip_after"] > 0)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -205,6 +263,9 @@ def test_matches_loop_twin_and_keeps_guarantees(seed: int) -> None:
         n = len(case["g"])
         n_min, n_max = case["n_min"], max(case["n_min"], case["n_max"])
         expected_total = min(max(case["budget"], n * n_min), n * n_max)
+        skipped = _skipped(case)
+        if case["skip_budget"] == "save" and skipped.any():
+            expected_total = expected_total * (n - int(skipped.sum())) // n
         assert counts.dtype == np.int64 and counts.shape == (n,)
         np.testing.assert_allclose(prio, twin_prio, rtol=1e-12, atol=1e-12)
         assert int(counts.sum()) == expected_total == sum(twin), case
@@ -213,7 +274,10 @@ def test_matches_loop_twin_and_keeps_guarantees(seed: int) -> None:
             if case["hopeless_after"]:
                 gone = (prio != UNEXPLORED) & (case["g"] >= case["hopeless_after"])
                 low[gone & (case["k"] < 0.5)] = case["hopeless_n"]
+            low[skipped] = 0
             assert (counts >= low).all() and counts.max() <= n_max, case
+            if case["skip_budget"] == "save":
+                assert not counts[skipped].any(), case  # the skipped prompts get nothing
             assert np.abs(counts - np.array(twin)).max() <= 1, (case, counts, twin)
 
 
@@ -226,7 +290,7 @@ def test_more_priority_never_means_fewer_samples(seed: int) -> None:
         done = prio != UNEXPLORED
         if case["hopeless_after"]:  # hopeless prompts are the intended exception
             done &= ~((case["g"] >= case["hopeless_after"]) & (case["k"] < 0.5))
-        done = np.flatnonzero(done)
+        done = np.flatnonzero(done & ~_skipped(case))  # skipped prompts too
         n_max = max(case["n_min"], case["n_max"])
         for i in done:
             for j in done:

@@ -72,18 +72,25 @@ def test_grad_method_follows_the_learners_statistics_through_the_service(
     assert gone.tolist() == sigma.tolist()
 
 
-def test_skip_rule_through_the_service_skips_and_rechecks(redis_url: str, rclient) -> None:
+@pytest.mark.parametrize("budget_mode", ["respend", "save"])
+def test_skip_rule_through_the_service_skips_and_rechecks(
+    redis_url: str, rclient, budget_mode: str
+) -> None:
     for _ in range(4):  # four visits in a row without signal
         gradstats.write(rclient, "ns", 0, [GradRecord("a", 0, 0.0, True)])
     gradstats.write(rclient, "ns", 0, [GradRecord(p, 1, 1.0, False) for p in IDS[1:]])
-    running = start_allocator(redis_url, n_min=2, n_max=24, skip_after=2, skip_max=0.75)
+    running = start_allocator(
+        redis_url, n_min=2, n_max=24, skip_after=2, skip_max=0.75, skip_budget=budget_mode
+    )
     try:
         with AllocatorClient(f"127.0.0.1:{running.port}", timeout_s=5.0, retries=0) as client:
             client.report_outcomes("ns", [(pid, 16, 0 if pid == "a" else 8) for pid in IDS])
             first = [client.allocate("ns", IDS, budget=40).counts for _ in range(60)]
     finally:
         running.stop(grace=0.5)
-    assert all(sum(c) == 40 for c in first)
+    # save: a skipped prompt's share (a quarter of the budget) is not spent.
+    spent = {"respend": 40, "save": 30}[budget_mode]
+    assert all(sum(c) == (spent if c[0] == 0 else 40) for c in first)
     skipped = sum(c[0] == 0 for c in first)
     assert 25 < skipped < 59  # about 3/4 skipped, the rest re-checked
     assert all(min(c[1:]) >= 2 for c in first)

@@ -1,6 +1,6 @@
-"""The allocation methods beyond dra (grad, knapsack) and the skip rule: budget and bounds for
-any input (property-based), knapsack against a loop twin, grad's σ fallback and decay, and the
-skip rule's re-checks."""
+"""The allocation methods beyond dra (grad, knapsack, uniform) and the skip rule: budget and
+bounds for any input (property-based, both ``skip_budget`` modes), knapsack against a loop twin,
+grad's σ fallback and decay, and the skip rule's re-checks."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def batches(draw):
         skip_after=draw(st.sampled_from([0, 1, 2])),
         skip_max=draw(st.sampled_from([0.0, 0.5, 0.9])),
         grad_half_life=draw(st.sampled_from([1.0, 4.0])),
+        skip_budget=draw(st.sampled_from(["respend", "save"])),
     )
     budget = draw(st.integers(0, 40 * 40))
     return g, k, GradStats(spread, age, streak), draws, params, budget
@@ -56,20 +57,79 @@ def test_every_method_spends_exactly_its_budget_within_the_bounds(case) -> None:
     n = g.size
     counts = allocate_rollouts(g, k, budget, params, grad=grad, skip_draws=draws).counts
     assert counts.dtype == np.int64 and counts.shape == (n,)
-    assert int(counts.sum()) == int(np.clip(budget, n * params.n_min, n * params.n_max))
-    assert (counts <= params.n_max).all() and (counts >= 0).all()
+    total = int(np.clip(budget, n * params.n_min, n * params.n_max))
     skipped = draws < skip_probability(
         grad, params.skip_after, params.skip_max, params.grad_half_life
     )
+    save = params.skip_budget == "save"
+    if save:  # the skipped prompts' share is not spent: T·(N − S)/N, rounded down
+        total = total * (n - int(skipped.sum())) // n if n else 0
+        assert not counts[skipped].any()
+    assert int(counts.sum()) == total
+    assert (counts <= params.n_max).all() and (counts >= 0).all()
     hopeless = np.zeros(n, dtype=bool)
     if params.hopeless_after:
-        hopeless = (g >= max(params.n_min, params.initial_budget)) & (g >= 8) & (k < 0.5)
+        explored = max(params.n_min, params.initial_budget) if params.method != "uniform" else 0
+        hopeless = (g >= explored) & (g >= 8) & (k < 0.5) & ~(skipped & save)
     # Only hopeless or skipped prompts go below n_min, and they get more only once every other
     # prompt is full.
     low = counts < params.n_min
     assert not (low & ~(skipped | hopeless)).any()
     if ((counts > np.where(skipped, 0, params.hopeless_n)) & (skipped | hopeless)).any():
         assert (counts[~(skipped | hopeless)] == params.n_max).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches())
+def test_saved_budget_allocates_the_kept_prompts_as_a_batch_of_their_own(case) -> None:
+    """Under skip_budget save the kept prompts get what a batch of only them would get with the
+    budget cut to their share (grad aside: its σ scale is set over the whole batch)."""
+    g, k, grad, draws, params, budget = case
+    params = params.model_copy(update={"skip_budget": "save"})
+    if params.method == "grad" or not params.skip_after:
+        return
+    n = g.size
+    counts = allocate_rollouts(g, k, budget, params, grad=grad, skip_draws=draws).counts
+    half = params.grad_half_life
+    kept = ~(draws < skip_probability(grad, params.skip_after, params.skip_max, half))
+    total = int(np.clip(budget, n * params.n_min, n * params.n_max)) * int(kept.sum()) // max(n, 1)
+    alone = allocate_rollouts(g[kept], k[kept], total, params).counts
+    assert counts[kept].tolist() == alone.tolist()
+    assert not counts[~kept].any()
+
+
+def test_uniform_method_spreads_the_budget_evenly_without_exploring() -> None:
+    params = AllocationParams(method="uniform", n_min=2, n_max=16, initial_budget=8)
+    g, k = np.array([0.0, 4, 16, 16]), np.array([0.0, 2, 8, 0])  # two still explored by dra
+    assert allocate_rollouts(g, k, 32, params).counts.tolist() == [8, 8, 8, 8]
+    assert allocate_rollouts(g, k, 30, params).counts.tolist() == [8, 8, 7, 7]
+    assert allocate_rollouts(g, k, 32, params).weights.tolist() == [1.0] * 4
+    hopeless = params.model_copy(update={"hopeless_after": 16, "hopeless_n": 1})
+    assert allocate_rollouts(g, k, 32, hopeless).counts.tolist() == [11, 10, 10, 1]
+
+
+def test_skipped_budget_is_respent_or_saved() -> None:
+    """respend: the skipped prompt's share goes to the others (the sum stays the budget); save:
+    nobody gets it, and the others get exactly what they would have (uniform n)."""
+    g, k = np.full(4, 16.0), np.array([0.0, 8, 8, 8])
+    grad = GradStats(np.zeros(4), np.zeros(4), np.array([5.0, 0, 0, 0]))
+    kw = {"method": "uniform", "n_min": 2, "n_max": 16, "skip_after": 1, "skip_max": 0.75}
+    draws = [0.0, 0.9, 0.9, 0.9]  # the first prompt is skipped
+    respend = AllocationParams(**kw)
+    save = AllocationParams(**kw, skip_budget="save")
+    assert allocate_rollouts(g, k, 32, respend, grad=grad, skip_draws=draws).counts.tolist() == [
+        0, 11, 11, 10
+    ]  # fmt: skip
+    assert allocate_rollouts(g, k, 32, save, grad=grad, skip_draws=draws).counts.tolist() == [
+        0, 8, 8, 8
+    ]  # fmt: skip
+    # Nothing skipped: the two modes agree.
+    none = [0.9] * 4
+    assert (
+        allocate_rollouts(g, k, 32, save, grad=grad, skip_draws=none).counts.tolist()
+        == allocate_rollouts(g, k, 32, respend, grad=grad, skip_draws=none).counts.tolist()
+        == [8] * 4
+    )
 
 
 def loop_knapsack(rate, value, n_min, n_max, spare):
@@ -157,20 +217,24 @@ def test_skip_rule_skips_zero_advantage_streaks_with_growing_probability() -> No
     assert not skip_probability(grad, 0, 0.75, 4.0).any()  # off
 
 
-def test_skipped_prompts_are_rechecked_now_and_then() -> None:
-    """A prompt whose group never has signal is still re-checked about 1 − skip_max of the time,
-    and its share goes to the others meanwhile."""
-    params = AllocationParams(method="grad", n_min=2, n_max=8, skip_after=1, skip_max=0.75)
+@pytest.mark.parametrize("budget_mode", ["respend", "save"])
+def test_skipped_prompts_are_rechecked_now_and_then(budget_mode: str) -> None:
+    """A prompt whose group never has signal is still re-checked about 1 − skip_max of the time;
+    meanwhile its share goes to the others (respend) or is not spent (save)."""
+    params = AllocationParams(
+        method="grad", n_min=2, n_max=8, skip_after=1, skip_max=0.75, skip_budget=budget_mode
+    )
     g, k = np.full(3, 16.0), np.array([0.0, 8, 8])
     grad = GradStats(np.array([0.0, 1, 1]), np.zeros(3), np.array([10.0, 0, 0]))
     rng = np.random.default_rng(0)
     visits = []
     for _ in range(2000):
         counts = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=rng.random(3)).counts
-        assert counts.sum() == 12
         visits.append(counts[0] > 0)
         if counts[0] == 0:
-            assert counts[1:].tolist() == [6, 6]
+            assert counts[1:].tolist() == ([6, 6] if budget_mode == "respend" else [4, 4])
+        else:
+            assert counts.sum() == 12
     rate = float(np.mean(visits))
     assert 0.22 < rate < 0.28  # re-checked with probability 1 − 0.75
     rechecked = allocate_rollouts(g, k, 12, params, grad=grad, skip_draws=[0.8, 0.0, 0.0]).counts
@@ -180,7 +244,8 @@ def test_skipped_prompts_are_rechecked_now_and_then() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "match"),
     [
-        ("method", "neyman", "method: 'neyman' is not one of dra, grad, knapsack"),
+        ("method", "neyman", "method: 'neyman' is not one of dra, grad, knapsack, uniform"),
+        ("skip_budget", "spend", "skip_budget: 'spend' is not one of respend, save"),
         ("skip_max", 1.0, r"skip_max: must be in \[0, 1\), got 1.0"),
         ("grad_half_life", 0.0, "grad_half_life: must be > 0, got 0.0"),
         ("skip_after", -1, "skip_after: must be >= 0, got -1"),
@@ -222,10 +287,10 @@ def test_an_unknown_method_names_the_allowed_ones() -> None:
     from allocator.algorithm import method
 
     params = AllocationParams().model_copy(update={"method": "neyman"})
-    with pytest.raises(ValueError, match="'neyman' is not one of dra, grad, knapsack"):
+    with pytest.raises(ValueError, match="'neyman' is not one of dra, grad, knapsack, uniform"):
         allocate_rollouts([8, 8], [1, 2], 16, params)
     with pytest.raises(
-        ValueError, match=r"allocator\.method: 'x' is not one of dra, grad, knapsack"
+        ValueError, match=r"allocator\.method: 'x' is not one of dra, grad, knapsack, uniform"
     ):
         method("x")
 
@@ -242,6 +307,9 @@ def test_every_method_returns_one_result_type_with_its_weights(name: str) -> Non
     assert isinstance(result, Allocation)
     assert result.counts.dtype == np.int64 and result.counts.sum() == 32
     assert result.weights.dtype == np.float64 and result.weights.shape == (4,)
+    if name == "uniform":  # explores nothing: weight 1 everywhere, the budget spread evenly
+        assert result.weights.tolist() == [1.0] * 4 and result.counts.tolist() == [8] * 4
+        return
     assert result.weights[0] == UNEXPLORED and (result.weights[1:] > 0).all()
     if name == "dra":
         np.testing.assert_array_equal(result.weights, compute_priorities(g, k, params))

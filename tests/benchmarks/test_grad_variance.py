@@ -283,3 +283,42 @@ def test_quick_run_writes_the_report(gv, tmp_path):
         assert set(ck) == want[name]
         for case in ck.values():
             assert len(case["prompt-mean"]["mse_ratio"]) == 2
+
+
+def test_merged_visits_are_what_the_redis_scripts_store(gv, redis_url):
+    """The @h statistics (``merge_visits``) equal the success counts and gradient spread the real
+    Lua scripts keep for the same visits with ``stats_half_life``, so the benchmark measures the
+    half-life the stores apply."""
+    import numpy as np
+    import redis
+
+    from allocator.stats import StatsStore
+    from dynamo_rl.contracts import gradstats
+    from dynamo_rl.contracts.gradstats import GradRecord
+    from dynamo_rl.keys import weight_version_key
+
+    assert gv.spec_of("grad@h4") == (gv.ALLOCATORS["grad"], "@h4")
+    assert not gv._known("oracle@h4") and not gv._known("grad@hx")
+    rng = np.random.default_rng(3)
+    visits = [  # the latest first
+        {"g": np.full(3, 8.0), "k": rng.integers(0, 9, 3).astype(float),
+         "spread": rng.uniform(0, 3, 3), "streak": np.zeros(3), "age": 4.0}
+        for _ in range(4)
+    ]  # fmt: skip
+    merged = gv.merge_visits(visits, revisit=4, half_life=6.0)
+    client = redis.Redis.from_url(redis_url)
+    store = StatsStore.from_url(redis_url, half_life=6.0)
+    try:
+        for j, v in enumerate(reversed(visits)):  # oldest first, 4 versions apart
+            client.set(weight_version_key("ns"), str(4 * j))
+            store.report("ns", [(f"p{i}", 8, int(v["k"][i])) for i in range(3)])
+            records = [GradRecord(f"p{i}", 0.0, float(v["spread"][i]), False) for i in range(3)]
+            gradstats.write(client, "ns", 4 * j, records, half_life=6.0)
+        ids = [f"p{i}" for i in range(3)]
+        stored, grads = store.get("ns", ids), gradstats.read(client, "ns", ids)
+    finally:
+        store.close()
+        client.close()
+    np.testing.assert_allclose(merged["g"], stored.samples, rtol=1e-12)
+    np.testing.assert_allclose(merged["k"], stored.successes, rtol=1e-12)
+    np.testing.assert_allclose(merged["spread"], grads.spread, rtol=1e-12)

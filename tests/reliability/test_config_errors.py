@@ -77,6 +77,8 @@ MISTAKES: list[tuple[str, str, list[str], str]] = [
      r"learner\.data\.stop_exact .*eval_path"),
     ("learner.data.stop_exact-dpo", "learner: {mode: dpo, data: {stop_exact: 0.5, path: t.parquet, "
      "eval_path: e.parquet}}", [], r"learner\.data\.stop_exact .*got mode 'dpo'"),
+    ("dynamic+token-mean", "rollout: {allocation: dynamic}\nlearner: {algorithm: {agg: token-mean}}",
+     [], r"rollout\.allocation: dynamic .*learner\.algorithm\.agg: token-mean.*1\.13-2\.51x"),
     ("override-unknown", "", ["learner.lrr=1"], r"learner\.lrr: unknown key"),
     ("override-no-equals", "", ["learner.lr"], r"expected KEY=VALUE"),
     ("override-bad-value", "", ["allocator.n_max=many"], r"allocator\.n_max"),

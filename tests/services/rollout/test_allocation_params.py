@@ -18,6 +18,10 @@ NS = "bounds"
 IDS = [f"p{i}" for i in range(6)]
 
 
+PROMPT_MEAN = "learner:\n  algorithm:\n    agg: prompt-mean\n"
+"""Dynamic allocation's weighting (the config refuses it with token-mean)."""
+
+
 def _worker(path: Path, client: AllocatorClient) -> RolloutWorker:
     cfg = load_config(path, env={})
     return RolloutWorker(
@@ -46,12 +50,17 @@ def test_a_rollout_bound_in_the_yaml_reaches_the_allocators_cap(
             assert unbounded[0] > 5  # so a cap of 5 below can only come from the worker's config
 
             path = tmp_path / "exp.yaml"
-            path.write_text("rollout:\n  allocation: dynamic\n  n: 4\n  n_min: 1\n  n_max: 5\n")
+            path.write_text(
+                "rollout:\n  allocation: dynamic\n  n: 4\n  n_min: 1\n  n_max: 5\n" + PROMPT_MEAN
+            )
             counts, _priorities, fallback = asyncio.run(_worker(path, client).allocate(IDS))
             assert not fallback
             assert sum(counts) == 4 * len(IDS) and counts[0] == 5 and min(counts) >= 1
 
-            path.write_text("allocator:\n  n_per_prompt: 4\n  n_min: 1\n  n_max: 7\n")
+            path.write_text(
+                "rollout:\n  allocation: dynamic\nallocator:\n  n_per_prompt: 4\n  n_min: 1\n"
+                "  n_max: 7\n" + PROMPT_MEAN
+            )
             counts, _priorities, _ = asyncio.run(_worker(path, client).allocate(IDS))
             assert sum(counts) == 4 * len(IDS) and counts[0] == 7
     finally:

@@ -30,7 +30,9 @@ from services.rollout.episodes import Conversation, Episode, Segment, TurnRecord
 from services.rollout.pipeline import (
     Seeds,
     generate_group,
+    has_signal,
     outcome,
+    play_batch,
     request_seed,
     sample_prompt,
     split_count,
@@ -388,3 +390,93 @@ def test_sampling_episodes_verification_and_the_group_on_the_real_engine_and_rew
     assert [list(r.token_ids) for r in group.responses] == [x.token_ids for x in first[:5]]
     assert [r.correct for r in group.responses] == [v.correct for v in verdicts[1]]
     assert outcome(records[1], verdicts[1]) == ("q1", 5, sum(v.correct for v in verdicts[1]))
+
+
+class ScriptedGenerate:
+    """``generate(p, n, r)`` of :func:`play_batch`: episodes whose texts come from ``script[p]``
+    in order (past its end: "wrong"), recording every call (prompt, n, round)."""
+
+    def __init__(self, script: dict[int, list[str]]) -> None:
+        self.script = {p: list(texts) for p, texts in script.items()}
+        self.calls: list[tuple[int, int, int]] = []
+
+    async def __call__(self, p: int, n: int, r: int) -> list[Episode]:
+        self.calls.append((p, n, r))
+        await asyncio.sleep(0.001 * (3 - p % 3))  # prompts' rounds interleave
+        texts = self.script.get(p, [])
+        out = [texts.pop(0) if texts else "wrong" for _ in range(n)]
+        return [episode(t, [1]) for t in out]
+
+
+def test_without_rounds_the_batch_is_generated_at_once_and_verified_in_one_call() -> None:
+    gen, reward = ScriptedGenerate({0: ["right", "wrong"]}), ScoringReward()
+    played = asyncio.run(play_batch(
+        reward, RECORDS, [2, 0, 3], gen, round_size=0, item_prefix="7",
+    ))  # fmt: skip
+    assert sorted(gen.calls) == [(0, 2, 0), (1, 0, 0), (2, 3, 0)]
+    (items,) = reward.calls
+    assert [it.id for it in items] == ["7:0:0", "7:0:1", "7:2:0", "7:2:1", "7:2:2"]
+    assert [len(e) for e in played.episodes] == [2, 0, 3] and played.rounds == [1, 0, 1]
+    assert [[v.correct for v in vs] for vs in played.verdicts] == [
+        [True, False], [], [False] * 3
+    ]  # fmt: skip
+
+
+def test_rounds_stop_a_prompt_once_its_group_has_signal_or_its_count_is_reached() -> None:
+    """Rounds of 2: prompt 0 has signal after its first round; prompt 1 is never right and runs
+    to its count (2, 2, 1); prompt 2 is allocated nothing; prompt 3 is right twice, then wrong in
+    its second round, and stops there with 4 of its 8."""
+    records = [*RECORDS, PromptRecord("p3", "3+3=", "6", "arith", "math")]
+    gen = ScriptedGenerate({0: ["right", "wrong"], 3: ["right", "right", "wrong", "right"]})
+    reward = ScoringReward()
+    played = asyncio.run(play_batch(
+        reward, records, [8, 5, 0, 8], gen, round_size=2, item_prefix="4",
+    ))  # fmt: skip
+    assert sorted(gen.calls) == [(0, 2, 0), (1, 1, 2), (1, 2, 0), (1, 2, 1), (3, 2, 0), (3, 2, 1)]
+    assert played.rounds == [1, 3, 0, 2]
+    assert [len(e) for e in played.episodes] == [2, 5, 0, 4]
+    assert [[e.final_text for e in g] for g in played.episodes][3] == [
+        "right", "right", "wrong", "right"
+    ]  # fmt: skip
+    assert [[v.correct for v in vs] for vs in played.verdicts][3] == [True, True, False, True]
+    assert all(len(vs) == len(g) for vs, g in zip(played.verdicts, played.episodes, strict=True))
+    # One verify call per prompt and round, each item id naming prompt, round and response.
+    ids = sorted(it.id for call in reward.calls for it in call)
+    assert len(reward.calls) == 6 and len(set(ids)) == len(ids) == 11
+    assert {"4:0:0:0", "4:0:0:1", "4:1:2:0", "4:3:1:1"} <= set(ids)
+    assert played.generate_s >= 0 and played.verify_s >= 0
+
+
+def test_rounds_stop_when_the_engine_refuses_the_prompt() -> None:
+    async def refused(p: int, n: int, r: int) -> list[Episode]:
+        return []
+
+    played = asyncio.run(play_batch(
+        ScoringReward(), RECORDS[:1], [6], refused, round_size=2, item_prefix="0",
+    ))  # fmt: skip
+    assert played.rounds == [1] and played.episodes == [[]] and played.verdicts == [[]]
+
+
+def test_has_signal_needs_a_correct_and_an_incorrect_episode() -> None:
+    def v(correct: bool) -> ItemResult:
+        return ItemResult(
+            id="x", score=float(correct), correct=correct, format_ok=True, reason="ok"
+        )
+
+    assert has_signal([v(True), v(False)]) and has_signal([v(False), v(False), v(True)])
+    assert not has_signal([]) and not has_signal([v(True)] * 3) and not has_signal([v(False)] * 2)
+
+
+def test_a_rounds_seeds_are_its_own_and_round_zeros_are_the_prompts() -> None:
+    seeds = Seeds(5, ("w0", 2, "p"))
+    assert seeds.round(0) is seeds
+    assert seeds.round(1).chunk(0) == request_seed(5, "w0", 2, "p", "round1", 0)
+    chunks = {seeds.round(r).chunk(c) for r in range(3) for c in range(3)}
+    assert len(chunks) == 9
+
+
+def test_rounds_need_a_single_turn_environment() -> None:
+    with pytest.raises(Exception, match=r"rollout\.round_size \(2\) needs rollout\.env\.name "
+                       r"single_turn \(got 'guess_number'\)"):  # fmt: skip
+        load_config(None, ["rollout.round_size=2", "rollout.env.name=guess_number"], env={})
+    assert load_config(None, ["rollout.round_size=2"], env={}).rollout.round_size == 2

@@ -157,6 +157,8 @@ def run_batches(redis_url: str, engine: str, reward: str, dataset: Path, model: 
             "rollout.sampling.max_tokens=6",
             "rollout.sampling.seed=1234",
             "rollout.poll_interval_s=0.1",
+            "rollout.allocation=dynamic",  # the stub allocator's counts (a prompt allocated 0)
+            "learner.algorithm.agg=prompt-mean",
         ],
         env={},
     )

@@ -100,7 +100,8 @@ def config(
     return worker_config(
         NS, redis_url, engine, reward, allocator, dataset,
         "rollout.batch_size=3", "rollout.n=4", "rollout.n_min=1", "rollout.n_max=8",
-        "rollout.max_n_per_request=3", "rollout.sampling.max_tokens=8", *extra,
+        "rollout.max_n_per_request=3", "rollout.sampling.max_tokens=8",
+        "rollout.allocation=dynamic", "learner.algorithm.agg=prompt-mean", *extra,
     )  # fmt: skip
 
 
