@@ -300,6 +300,7 @@ _METRIC_NAMES = {
 }
 
 
+@dataclass(eq=False)
 class RLStep:
     """The RL update of ``lc`` (``learner.*`` of the config) on ``model``.
 
@@ -309,33 +310,25 @@ class RLStep:
     ``forward`` replaces :func:`policy_forward` (a benchmark that reads log-probs from a
     precomputed pool); ``notices`` receives the no-signal warning (default: the log)."""
 
-    def __init__(
-        self,
-        lc: LearnerConfig,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        *,
-        pad_id: int,
-        device: torch.device | None = None,
-        reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
-        grad_stats: bool = False,
-        forward: Forward = policy_forward,
-        notices: Any = None,
-    ) -> None:
-        self.lc = lc
-        self.model = model
-        self.optimizer = optimizer
-        self.pad_id = pad_id
-        self.device = device or torch.device("cpu")
-        self.reference = reference
-        self.forward = forward
-        self.notices = notices
-        kl = lc.algorithm.kl
-        self.kl_ctl = AdaptiveKL(kl.in_reward_coef, kl.target, kl.horizon)
-        self.grad_stats = GradStatsCollector(model) if grad_stats else None
-        self.equal_reward_streak = 0  # steps in a row whose rewards were all equal
-        if lc.needs_reference and reference is None:
+    lc: LearnerConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    pad_id: int = field(kw_only=True)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"), kw_only=True)
+    reference: Callable[[], AbstractContextManager[nn.Module]] | None = field(
+        default=None, kw_only=True
+    )
+    grad_stats: bool = field(default=False, kw_only=True)
+    forward: Forward = field(default=policy_forward, kw_only=True)
+    notices: Any = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.lc.needs_reference and self.reference is None:
             raise ValueError("this learner config needs a reference policy (a KL term is on)")
+        kl = self.lc.algorithm.kl
+        self.kl_ctl = AdaptiveKL(kl.in_reward_coef, kl.target, kl.horizon)
+        self.collector = GradStatsCollector(self.model) if self.grad_stats else None
+        self.equal_reward_streak = 0  # steps in a row whose rewards were all equal
 
     def __call__(self, batch: RLBatch, *, update: bool = True) -> StepResult:
         """plan → old/ref pass → advantages → per micro-batch: forward → objective → backward
@@ -356,19 +349,19 @@ class RLStep:
         )
         sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums, this rank
         is_sketch = self._is_weights(samples, plan, sums)
-        if self.grad_stats is not None:
-            self.grad_stats.reset()
+        if self.collector is not None:
+            self.collector.reset()
         epochs = lc.ppo_epochs if update else 1
         t_fwd, t_bwd, t_opt, update_losses, grad_norms = self._updates(
             samples, minis, plan, sums, epochs=epochs, step=update
         )
         grad_records: list[GradRecord] = []
         grad_fields: dict[str, Any] = {}
-        if self.grad_stats is not None and batch.prompt_ids:
-            grad_records = self.grad_stats.records(samples, batch.prompt_ids)
+        if self.collector is not None and batch.prompt_ids:
+            grad_records = self.collector.records(samples, batch.prompt_ids)
             size = Counter(batch.prompt_ids[s.group] for s in samples)
             grad_fields = step_fields(grad_records, [size[r.prompt_id] for r in grad_records])
-            grad_fields["time_grad_stats"] = self.grad_stats.seconds
+            grad_fields["time_grad_stats"] = self.collector.seconds
 
         # Metrics: sums over ranks (the key set differs per rank: gather the dicts).
         totals: dict[str, float] = defaultdict(float)
@@ -498,7 +491,7 @@ class RLStep:
                 loss_sum = 0.0
                 for mb in mbs:
                     t0 = time.perf_counter()
-                    collect = self.grad_stats if epoch == 0 and mb.rows else None
+                    collect = self.collector if epoch == 0 and mb.rows else None
                     with collect.watch(mb) if collect is not None else nullcontext():
                         logp, entropy, values = self.forward(self.model, mb, algo.entropy_coef > 0)
                     if not mb.rows:  # a dummy keeps this rank in step with the others
