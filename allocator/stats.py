@@ -45,7 +45,7 @@ import redis
 from dynamo_rl.keys import stats_key, weight_version_key
 from dynamo_rl.redis_client import async_client, sync_client
 
-__all__ = ["REPORT_CHUNK", "StatsStore", "StoredStats"]
+__all__ = ["REPORT_CHUNK", "VALUE", "StatsStore", "StoredStats"]
 
 REPORT_CHUNK = 4096
 """Outcomes per script call; one call is atomic, a report of many chunks is pipelined."""

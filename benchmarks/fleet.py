@@ -406,6 +406,8 @@ def run_fleet(fleet: Fleet, args: argparse.Namespace, model: Path, data: Path) -
                 f"rollout.sampling.max_tokens={args.max_tokens}",
                 f"rollout.num_workers={fleet.workers}", f"rollout.worker_index={i}",
                 f"rollout.worker_id=w{i}", "rollout.max_pending_groups=0", "run.log_level=warning",
+                # DynaMO's allocation on the path (the default is uniform: no Allocate calls).
+                "rollout.allocation=dynamic", "learner.algorithm.agg=prompt-mean",
                 cwd=ROOT, wait=False,
             )  # fmt: skip
         redis = sync_client(redis_url, timeout_s=10.0)

@@ -464,7 +464,7 @@ class RolloutWorker:
             },
         )  # fmt: skip
         log.info(
-            "batch %d: %d groups (%d dropped: all equal), %d episodes, %d model tokens "
+            "batch %d: %d groups, %d dropped (all equal), %d episodes, %d model tokens "
             "(%.0f tok/s), reward %.3f%s", batch_index, len(groups), len(dropped), len(rewards),
             n_tokens, n_tokens / generate_s if generate_s > 0 else 0.0,
             sum(rewards) / len(rewards) if rewards else 0.0,

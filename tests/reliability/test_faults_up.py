@@ -195,9 +195,9 @@ def test_up_survives_learner_allocator_reward_and_worker_kills(tmp_path: Path, r
             assert resp.reason, "a response reached the stream without a verdict"
         responses += len(g.responses)
     stats = client.hgetall(keys.stats_key(NS))
-    import struct
+    from allocator.stats import VALUE  # the stored layout, declared once
 
-    counted = sum(struct.unpack("<ddd", v)[0] for v in stats.values())
+    counted = sum(VALUE.unpack(v)[0] for v in stats.values())
     # The allocator's statistics (decay 1) count each response in the stream once.
     assert counted == responses
     client.close()
