@@ -3,8 +3,12 @@
 The learner measures each prompt's gradient on every batch it trains on
 (``learner/algorithms/gradstats.py``: the output-layer ghost norm times the loss's own token
 coefficients, reduced to the group's mean and spread) and writes them here with the weight
-version they were measured at; the allocator reads them for its ``grad`` method and the skip rule
-(``allocator/algorithm.py``). Both ends import this module and nothing else of each other.
+version they were measured at. Groups the rollout workers drop because every reward was equal
+(``rollout.drop_uniform_groups``) never reach the learner: the worker writes them instead
+(:func:`dropped_records`: zero advantage, zero gradient, at the version they were sampled at),
+so their zero-advantage streak still counts. The allocator reads them for its ``grad`` method
+and the skip rule (``allocator/algorithm.py``). Both ends import this module and nothing else
+of each other.
 
 Layout: one hash per namespace (``dynamo_rl.keys.grad_stats_key``), field = prompt id, value =
 five little-endian float64 — mean, spread, weight version, zero-advantage streak, visit weight
@@ -42,7 +46,17 @@ import numpy.typing as npt
 
 from dynamo_rl.keys import grad_stats_key, weight_version_key
 
-__all__ = ["VALUE", "GradRecord", "GradStatsRead", "aread", "decode", "read", "write"]
+__all__ = [
+    "VALUE",
+    "GradRecord",
+    "GradStatsRead",
+    "aread",
+    "awrite",
+    "decode",
+    "dropped_records",
+    "read",
+    "write",
+]
 
 VALUE = struct.Struct("<ddddd")
 """A stored value: mean, spread, weight version, zero-advantage streak, visit weight."""
@@ -127,6 +141,26 @@ class GradStatsRead:
         return np.maximum(self.current_version - self.version, 0.0)
 
 
+def _write_calls(
+    version: int, records: Sequence[GradRecord], half_life: float | None
+) -> list[list[Any]]:
+    """The script's argument lists for ``records`` (one per :data:`WRITE_CHUNK` prompts)."""
+    if half_life is not None and not half_life > 0:
+        raise ValueError(f"half_life must be > 0 (or None: off), got {half_life}")
+    half = repr(float(half_life)) if half_life else "0"
+    merged = {r.prompt_id: r for r in records}  # a prompt twice in one batch: the last counts
+    rows = list(merged.values())
+    calls = []
+    for i in range(0, len(rows), WRITE_CHUNK):
+        args: list[Any] = [int(version), half]
+        for r in rows[i : i + WRITE_CHUNK]:
+            if not r.prompt_id:
+                raise ValueError("GradRecord.prompt_id: empty")
+            args += [r.prompt_id, repr(float(r.mean)), repr(float(r.spread)), int(r.zero_advantage)]
+        calls.append(args)
+    return calls
+
+
 def write(
     client: Any,
     namespace: str,
@@ -137,23 +171,37 @@ def write(
     """Store ``records`` measured at weight ``version`` (a redis-py client), merged into the
     stored statistics with ``half_life`` (``allocator.stats_half_life``; None: each replaces
     the last); returns how many."""
-    if not records:
+    calls = _write_calls(version, records, half_life)
+    if not calls:
         return 0
-    if half_life is not None and not half_life > 0:
-        raise ValueError(f"half_life must be > 0 (or None: off), got {half_life}")
-    half = repr(float(half_life)) if half_life else "0"
-    merged = {r.prompt_id: r for r in records}  # a prompt twice in one batch: the last counts
     script = client.register_script(_WRITE_LUA)
-    rows = list(merged.values())
+    return sum(int(script(keys=[grad_stats_key(namespace)], args=a)) for a in calls)
+
+
+async def awrite(
+    aclient: Any,
+    namespace: str,
+    version: int,
+    records: Sequence[GradRecord],
+    half_life: float | None = None,
+) -> int:
+    """:func:`write` on a ``redis.asyncio`` client."""
+    calls = _write_calls(version, records, half_life)
+    if not calls:
+        return 0
+    script = aclient.register_script(_WRITE_LUA)
     done = 0
-    for i in range(0, len(rows), WRITE_CHUNK):
-        args: list[Any] = [int(version), half]
-        for r in rows[i : i + WRITE_CHUNK]:
-            if not r.prompt_id:
-                raise ValueError("GradRecord.prompt_id: empty")
-            args += [r.prompt_id, repr(float(r.mean)), repr(float(r.spread)), int(r.zero_advantage)]
-        done += int(script(keys=[grad_stats_key(namespace)], args=args))
+    for a in calls:
+        done += int(await script(keys=[grad_stats_key(namespace)], args=a))
     return done
+
+
+def dropped_records(prompt_ids: Sequence[str]) -> list[GradRecord]:
+    """What the learner would have measured for groups whose rewards were all equal, which the
+    rollout side drops before the stream (``rollout.drop_uniform_groups``): zero advantage, so
+    a zero gradient (mean and spread 0). The worker writes them so the zero-advantage streak
+    (the skip rule's input) counts the visits the learner never sees."""
+    return [GradRecord(p, 0.0, 0.0, True) for p in prompt_ids]
 
 
 def decode(values: Sequence[bytes | None], current_version: bytes | str | None) -> GradStatsRead:

@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.codec import TrajectoryGroup
 from dynamo_rl.config.learner import LearnerConfig
+from dynamo_rl.contracts import gradstats
 from dynamo_rl.contracts.generation import uniform_group
 from dynamo_rl.contracts.stream import PUSH_SCRIPT, TrajectoryReader
 from dynamo_rl.service_table import SERVICES
@@ -83,13 +84,13 @@ def length_reward(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def make_worker(ns: str, redis_url: str, engine: str, reward: str, allocator: str,
-                dataset: Path, model: Path) -> RolloutWorker:  # fmt: skip
+                dataset: Path, model: Path, *extra: str) -> RolloutWorker:  # fmt: skip
     cfg = worker_config(
         ns, redis_url, engine, reward, allocator, dataset, f"rollout.tokenizer={model}",
         "rollout.drop_uniform_groups=true", "rollout.allocation=uniform",
         f"rollout.batch_size={BATCH}", f"rollout.n={PER_PROMPT}", "rollout.shuffle=false",
         "rollout.sampling.max_tokens=6", "rollout.sampling.seed=0",
-        f"rollout.sampling.stop_token_ids={STOPS}", *REWARDS,
+        f"rollout.sampling.stop_token_ids={STOPS}", *REWARDS, *extra,
     )  # fmt: skip
     return build_worker(cfg)
 
@@ -231,3 +232,36 @@ def test_a_push_whose_reply_was_lost_is_retried_and_counted_once(
     assert len(lost) == pushes
     assert metric(worker, "dynamo_rollout_waits_total", {"reason": "redis"}) >= pushes
     check_stream(ns, redis_url, worker, results, allocator)
+
+
+@pytest.mark.parametrize("skip_after", [0, 1])
+def test_dropped_groups_count_in_the_zero_advantage_streak(
+    redis_url: str, engine: str, length_reward: str, allocator: str, dataset: Path, model: Path,
+    skip_after: int,
+) -> None:  # fmt: skip
+    """The learner never sees a dropped group, so the worker writes its zero-advantage visit to
+    the gradient statistics (the skip rule's streak), at the version it was sampled at; with the
+    skip rule and method grad off it writes nothing, as the learner does not either."""
+    ns = f"filler-streak-{skip_after}"
+    worker = make_worker(ns, redis_url, engine, length_reward, allocator, dataset, model,
+                         f"allocator.skip_after={skip_after}")  # fmt: skip
+    results = run_batches(worker)
+    dropped = {g.prompt_id for r in results for g in r.dropped}
+    pushed = {g.prompt_id for r in results for g in r.groups}
+    assert dropped and pushed
+    client = redis.Redis.from_url(redis_url)
+    try:
+        got = gradstats.read(client, ns, sorted(dropped | pushed))
+    finally:
+        client.close()
+    streak = dict(zip(sorted(dropped | pushed), got.streak.tolist(), strict=True))
+    spread = dict(zip(sorted(dropped | pushed), got.spread.tolist(), strict=True))
+    if skip_after == 0:
+        assert all(v == 0.0 for v in streak.values())
+        return
+    # Each prompt is in one batch: one zero-advantage visit per dropped group, a zero gradient.
+    assert {p: streak[p] for p in dropped} == {p: 1.0 for p in dropped}
+    assert {p: spread[p] for p in dropped} == {p: 0.0 for p in dropped}
+    # The pushed groups are the learner's to measure: the worker wrote nothing for them.
+    assert all(v == 0.0 for p, v in streak.items() if p in pushed)
+    assert all(v != v for p, v in spread.items() if p in pushed)  # NaN: never measured
