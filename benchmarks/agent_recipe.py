@@ -34,6 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+from _machine import write_result  # noqa: E402 - the result file, with its machine
 from quickstart_seeds import warm_start_evals  # noqa: E402 - the warm start's log, read once
 
 RECIPES = {
@@ -273,9 +274,8 @@ def out_path(given: str | None, quick: bool, name: str) -> Path:
 
 
 def write_doc(out: Path, doc: dict) -> None:
-    """The result JSON, its folder made; its path printed."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    """The result JSON with its machine record (``write_result``); its path printed."""
+    write_result(out, doc, indent=2, default=str)
     print(out)
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -41,8 +40,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import httpx  # noqa: E402
+from _machine import write_result  # noqa: E402 - the result file, with its machine
 
 from dynamo_rl.config.rollout import EnvConfig  # noqa: E402
 from dynamo_rl.envs import EnvContext, make_env  # noqa: E402
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     report["load_end"] = os.getloadavg()[0]
     print(f"load average at the end {report['load_end']:.1f}")
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_result(args.json, report, indent=2)
     return 0
 
 

@@ -60,6 +60,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _machine import write_result  # noqa: E402 - the result file, with its machine
 
 SATURATED_CORES = 0.8
 TARGET_UTILISATION = 0.5
@@ -875,8 +876,8 @@ def main(argv: list[str] | None = None) -> int:
         "projection": proj,
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=float) + "\n")
+    # The machine record joins "machine"'s cpus and load average (write_result).
+    write_result(out, report, indent=1, default=float)
     print(f"wrote {out}")
     return 0
 

@@ -78,6 +78,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+from _machine import write_result  # noqa: E402 - the result file, with its machine
 
 RESULTS = REPO / "benchmarks" / "results"
 WEIGHTINGS = ("token-mean", "prompt-mean")
@@ -1023,14 +1024,15 @@ def merge(paths: list[str], out: Path) -> int:
     report["settings"]["prompt_sets"] = len(report["sets"])
     report["wall_s"] = sum(r["wall_s"] for r in reports)
     report["merged_from"] = [Path(p).name for p in paths]
+    # Each part's machine (the merged report's "machine" is the one that merged them).
+    report["merged_machines"] = [r.get("machine") for r in reports]
     report["summary"] = summarise(report["sets"])
     write_report(report, out)
     return 0
 
 
 def write_report(report: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    write_result(out.with_suffix(".json"), report, indent=1)
     plot(report, out.with_suffix(".png"))
     print_table(report)
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")

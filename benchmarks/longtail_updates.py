@@ -50,6 +50,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import write_result  # noqa: E402 - the result file, with its machine
 from sample_efficiency import paired  # noqa: E402 - the seed-paired t interval, shared
 
 CONFIG = REPO / "configs" / "quickstart.yaml"
@@ -306,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         **summarise(runs),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_result(out, doc, indent=2)
     plot(doc, out.with_suffix(".png"))
     print(json.dumps(doc["ratios_interrupt_over_wait"], indent=2))
     print(f"written {out} and {out.with_suffix('.png')}")

@@ -41,7 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import machine_info  # noqa: E402
+from _machine import write_result  # noqa: E402 - the result file, with its machine
 from sample_efficiency import paired  # noqa: E402 - the seed-paired t interval, shared
 
 CONFIG = REPO / "configs" / "quickstart.yaml"
@@ -263,7 +263,6 @@ def main(argv: list[str] | None = None) -> int:
         "method": args.method,
         "quick": args.quick,
         "cpus": os.cpu_count(),
-        "machine": machine_info(),
         "note": "through the real services; not bit-reproducible (batch composition depends on "
                 "timing); wall times on a machine shared with other jobs (load_average_1m)",
         "gain_points": {"min": min(gains), "max": max(gains),
@@ -273,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         other = json.loads(Path(args.compare).read_text())
         doc["paired_to_compare"] = compare(doc, other, args.compare)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_result(out, doc, indent=2)
     print(out)
     sets = [(out.stem, doc)]
     if args.compare:

@@ -65,6 +65,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _machine import write_result  # noqa: E402 - the result file, with its machine
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -932,7 +934,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "wall_s": time.time() - t0,
     }
-    out.with_suffix(".json").write_text(json.dumps(report, separators=(",", ":")))
+    write_result(out.with_suffix(".json"), report, separators=(",", ":"))
     plot(runs, methods, out.with_suffix(".png"), s, summary[args.metric])
     print_table(summary[args.metric], s)
     if args.metric != "greedy":

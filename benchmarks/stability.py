@@ -46,6 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from _machine import write_result  # noqa: E402 - the result file, with its machine
 from sample_efficiency import (  # noqa: E402
     RESULTS,
     UPDATE_FIELDS,
@@ -363,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "wall_s": time.time() - t0,
     }
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    write_result(out.with_suffix(".json"), report, indent=1)
     plot(summary, out.with_suffix(".png"), st, s)
     print_table(summary)
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
