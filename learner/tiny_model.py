@@ -62,13 +62,17 @@ def build_tiny_model(
     intermediate_size: int | None = None,
     max_positions: int = 512,
     seed: int = 0,
+    chat_template: str | None = None,
 ) -> Path:
-    """Build a randomly initialised Qwen2 model with the character tokenizer into ``out_dir``."""
+    """Build a randomly initialised Qwen2 model with the character tokenizer into ``out_dir``
+    (``chat_template``: a Jinja chat template saved with the tokenizer; none by default)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     out = Path(out_dir)
     tokenizer = build_char_tokenizer()
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

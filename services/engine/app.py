@@ -7,7 +7,9 @@ it on shutdown), answers the informational routes (``/health``, ``/v1/models``,
 Errors: a control call the engine could not carry out (:class:`~.routes.Refused`) answers
 SGLang's ``{"success": false, "message"}`` with its status; a bad request is a 422 whose ``detail`` has FastAPI's shape (``loc`` names the field) —
 whether pydantic or a model-dependent check (a token id outside the vocabulary, a prompt longer
-than the context) found it — plus an OpenAI-style ``error`` object with the same message.
+than the context) found it — plus an OpenAI-style ``error`` object with the same message. Chat
+messages the model cannot render (no chat template, a malformed message) answer the same body
+with 400, as vLLM does.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ async def _http_error(req: Request, exc: StarletteHTTPException) -> Response:
 
 
 async def _invalid(_req: Request, exc: InvalidRequest) -> JSONResponse:
-    return JSONResponse(error_body(["body", *exc.field.split(".")], exc.message), 422)
+    return JSONResponse(error_body(["body", *exc.field.split(".")], exc.message), exc.status)
 
 
 async def _refused(_req: Request, exc: Refused) -> JSONResponse:

@@ -21,9 +21,16 @@ from typing import Any
 import torch
 
 from dynamo_rl.config.engine import EngineConfig
-from dynamo_rl.contracts.engine import EngineRegistry, PromptInput, SamplingKnobs
+from dynamo_rl.contracts.engine import (
+    EngineRegistry,
+    MessageError,
+    PromptInput,
+    SamplingKnobs,
+    chat_messages,
+)
 from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.contracts.weight_control import VLLMInitRequest, adapter_version
+from dynamo_rl.prompts import render_prompt
 from services.engine.adapters import Adapters
 from services.engine.batch_loop import BatchGenerator, BatchStats
 from services.engine.metrics import EngineMetrics
@@ -35,12 +42,14 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 class InvalidRequest(Exception):
-    """A request that is well-formed JSON but asks for something this model cannot do."""
+    """A request that is well-formed JSON but asks for something this model cannot do: a 422
+    naming ``field``, or ``status`` (400: chat messages the model cannot render, as vLLM)."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, status: int = 422) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.status = status
 
 
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
@@ -171,6 +180,30 @@ class Engine:
                     f"prompt {i} has {len(ids)} tokens; the model's context is {self.max_context}",
                 )
         return prompts
+
+    def render_chat(self, messages: list[Any]) -> list[int]:
+        """The token ids of chat ``messages`` rendered by the tokenizer's chat template with the
+        generation prompt, as the rollout worker renders a chat prompt
+        (:func:`dynamo_rl.prompts.render_prompt`). A tokenizer without a template, a malformed
+        message (:func:`~dynamo_rl.contracts.engine.chat_messages`) or one the template refuses
+        is a 400 naming the field, as vLLM answers."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequest(
+                "messages",
+                "the served model's tokenizer has no chat template (chat_template in its "
+                "tokenizer_config.json or chat_template.jinja); send rendered prompts to "
+                "/v1/completions instead",
+                status=400,
+            )
+        try:
+            _, ids = render_prompt(self.tokenizer, chat_messages(messages), "chat")
+        except MessageError as e:
+            raise InvalidRequest(e.field, e.message, status=400) from None
+        except Exception as e:  # the template's own refusal (jinja2 errors, raise_exception)
+            raise InvalidRequest(
+                "messages", f"the chat template cannot render them: {e}", status=400
+            ) from None
+        return ids
 
     def resolve_max_tokens(
         self, requested: int | None, prompts: list[list[int]], field: str

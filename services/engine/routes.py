@@ -1,7 +1,8 @@
 """The engine's HTTP routes, as two routers over the app's :class:`~.engine.Engine`.
 
-- :data:`generation` — OpenAI ``POST /v1/completions`` and SGLang ``POST /generate``. They are
-  ``async`` and only wait on the scheduler's future. Requests are validated with, and answers
+- :data:`generation` — OpenAI ``POST /v1/completions`` and ``POST /v1/chat/completions`` (its
+  messages rendered by the model's chat template, then the completion path: one generation
+  path) and SGLang ``POST /generate``. They are ``async`` and only wait on the scheduler's future. Requests are validated with, and answers
   built from, the models of :mod:`dynamo_rl.contracts.engine`.
 - :data:`control` — both weight-control protocols of :mod:`dynamo_rl.contracts.weight_control`
   (SGLang's update routes; vLLM's pause, start, update, finish, resume), the version reads and
@@ -12,7 +13,7 @@
   every route that changes the engine needs the control token when one is set.
 
 A check that needs the model raises :class:`~.engine.InvalidRequest` (a 422 naming the field,
-see :mod:`.app`); an update the engine could not apply answers 400 with SGLang's
+see :mod:`.app`; a 400 for chat messages the model cannot render); an update the engine could not apply answers 400 with SGLang's
 ``{"success": false, "message"}``; a vLLM-shaped call out of order answers 409.
 """
 
@@ -25,12 +26,20 @@ import time
 import uuid
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
 from dynamo_rl.contracts.engine import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprob,
+    ChatLogprobContent,
+    ChatLogprobs,
+    ChatMessage,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
@@ -40,6 +49,7 @@ from dynamo_rl.contracts.engine import (
     GenerateItem,
     GenerateMetaInfo,
     GenerateRequest,
+    token_id_text,
 )
 from dynamo_rl.contracts.weight_control import (
     PAUSE_MODES,
@@ -100,8 +110,8 @@ async def _observed(engine: Engine, route: str, call: Awaitable[Any]) -> Any:
     m.requests_in_flight.inc()
     try:
         body = await call
-    except InvalidRequest:
-        m.requests.labels(route, "422").inc()
+    except InvalidRequest as e:
+        m.requests.labels(route, str(e.status)).inc()
         raise
     finally:
         m.requests_in_flight.dec()
@@ -130,15 +140,51 @@ def _logprobs(engine: Engine, res: SequenceResult) -> CompletionLogprobs:
     )
 
 
-async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]:
+@dataclass
+class _Sampled:
+    """A completion request's sequences and what the batch loop made of them."""
+
+    adapter: str | None
+    prompts: list[list[int]]
+    seqs: list[list[int]]
+    """The prompt of each sequence (``n`` per prompt, prompt-major)."""
+    results: list[SequenceResult]
+
+    def usage(self) -> CompletionUsage:
+        prompt_tokens = sum(len(p) for p in self.prompts)
+        completion_tokens = sum(len(r.token_ids) for r in self.results)
+        return CompletionUsage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+    def weight_version(self) -> int:
+        return min((r.weight_version for r in self.results), default=0)
+
+
+async def _sample(
+    engine: Engine,
+    req: CompletionRequest,
+    prompt_field: str = "prompt",
+    max_tokens_field: str = "max_tokens",
+    logprobs_field: str = "logprobs",
+) -> _Sampled:
+    """The one generation path of ``/v1/completions`` and ``/v1/chat/completions`` (which
+    renders its messages into such a request); errors name the asking route's fields."""
     adapter = engine.resolve_adapter(req.model, "model")
-    prompts = engine.encode_prompts(req.prompt, "prompt")
-    max_tokens = engine.resolve_max_tokens(req.max_tokens, prompts, "max_tokens")
-    top = engine.check_top_logprobs(req.logprobs, "logprobs")
+    prompts = engine.encode_prompts(req.prompt, prompt_field)
+    max_tokens = engine.resolve_max_tokens(req.max_tokens, prompts, max_tokens_field)
+    top = engine.check_top_logprobs(req.logprobs, logprobs_field)
     seqs, params = engine.sequences(prompts, req, max_tokens=max_tokens, seed=req.seed)
     results = await asyncio.wrap_future(engine.generator.submit(seqs, params, adapter, top))
+    return _Sampled(adapter, prompts, seqs, results)
+
+
+async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]:
+    out = await _sample(engine, req)
     choices = []
-    for k, (ids, res) in enumerate(zip(seqs, results, strict=True)):
+    for k, (ids, res) in enumerate(zip(out.seqs, out.results, strict=True)):
         choice = CompletionChoice(
             index=k,
             text=engine.decode_text(res.token_ids, res.matched_stop, req.skip_special_tokens),
@@ -151,21 +197,78 @@ async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]
             choice.token_ids = res.token_ids
             choice.prompt_token_ids = ids
         choices.append(choice)
-    prompt_tokens = sum(len(p) for p in prompts)
-    completion_tokens = sum(len(r.token_ids) for r in results)
     return CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}",
         object="text_completion",
         created=int(time.time()),
-        model=adapter or engine.served_model_name,
+        model=out.adapter or engine.served_model_name,
         choices=choices,
-        usage=CompletionUsage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        ),
-        weight_version=min((r.weight_version for r in results), default=0),
+        usage=out.usage(),
+        weight_version=out.weight_version(),
     ).body()
+
+
+@generation.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, engine: EngineDep) -> dict[str, Any]:
+    return await _observed(engine, "/v1/chat/completions", _chat(engine, req))
+
+
+def _chat_logprobs(engine: Engine, res: SequenceResult, as_ids: bool) -> ChatLogprobs:
+    """``logprobs.content``: one entry per generated token (a stop token included), its token
+    named by its text or, ``as_ids``, as ``"token_id:<id>"``; ``bytes`` are the text's."""
+
+    def entry(token_id: int, logprob: float) -> ChatLogprob:
+        text = engine.tokenizer.decode([token_id])
+        return ChatLogprob(
+            token=token_id_text(token_id) if as_ids else text,
+            logprob=logprob,
+            bytes=list(text.encode("utf-8", errors="replace")),
+        )
+
+    content = []
+    for i, (t, lp) in enumerate(zip(res.token_ids, res.logprobs, strict=True)):
+        top = [] if res.top_logprobs is None else [entry(a, x) for a, x in res.top_logprobs[i]]
+        content.append(ChatLogprobContent(**entry(t, lp).body(), top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
+async def _chat(engine: Engine, req: ChatCompletionRequest) -> dict[str, Any]:
+    """The messages rendered by the model's chat template, sampled as the completion request
+    of those token ids (:meth:`ChatCompletionRequest.completion`), answered in chat's shape."""
+    prompt = engine.render_chat(req.messages)
+    out = await _sample(
+        engine, req.completion(prompt), "messages", req.max_tokens_field(), "top_logprobs"
+    )
+    choices = []
+    for k, res in enumerate(out.results):
+        text = engine.decode_text(res.token_ids, res.matched_stop, req.skip_special_tokens)
+        choice = ChatChoice(
+            index=k,
+            message=ChatMessage(role="assistant", content=text),
+            logprobs=(
+                _chat_logprobs(engine, res, bool(req.return_tokens_as_token_ids))
+                if req.logprobs
+                else None
+            ),
+            finish_reason=res.finish_reason,
+            stop_reason=res.matched_stop,
+            weight_versions=res.token_versions,
+        )
+        if req.return_token_ids:
+            choice.token_ids = res.token_ids
+        choices.append(choice)
+    answer = ChatCompletionResponse(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        object="chat.completion",
+        created=int(time.time()),
+        model=out.adapter or engine.served_model_name,
+        choices=choices,
+        usage=out.usage(),
+        weight_version=out.weight_version(),
+    )
+    if req.return_token_ids:
+        answer.prompt_token_ids = prompt
+    return answer.body()
 
 
 @generation.post("/generate")

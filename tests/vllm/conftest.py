@@ -3,8 +3,9 @@
 - ``vllm_servers``: starts at most one server at a time, per ``--logprobs-mode``; a test asking
   for another mode stops the running one first (each holds ~3 GB and its start takes about a
   minute, so it is started once per session, never per module).
-- ``tiny_models``: the quickstart's tiny Qwen2 model (seed 0: what the server starts on) and a
-  second one (seed 1: what the weight-push tests push), saved in Hugging Face format.
+- ``tiny_models``: the quickstart's tiny Qwen2 model (seed 0: what the server starts on; its
+  tokenizer carries the chat tests' template, ``engine_util.CHAT_TEMPLATE``) and a second one
+  (seed 1: what the weight-push tests push), saved in Hugging Face format.
 - :func:`learner_push`: the learner's real weight push (``DistributedPush`` + the engine
   contract's ``VLLMWeights``) against the plugin's ``gloo`` weight-transfer backend, in a
   one-rank gloo world (:func:`one_rank`).
@@ -53,7 +54,7 @@ def require_vllm_env() -> None:
 @dataclass
 class TinyModels:
     served: Path
-    """What the server starts on (the quickstart's tiny model, seed 0)."""
+    """What the server starts on (the quickstart's tiny model, seed 0, with a chat template)."""
     other: Path
     """Same architecture, seed 1: a different checkpoint to push."""
 
@@ -62,6 +63,7 @@ class TinyModels:
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     from dynamo_rl.config.up import TinyModelConfig
     from learner.tiny_model import build_tiny_model
+    from tests.services.engine.engine_util import CHAT_TEMPLATE
 
     require_vllm_env()
     root = tmp_path_factory.mktemp("vllm-models")
@@ -73,7 +75,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
         "num_kv_heads": tm.num_kv_heads,
     }
     return TinyModels(
-        served=build_tiny_model(root / "seed0", seed=0, **shape),
+        served=build_tiny_model(root / "seed0", seed=0, chat_template=CHAT_TEMPLATE, **shape),
         other=build_tiny_model(root / "seed1", seed=1, **shape),
     )
 

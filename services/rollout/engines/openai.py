@@ -1,5 +1,6 @@
 """Client of an OpenAI-compatible ``POST /v1/completions`` engine: vLLM, SGLang or the embedded
-engine (``docs/contracts.md``).
+engine (``docs/contracts.md``); and of its ``POST /v1/chat/completions`` (vLLM, the embedded
+engine): :meth:`OpenAICompletionsEngine.chat`.
 
 The prompt goes as token ids and ``return_token_ids: true`` asks for each choice's ``token_ids``
 (vLLM's name), so the trainer sees exactly the tokens that were sampled, never a re-tokenisation of
@@ -14,22 +15,33 @@ protocol each request's tokens get the version read just before it. A choice a p
 (``finish_reason: "abort"``) is retried whole, or — ``continue_aborted``, ``rollout.update_mode:
 interrupt`` — continued from its tokens so far once the engine has resumed, so one response can
 carry two or more versions (``docs/rollout.md``).
+
+Chat: the server renders the messages with its model's chat template. The request asks for
+``logprobs: true`` and vLLM's ``return_tokens_as_token_ids`` and ``return_token_ids``, so each
+log-prob entry names its token as ``"token_id:<id>"``: the sampled ids are read from there
+(one entry per token, its log-prob beside it) and checked against the choice's ``token_ids``;
+the rendered prompt's ids are the response's ``prompt_token_ids``. One parser for both servers.
+A chat choice a pause cut is retried whole (a chat turn is not continued).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from dynamo_rl.contracts.engine import (
     ABORTED,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    EngineRequest,
+    parse_token_id,
     sampling_knobs,
 )
 from dynamo_rl.contracts.sampling import SamplingParams
@@ -46,9 +58,17 @@ from services.rollout.engines.base import (
     Sample,
 )
 
-__all__ = ["OpenAICompletionsEngine", "completion_request", "parse_choices"]
+__all__ = [
+    "ChatSamples",
+    "OpenAICompletionsEngine",
+    "chat_request",
+    "completion_request",
+    "parse_chat",
+    "parse_choices",
+]
 
 _RESPONSE = TypeAdapter(CompletionResponse)
+_CHAT_RESPONSE = TypeAdapter(ChatCompletionResponse)
 MAX_CONTINUATIONS = 64
 """Most times one response is continued after a push cut it (one cut per push)."""
 RESUME_POLL_S = 0.05
@@ -109,6 +129,75 @@ def parse_choices(body: Any, url: str, n: int, keep_aborted: bool = False) -> li
     return samples
 
 
+def chat_request(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    n: int,
+    sampling: SamplingParams,
+    url: str = "",
+) -> ChatCompletionRequest:
+    """The chat request: the sampled tokens' ids and log-probs asked for in vLLM's convention."""
+    return build_request(
+        f"{url}/v1/chat/completions",
+        lambda: ChatCompletionRequest(
+            model=model, messages=[dict(m) for m in messages], n=n,
+            max_completion_tokens=sampling.max_tokens, seed=sampling.seed, logprobs=True,
+            return_tokens_as_token_ids=True, return_token_ids=True, **sampling_knobs(sampling),
+        ),
+    )  # fmt: skip
+
+
+@dataclass
+class ChatSamples:
+    """A chat request's samples and the token ids its messages were rendered to."""
+
+    prompt_token_ids: list[int] | None
+    """The rendered prompt (None when the server does not say)."""
+    samples: list[Sample]
+
+
+def parse_chat(body: Any, url: str, n: int) -> ChatSamples:
+    """Samples from a chat response, in choice-index order: each token id read from its log-prob
+    entry (``"token_id:<id>"``) and checked against the choice's ``token_ids`` when sent; an
+    aborted choice is an :class:`EngineUnavailable`."""
+    where = f"{url}/v1/chat/completions"
+    response = parse_answer(_CHAT_RESPONSE, body, where)
+    choices = sorted(response.choices, key=lambda c: c.index)
+    if len(choices) != n:
+        raise EngineProtocolError(f"{where}: asked for {n} choices, got {len(choices)}")
+    samples = []
+    for c in choices:
+        if c.finish_reason == ABORTED:
+            raise EngineUnavailable(f"{url}: a request was aborted (weight update); retry it")
+        content = None if c.logprobs is None else c.logprobs.content
+        if content is None:
+            raise EngineProtocolError(f"{where}: choice has no logprobs.content")
+        try:
+            token_ids = [parse_token_id(entry.token) for entry in content]
+        except ValueError as e:
+            raise EngineProtocolError(
+                f"{where}: {e} (the engine must support return_tokens_as_token_ids)"
+            ) from None
+        if c.token_ids is not None and c.token_ids != token_ids:
+            raise EngineProtocolError(
+                f"{where}: the choice's token_ids ({len(c.token_ids)}) are not the ids of its "
+                f"log-prob entries ({len(token_ids)})"
+            )
+        versions = token_versions(c.weight_versions, len(token_ids), url)
+        samples.append(
+            Sample(
+                token_ids=token_ids,
+                logprobs=[entry.logprob for entry in content],
+                text=c.message.content or "",
+                finish_reason=c.finish_reason or "stop",
+                weight_version=min(versions) if versions else response.weight_version,
+                engine_url=url,
+                weight_versions=versions,
+            )
+        )
+    return ChatSamples(response.prompt_token_ids, samples)
+
+
 class OpenAICompletionsEngine(ReplicaClient):
     """One replica behind ``/v1/completions``; versions read through ``weight_api``'s protocol."""
 
@@ -152,26 +241,46 @@ class OpenAICompletionsEngine(ReplicaClient):
     async def _complete(
         self, prompt_token_ids: Sequence[int], n: int, sampling: SamplingParams
     ) -> list[Sample]:
+        def build(model: str) -> CompletionRequest:
+            return completion_request(model, prompt_token_ids, n, sampling, self.url)
+
+        body, version = await self._post("/v1/completions", build)
+        samples = parse_choices(body, self.url, n, keep_aborted=self.continue_aborted)
+        return _stamped(samples, version)
+
+    async def chat(
+        self, messages: Sequence[Mapping[str, Any]], n: int, sampling: SamplingParams
+    ) -> ChatSamples:
+        """``n`` samples for one conversation, rendered by the server's chat template: their
+        token ids and log-probs (vLLM's ``"token_id:<id>"`` entries) and the prompt's ids."""
+
+        def build(model: str) -> ChatCompletionRequest:
+            return chat_request(model, messages, n, sampling, self.url)
+
+        body, version = await self._post("/v1/chat/completions", build)
+        out = parse_chat(body, self.url, n)
+        _stamped(out.samples, version)
+        return out
+
+    async def _post(
+        self, path: str, build: Callable[[str], EngineRequest]
+    ) -> tuple[Any, int | None]:
+        """The answer to ``build(model)`` posted to ``path``, and the version its samples were
+        drawn with when the answer cannot tell (None: it tells)."""
         # A LoRA policy: the request names the newest adapter, so its samples were drawn with
         # exactly that version.
         adapter, before = await self.adapter_to_use()
-        model = adapter or await self._model_name()
-        request = completion_request(model, prompt_token_ids, n, sampling, self.url)
+        request = build(adapter or await self._model_name())
         # vLLM's responses carry no weight version, so with its protocol the version is derived
         # (whatever the body says). Its pushes happen between pause and resume (mode wait:
         # running requests finish first; mode abort: they are cut first), so a response ran
         # wholly under the version read before it or a later one; the one read before is kept,
         # which never understates a sample's staleness (exact whenever no update came in
         # between).
+        version: int | None = before
         if self.adapter is None:
-            before = await self.weight_version() if self.weights.kind == "vllm" else None
-        body = await self.http.request("POST", "/v1/completions", request.body())
-        samples = parse_choices(body, self.url, n, keep_aborted=self.continue_aborted)
-        if before is not None:
-            for sample in samples:
-                sample.weight_version = before
-                sample.weight_versions = [before] * len(sample.token_ids)
-        return samples
+            version = await self.weight_version() if self.weights.kind == "vllm" else None
+        return await self.http.request("POST", path, request.body()), version
 
     async def _continue(
         self, prompt: Sequence[int], sample: Sample, sampling: SamplingParams
@@ -217,3 +326,12 @@ class OpenAICompletionsEngine(ReplicaClient):
             if time.monotonic() > deadline:
                 raise EngineUnavailable(f"{self.url}: still paused after {self.http.timeout_s} s")
             await asyncio.sleep(RESUME_POLL_S)
+
+
+def _stamped(samples: list[Sample], version: int | None) -> list[Sample]:
+    """``samples``, each token's version set to ``version`` when one is given."""
+    if version is not None:
+        for sample in samples:
+            sample.weight_version = version
+            sample.weight_versions = [version] * len(sample.token_ids)
+    return samples

@@ -13,6 +13,13 @@ from dynamo_rl.procs import ServiceProcess
 from dynamo_rl.service_table import SERVICES
 from tests.conftest import REPO
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""A chat template for the tiny models (whose tokenizer has none): the chat tests save it with
+the tokenizer, for the embedded engine and for real vLLM alike."""
+
 
 def start_engine(
     model_dir: Path, log_dir: Path, *overrides: str, env: dict[str, str] | None = None

@@ -63,3 +63,12 @@ def test_token_id_prompt_with_logprobs_and_extensions(client: openai.OpenAI) -> 
 def test_bad_requests_raise_the_clients_typed_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.UnprocessableEntityError):
         client.completions.create(model=model_name(client), prompt=[10**9], max_tokens=1)
+
+
+def test_chat_without_a_chat_template_is_400_naming_messages(client: openai.OpenAI) -> None:
+    """The tiny model's tokenizer has no chat template: chat is refused, as vLLM refuses it."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model_name(client), messages=[{"role": "user", "content": "hi"}]
+        )
+    assert e.value.param == "messages" and "no chat template" in e.value.message

@@ -16,7 +16,12 @@ from services.rollout.engines import (
     EngineRequestError,
     EngineUnavailable,
 )
-from services.rollout.engines.openai import completion_request, parse_choices
+from services.rollout.engines.openai import (
+    chat_request,
+    completion_request,
+    parse_chat,
+    parse_choices,
+)
 from services.rollout.engines.sglang import generate_request, parse_generate
 
 URL = "http://e:1"
@@ -113,6 +118,65 @@ def test_malformed_completions_answers_are_protocol_errors(body: object, match: 
 def test_an_aborted_choice_is_retried_elsewhere() -> None:
     with pytest.raises(EngineUnavailable, match="aborted"):
         parse_choices(_vllm(_choice(0, finish_reason="abort")), URL, 1)
+
+
+def test_chat_request_asks_for_token_ids_the_vllm_way() -> None:
+    body = chat_request("m", [{"role": "user", "content": "hi"}], 2, FULL).body()
+    assert body == {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2,
+                    "max_completion_tokens": 8, "seed": 11, "logprobs": True,
+                    "return_tokens_as_token_ids": True, "return_token_ids": True,
+                    "temperature": 0.7, "top_p": 0.9, "top_k": 5, "stop": ["</a>", "x"],
+                    "stop_token_ids": [2, 3]}  # fmt: skip
+
+
+def _entry(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": [104], "top_logprobs": []}
+
+
+def _chat_choice(index: int, **kw: object) -> dict:
+    choice = {"index": index, "message": {"role": "assistant", "content": "hi",
+              "refusal": None, "reasoning": None}, "finish_reason": "length",
+              "stop_reason": None, "token_ids": [5, 6], "routed_experts": None,
+              "logprobs": {"content": [_entry("token_id:5", -0.5),
+                                       _entry("token_id:6", -1.0)]}}  # fmt: skip
+    choice.update(kw)
+    return choice
+
+
+def _vllm_chat(*choices: dict, **kw: object) -> dict:
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": list(choices), "usage": {"prompt_tokens": 3, "total_tokens": 7,
+            "completion_tokens": 4}, "prompt_logprobs": None, "prompt_token_ids": [1, 2, 3],
+            "kv_transfer_params": None}  # fmt: skip
+    body.update(kw)
+    return body
+
+
+def test_chat_answers_of_vllm_shape_read_ids_from_the_log_prob_entries() -> None:
+    second = _chat_choice(1, token_ids=None, logprobs={"content": [_entry("token_id:7", -0.1)]})
+    out = parse_chat(_vllm_chat(second, _chat_choice(0)), URL, 2)
+    assert out.prompt_token_ids == [1, 2, 3]
+    first, other = out.samples
+    assert (first.token_ids, first.logprobs, first.text) == ([5, 6], [-0.5, -1.0], "hi")
+    assert (other.token_ids, other.logprobs) == ([7], [-0.1])  # no token_ids: entries alone
+    assert first.weight_version is None and first.finish_reason == "length"
+    (versioned,) = parse_chat(_vllm_chat(_chat_choice(0), weight_version=2), URL, 1).samples
+    assert versioned.weight_version == 2  # the embedded engine's extension
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    ({"object": "error"}, "contract"),
+    (_vllm_chat(_chat_choice(0, logprobs=None)), "no logprobs.content"),
+    (_vllm_chat(_chat_choice(0, logprobs={"content": [_entry("h", -0.5)]})), "token_id:<id>"),
+    (_vllm_chat(_chat_choice(0, token_ids=[5, 7])), "token_ids"),
+    (_vllm_chat(_chat_choice(0, token_ids=[5])), "token_ids"),
+    (_vllm_chat(_chat_choice(0), _chat_choice(1)), "asked for 1 choices, got 2"),
+])  # fmt: skip
+def test_malformed_chat_answers_are_protocol_errors(body: object, match: str) -> None:
+    with pytest.raises(EngineProtocolError, match=match):
+        parse_chat(body, URL, 1)
+    with pytest.raises(EngineUnavailable, match="aborted"):
+        parse_chat(_vllm_chat(_chat_choice(0, finish_reason="abort")), URL, 1)
 
 
 def _item(**meta: object) -> dict:
