@@ -21,12 +21,14 @@ from typing import Any
 import torch
 
 from dynamo_rl.config.engine import EngineConfig
+from dynamo_rl.contracts.chat import (
+    MessageError,
+    chat_messages,
+)
 from dynamo_rl.contracts.engine import (
     EngineRegistry,
-    MessageError,
     PromptInput,
     SamplingKnobs,
-    chat_messages,
 )
 from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.contracts.weight_control import VLLMInitRequest, adapter_version

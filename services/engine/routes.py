@@ -32,7 +32,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
-from dynamo_rl.contracts.engine import (
+from dynamo_rl.contracts.chat import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -40,6 +40,9 @@ from dynamo_rl.contracts.engine import (
     ChatLogprobContent,
     ChatLogprobs,
     ChatMessage,
+    token_id_text,
+)
+from dynamo_rl.contracts.engine import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
@@ -49,7 +52,6 @@ from dynamo_rl.contracts.engine import (
     GenerateItem,
     GenerateMetaInfo,
     GenerateRequest,
-    token_id_text,
 )
 from dynamo_rl.contracts.weight_control import (
     PAUSE_MODES,

@@ -7,7 +7,10 @@ will throw away, so the workers do the filtering: they keep generating, and each
 whose episodes all scored the same (:func:`dynamo_rl.contracts.generation.uniform_group`, the
 rule the learner's own ``dapo.dynamic_sampling`` applies) are counted and left out of the push.
 Their outcomes still go to the allocator: a prompt that is all right or all wrong is exactly what
-its statistics must see. The learner reads ``train_batch_size`` groups as ever, every one with a
+its statistics must see. So do their visits to the gradient statistics when the skip rule or
+method ``grad`` reads them (:meth:`Filler.visits`): the learner, which writes those for the groups
+it trains on, never sees a dropped group, and the skip rule's zero-advantage streak would miss
+exactly the visits it counts. The learner reads ``train_batch_size`` groups as ever, every one with a
 signal.
 
 **Accounting, exact and once.** What the dropped groups cost
@@ -23,8 +26,11 @@ dies takes the carry since its last push with it, as it does the batch it was ge
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from dynamo_rl.codec import TrajectoryGroup
+from dynamo_rl.contracts import gradstats
+from dynamo_rl.contracts.allocator import AllocationParams
 from dynamo_rl.contracts.generation import Spent, uniform_group
 from services.rollout.metrics import WorkerMetrics
 
@@ -58,6 +64,27 @@ class Filler:
         self.metrics.dropped_rollouts.inc(cost.rollouts)
         self.metrics.dropped_tokens.inc(cost.tokens)
         return kept, dropped
+
+    @staticmethod
+    def writes_visits(allocation: AllocationParams) -> bool:
+        """Whether the run reads gradient statistics (method ``grad`` or the skip rule): the
+        learner writes its own then, and the filler the dropped groups'."""
+        return allocation.method == "grad" or allocation.skip_after > 0
+
+    @staticmethod
+    def visits(
+        dropped: Sequence[TrajectoryGroup], allocation: AllocationParams, version: int
+    ) -> Callable[[Any, str], Awaitable[int]]:
+        """The write of the dropped groups' visits (:func:`gradstats.dropped_records`: zero
+        advantage, zero gradient, at the weight ``version`` they were sampled at) with the run's
+        ``stats_half_life``: called with a ``redis.asyncio`` client and the namespace."""
+        records = gradstats.dropped_records([g.prompt_id for g in dropped])
+        half_life = getattr(allocation, "stats_half_life", None)
+
+        async def write(client: Any, namespace: str) -> int:
+            return await gradstats.awrite(client, namespace, version, records, half_life)
+
+        return write
 
     async def push(self, push: Push, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
         """``push(groups, batch_id)`` with the carry on the first group, cleared once it landed

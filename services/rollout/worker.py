@@ -61,7 +61,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dynamo_rl.codec import Timing, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig, RolloutConfig
 from dynamo_rl.config.rollout import EnvConfig
-from dynamo_rl.contracts import gradstats
 from dynamo_rl.contracts.allocator import AllocationParams
 from dynamo_rl.contracts.engine import alist_engines
 from dynamo_rl.contracts.stream import TrajectoryWriter
@@ -318,20 +317,6 @@ class RolloutWorker:
             return
         self._unreported.clear()
 
-    async def record_dropped(self, dropped: Sequence[TrajectoryGroup], version: int) -> None:
-        """The learner never sees the groups the filler dropped, so their zero-advantage visits
-        go to the gradient statistics from here (:func:`gradstats.dropped_records`, at the
-        ``version`` they were sampled at): the skip rule (``allocator.skip_after``) and method
-        ``grad`` read them. Off unless one of those is on, as the learner's own writes are."""
-        wanted = self.allocation.method == "grad" or self.allocation.skip_after > 0
-        if not dropped or not wanted:
-            return
-        records = gradstats.dropped_records([g.prompt_id for g in dropped])
-        half_life = getattr(self.allocation, "stats_half_life", None)
-        await self._redis(
-            lambda: gradstats.awrite(self.redis, self.namespace, version, records, half_life)
-        )
-
     # -- leases -------------------------------------------------------------------------------
 
     async def hold_lease(self, prompt_ids: Sequence[str], batch_id: str) -> None:
@@ -468,7 +453,9 @@ class RolloutWorker:
         t_end = time.monotonic()
         # After the push: statistics count what was pushed, and what was dropped as uniform.
         await self.report(outcomes)
-        await self.record_dropped(dropped, engine_version)
+        if self.filler.writes_visits(self.allocation):
+            visits = self.filler.visits(dropped, self.allocation, engine_version)
+            await self._redis(lambda: visits(self.redis, self.namespace))
         played = [e for group in episodes for e in group]
         n_tokens = sum(e.model_tokens for e in played)
         self.metrics.record_episodes([e for e in played if e.multi_turn], generate_s)

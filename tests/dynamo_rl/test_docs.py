@@ -330,3 +330,27 @@ def test_every_module_the_layout_names_exists() -> None:
     assert not missing, (
         f"named in the layout (README.md, docs/architecture.md), not in the tree: {missing}"
     )
+
+
+MAX_LINES = 600
+"""The most lines a source file outside ``benchmarks/`` (and generated code) may have."""
+
+
+def test_no_source_file_outside_benchmarks_is_over_600_lines() -> None:
+    """A file that grows past this holds several things; split it by what it holds. The tracked
+    Python files, generated protobuf code aside."""
+    import subprocess
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tracked, "git ls-files found no Python file"
+    long = {}
+    for rel in tracked:
+        parts = Path(rel).parts
+        if parts[0] == "benchmarks" or parts[:2] == ("dynamo_rl", "proto"):
+            continue
+        n = len((REPO / rel).read_text().splitlines())
+        if n > MAX_LINES:
+            long[rel] = n
+    assert not long, f"over {MAX_LINES} lines: {long}"

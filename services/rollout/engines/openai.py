@@ -34,14 +34,16 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from dynamo_rl.contracts.engine import (
-    ABORTED,
+from dynamo_rl.contracts.chat import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    parse_token_id,
+)
+from dynamo_rl.contracts.engine import (
+    ABORTED,
     CompletionRequest,
     CompletionResponse,
     EngineRequest,
-    parse_token_id,
     sampling_knobs,
 )
 from dynamo_rl.contracts.sampling import SamplingParams
