@@ -2,8 +2,9 @@
 
 - :data:`generation` — OpenAI ``POST /v1/completions`` and ``POST /v1/chat/completions`` (its
   messages rendered by the model's chat template, then the completion path: one generation
-  path) and SGLang ``POST /generate``. They are ``async`` and only wait on the scheduler's future. Requests are validated with, and answers
-  built from, the models of :mod:`dynamo_rl.contracts.engine`.
+  path) and SGLang ``POST /generate``. They are ``async`` and only wait on the scheduler's
+  future. Requests are validated with, and answers built from, the models of
+  :mod:`dynamo_rl.contracts.engine` and :mod:`dynamo_rl.contracts.chat`.
 - :data:`control` — both weight-control protocols of :mod:`dynamo_rl.contracts.weight_control`
   (SGLang's update routes; vLLM's pause, start, update, finish, resume), the version reads and
   the LoRA adapter loads and unloads (both kinds' paths), carried out by the engine's
@@ -13,8 +14,9 @@
   every route that changes the engine needs the control token when one is set.
 
 A check that needs the model raises :class:`~.engine.InvalidRequest` (a 422 naming the field,
-see :mod:`.app`; a 400 for chat messages the model cannot render); an update the engine could not apply answers 400 with SGLang's
-``{"success": false, "message"}``; a vLLM-shaped call out of order answers 409.
+see :mod:`.app`; a 400 for chat messages the model cannot render); an update the engine could
+not apply answers 400 with SGLang's ``{"success": false, "message"}``; a vLLM-shaped call out of
+order answers 409.
 """
 
 from __future__ import annotations

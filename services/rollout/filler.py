@@ -10,8 +10,8 @@ Their outcomes still go to the allocator: a prompt that is all right or all wron
 its statistics must see. So do their visits to the gradient statistics when the skip rule or
 method ``grad`` reads them (:meth:`Filler.visits`): the learner, which writes those for the groups
 it trains on, never sees a dropped group, and the skip rule's zero-advantage streak would miss
-exactly the visits it counts. The learner reads ``train_batch_size`` groups as ever, every one with a
-signal.
+exactly the visits it counts. The learner reads ``train_batch_size`` groups as ever, every one
+with a signal.
 
 **Accounting, exact and once.** What the dropped groups cost
 (:class:`~dynamo_rl.contracts.generation.Spent`: groups, episodes, model tokens) is counted in

@@ -2,7 +2,8 @@
 client and the rollout worker's client: the messages rendered by the checkpoint's chat template,
 the sampled token ids in vLLM's ``"token_id:<id>"`` convention, their log-probs (the completion
 path's, and a fresh forward pass's), seeds, ``n``, and the 400s naming the field.
-(Without a chat template: ``test_openai_client.py``; on real vLLM: ``tests/vllm/test_vllm_chat.py``.)
+(Without a chat template: ``test_openai_client.py``; on real vLLM:
+``tests/vllm/test_vllm_chat.py``.)
 """
 
 from __future__ import annotations
