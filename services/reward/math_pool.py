@@ -13,6 +13,11 @@ late or dead is killed and replaced: the item it was on scores 0 with reason ``t
 1 — and the items of the batch it had not reached go back to the front of the queue, so every
 item is answered. If a worker cannot be replaced and none is left, every waiting and later item
 scores 0 with reason ``timeout`` and a detail that says so.
+
+What a worker runs is its *runner*: a top-level function the worker calls once, on its main
+thread, that imports what it needs and returns the function scoring one job (a tuple) to a result
+dict. :func:`math_runner` (math-verify, the default) is one; the ``reasoning_gym`` kind's pool runs
+``services.reward.rg_answer.runner`` (the library's ``score_answer``) the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import logging
 import math
 import multiprocessing as mp
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
@@ -31,12 +37,31 @@ log = logging.getLogger(__name__)
 
 _CTX = mp.get_context("spawn")
 
-Job = tuple[str, str, str]  # (response, ground truth, extraction mode)
+Job = tuple[Any, ...]  # math: (response, ground truth, extraction mode)
+Runner = Callable[[], Callable[[Job], dict[str, Any]]]
+"""A top-level function (spawned workers import it by name): called once in the worker, returns
+the function that scores one job."""
 
 
-def _worker_main(conn: Connection, memory_mb: int) -> None:
-    """Worker process: for each batch of ``(response, ground_truth, mode)`` items received, send
-    one result per item, in order, as each is scored; stop when the pipe closes."""
+def math_runner() -> Callable[[Job], dict[str, Any]]:
+    """math-verify: jobs are ``(response, ground_truth, mode)``."""
+    import logging as _logging
+
+    # math-verify warns once per process that its timeouts are off: they are, on purpose.
+    _logging.getLogger("math_verify").setLevel(_logging.ERROR)
+    from services.reward.math_answer import score_math
+
+    score_math("\\boxed{1}", "1", "last_boxed")  # warm the imports and parser caches
+
+    def score(job: Job) -> dict[str, Any]:
+        return score_math(*job)
+
+    return score
+
+
+def _worker_main(conn: Connection, memory_mb: int, runner: Runner, what: str) -> None:
+    """Worker process: for each batch of jobs received, send one result per job, in order, as
+    each is scored; stop when the pipe closes."""
     import resource
     import signal
 
@@ -45,35 +70,33 @@ def _worker_main(conn: Connection, memory_mb: int) -> None:
         limit = memory_mb << 20
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    import logging as _logging
-
-    # math-verify warns once per process that its timeouts are off: they are, on purpose.
-    _logging.getLogger("math_verify").setLevel(_logging.ERROR)
-    from services.reward.math_answer import score_math
-
-    score_math("\\boxed{1}", "1", "last_boxed")  # warm the imports and parser caches
+    try:
+        score = runner()
+    except Exception as e:  # e.g. the library is not installed: the parent says why
+        conn.send(f"failed: {type(e).__name__}: {str(e)[:500]}")
+        return
     conn.send("ready")
     while True:
         try:
             batch = conn.recv()
         except (EOFError, OSError):
             return
-        for response, ground_truth, mode in batch:
+        for job in batch:
             try:
-                result = score_math(response, ground_truth, mode)
+                result = score(job)
             except MemoryError:
                 result = {
                     "correct": False,
                     "format_ok": True,
                     "reason": "wrong_answer",
-                    "detail": "math-verify ran out of memory on this answer",
+                    "detail": f"{what} ran out of memory on this answer",
                 }
             except Exception as e:  # math-verify/sympy failures are the answer's problem
                 result = {
                     "correct": False,
                     "format_ok": True,
                     "reason": "wrong_answer",
-                    "detail": f"math-verify failed: {type(e).__name__}: {str(e)[:200]}",
+                    "detail": f"{what} failed: {type(e).__name__}: {str(e)[:200]}",
                 }
             conn.send(result)
 
@@ -83,17 +106,31 @@ def _timeout(detail: str) -> dict[str, Any]:
 
 
 class _Worker:
-    def __init__(self, memory_mb: int, start_timeout_s: float) -> None:
+    def __init__(
+        self, memory_mb: int, start_timeout_s: float, runner: Runner, what: str, name: str
+    ) -> None:
         self.conn, child = _CTX.Pipe()
-        self.proc = _CTX.Process(target=_worker_main, args=(child, memory_mb), daemon=True)
+        self.proc = _CTX.Process(
+            target=_worker_main, args=(child, memory_mb, runner, what), daemon=True
+        )
         self.proc.start()
         child.close()
-        if not self.conn.poll(start_timeout_s):
+        try:
+            greeting = self.conn.recv() if self.conn.poll(start_timeout_s) else None
+        except (EOFError, OSError):  # the runner failed: the worker exited before "ready"
             self.kill()
-            raise RuntimeError(f"math worker did not start within {start_timeout_s:.0f}s")
-        if self.conn.recv() != "ready":
+            raise RuntimeError(
+                f"{name} worker exited while starting (exit code {self.proc.exitcode}; see the "
+                "service log)"
+            ) from None
+        if greeting is None:
             self.kill()
-            raise RuntimeError("math worker sent an unexpected greeting")
+            raise RuntimeError(f"{name} worker did not start within {start_timeout_s:.0f}s")
+        if greeting != "ready":
+            self.kill()
+            if isinstance(greeting, str) and greeting.startswith("failed: "):
+                raise RuntimeError(f"{name} worker could not start: {greeting[8:]}")
+            raise RuntimeError(f"{name} worker sent an unexpected greeting")
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):
@@ -105,8 +142,9 @@ class _Worker:
 
 
 class MathPool:
-    """``workers`` math-verify processes fed batches of at most ``batch_size`` items;
-    ``timeout_s`` per item."""
+    """``workers`` processes running ``runner`` (math-verify by default), fed batches of at most
+    ``batch_size`` items; ``timeout_s`` per item. ``name`` names the workers in errors, ``what``
+    the code that scores in an item's detail when it fails."""
 
     def __init__(
         self,
@@ -115,7 +153,11 @@ class MathPool:
         memory_mb: int = 4096,
         start_timeout_s: float = 120.0,
         batch_size: int = 64,
+        runner: Runner = math_runner,
+        what: str = "math-verify",
+        name: str = "math",
     ) -> None:
+        self.runner, self.what, self.name = runner, what, name
         self.size = workers
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
@@ -131,14 +173,14 @@ class MathPool:
         self._closed = False
 
     def start(self) -> None:
-        """Start every worker (in parallel), wait until each has imported math-verify, then
-        start their feeders."""
+        """Start every worker (in parallel), wait until each has run its runner (imported
+        math-verify), then start their feeders."""
         errors: list[BaseException] = []
         started: list[_Worker] = []
 
         def one() -> None:
             try:
-                started.append(_Worker(self.memory_mb, self.start_timeout_s))
+                started.append(self._new_worker())
             except BaseException as e:
                 errors.append(e)
 
@@ -151,14 +193,17 @@ class MathPool:
             self._all.update(started)
         if errors:
             self.close()
-            raise RuntimeError(f"math worker pool failed to start: {errors[0]}")
+            raise RuntimeError(f"{self.name} worker pool failed to start: {errors[0]}")
         with self._cond:
             self._live = len(started)
         for i, worker in enumerate(started):
-            t = threading.Thread(target=self._feed, args=(worker,), name=f"math-feed-{i}")
+            t = threading.Thread(target=self._feed, args=(worker,), name=f"{self.name}-feed-{i}")
             t.daemon = True
             t.start()
             self._feeders.append(t)
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(self.memory_mb, self.start_timeout_s, self.runner, self.what, self.name)
 
     def submit_many(self, jobs: list[Job]) -> list[Future[dict[str, Any]]]:
         """Queue items; each future resolves to the item's result dict (never to an error)."""
@@ -181,8 +226,8 @@ class MathPool:
 
     def _unavailable(self) -> str:
         if self._closed:
-            return "the math worker pool is shut down"
-        return "no math worker is running (replacing one failed; see the service log)"
+            return f"the {self.name} worker pool is shut down"
+        return f"no {self.name} worker is running (replacing one failed; see the service log)"
 
     def _take(self) -> list[tuple[Job, Future[dict[str, Any]]]]:
         """Block for queued items; an even share of the queue, at most ``batch_size``."""
@@ -244,9 +289,11 @@ class MathPool:
         fresh = None
         if not self._closed:
             try:
-                fresh = _Worker(self.memory_mb, self.start_timeout_s)
+                fresh = self._new_worker()
             except Exception:
-                log.exception("could not replace a math worker; the pool is one worker short")
+                log.exception(
+                    "could not replace a %s worker; the pool is one worker short", self.name
+                )
         orphans: list[tuple[Job, Future[dict[str, Any]]]] = []
         with self._cond:
             if fresh is not None and not self._closed:

@@ -36,6 +36,31 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+class PoolQueue:
+    """Hands the jobs queued during one event-loop turn to a pool in one call (so they enter its
+    queue together and spread over its workers); each job's result comes back as an awaitable."""
+
+    def __init__(self, pool: MathPool) -> None:
+        self.pool = pool
+        self._outbox: list[tuple[Job, asyncio.Future[dict[str, Any]]]] = []
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        loop = asyncio.get_running_loop()
+        for (_, waiter), done in zip(
+            outbox, self.pool.submit_many([job for job, _ in outbox]), strict=True
+        ):
+            done.add_done_callback(lambda f, w=waiter: _hand_back(loop, w, f.result()))
+
+    def put(self, job: Job) -> asyncio.Future[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[dict[str, Any]] = loop.create_future()
+        if not self._outbox:
+            loop.call_soon(self._flush)
+        self._outbox.append((job, waiter))
+        return waiter
+
+
 class MathScorer(Scorer):
     kind = "math"
     item_model = MathItem
@@ -49,7 +74,7 @@ class MathScorer(Scorer):
         )
         self._restarts_seen = 0
         self._inflight: dict[Any, asyncio.Future[dict[str, Any]]] = {}
-        self._outbox: list[tuple[Job, asyncio.Future[dict[str, Any]]]] = []
+        self._queue = PoolQueue(self.pool).put
 
     @property
     def capacity(self) -> int:
@@ -60,23 +85,6 @@ class MathScorer(Scorer):
 
     async def close(self) -> None:
         await asyncio.to_thread(self.pool.close)
-
-    def _flush(self) -> None:
-        """Hand everything queued during this event-loop turn to the pool in one call."""
-        outbox, self._outbox = self._outbox, []
-        loop = asyncio.get_running_loop()
-        for (_, waiter), done in zip(
-            outbox, self.pool.submit_many([job for job, _ in outbox]), strict=True
-        ):
-            done.add_done_callback(lambda f, w=waiter: _hand_back(loop, w, f.result()))
-
-    def _queue(self, job: Job) -> asyncio.Future[dict[str, Any]]:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[dict[str, Any]] = loop.create_future()
-        if not self._outbox:
-            loop.call_soon(self._flush)
-        self._outbox.append((job, waiter))
-        return waiter
 
     async def _verdict(self, job: Job) -> tuple[dict[str, Any], str]:
         mc = self.cfg.math
