@@ -6,7 +6,8 @@ validates requests and serialises responses with them, the client
 field renamed on one side fails the other side's tests instead of a run.
 
 - ``POST /v1/verify``: :class:`VerifyRequest` (a list of :data:`VerifyItem`, one model per
-  ``kind``: :class:`MathItem`, :class:`CodeItem`, :class:`ModelItem`, :class:`JudgeItem`) ->
+  ``kind``: :class:`MathItem`, :class:`CodeItem`, :class:`ModelItem`, :class:`JudgeItem`,
+  :class:`ReasoningGymItem`) ->
   :class:`VerifyResponse` (one :class:`ItemResult` per item, in item order).
 - ``POST /run_code``: :class:`RunCodeRequest` -> :class:`RunCodeResponse`, the subset of
   SandboxFusion's ``/run_code`` this service implements; it accepts what SandboxFusion's own
@@ -22,6 +23,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dynamo_rl.contracts import rg_entry
 
 __all__ = [
     "KINDS",
@@ -41,6 +44,7 @@ __all__ = [
     "MathItem",
     "ModelItem",
     "Reason",
+    "ReasoningGymItem",
     "RunCodeRequest",
     "RunCodeResponse",
     "StdioCase",
@@ -79,6 +83,7 @@ Reason = Literal[
     "unparseable",
     "upstream_error",
     "model_error",
+    "scorer_error",
 ]
 """Why an item scored what it did (see docs/reward.md for each)."""
 
@@ -230,10 +235,60 @@ class JudgeItem(ItemBase):
     )
 
 
-VerifyItem = Annotated[MathItem | CodeItem | ModelItem | JudgeItem, Field(discriminator="kind")]
+class ReasoningGymItem(ItemBase):
+    """A response to a reasoning-gym entry, scored by the library's own ``score_answer`` for the
+    entry's task (``dynamo-rl data reasoning-gym`` writes such rows; docs/data.md)."""
+
+    kind: Literal["reasoning_gym"]
+    data_source: str = Field(
+        description="reasoning_gym/<task>: the task whose score_answer scores the response "
+        f"(reasoning-gym {rg_entry.VERSION}'s tasks)"
+    )
+    response: str = Field(
+        description="the model's full response; the answer scored is the last "
+        "<answer>...</answer> in it, else the whole response"
+    )
+    entry: dict[str, Any] = Field(
+        description="the reasoning-gym entry answered: question, answer (null when the task has "
+        "no single answer), metadata, in the typed JSON form of dynamo_rl.contracts.rg_entry "
+        "(tuples, sets and non-string keys tagged) as dynamo-rl data reasoning-gym writes it"
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the task's generator options the entry was made with (its score_answer "
+        "may read them); empty: the library's defaults",
+    )
+
+    @field_validator("data_source")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        if rg_entry.task_of(v) is None:
+            raise ValueError(f"{v!r} is not {rg_entry.source_form()}")
+        return v
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, v: dict[str, Any]) -> dict[str, Any]:
+        decoded = rg_entry.decode_entry(v)
+        if not isinstance(decoded, dict):
+            raise ValueError("expected the entry's question, answer and metadata")
+        missing = [k for k in ("question", "answer", "metadata") if k not in decoded]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)} (an entry has question, answer, "
+                             "metadata)")  # fmt: skip
+        if decoded["answer"] is not None and not isinstance(decoded["answer"], str):
+            raise ValueError("answer must be text or null")
+        if not isinstance(decoded["metadata"], dict):
+            raise ValueError("metadata must be an object")
+        return v
+
+
+VerifyItem = Annotated[
+    MathItem | CodeItem | ModelItem | JudgeItem | ReasoningGymItem, Field(discriminator="kind")
+]
 """One item of any kind; ``kind`` picks the model."""
 
-KINDS: tuple[str, ...] = ("math", "code", "model", "judge")
+KINDS: tuple[str, ...] = ("math", "code", "model", "judge", "reasoning_gym")
 """The ``kind`` values of :data:`VerifyItem`, in its order."""
 
 
@@ -249,13 +304,18 @@ class ItemResult(BaseModel):
     """One item's verdict, in the order the items came."""
 
     id: ItemId
-    score: float = Field(description="1/0 for math; fraction of passed cases for code")
+    score: float = Field(
+        description="1/0 for math; fraction of passed cases for code; reasoning_gym: the "
+        "library's score_answer (partial credit as it gives it)"
+    )
     correct: bool = Field(description="full marks")
     format_ok: bool = Field(description="an answer (math) or a program (code) was found")
     reason: Reason
     detail: str = ""
     answer: str | None = Field(
-        None, description="math: the final answer extracted from the response (maj@k votes on it)"
+        None,
+        description="math and reasoning_gym: the final answer extracted from the response "
+        "(maj@k votes on it)",
     )
     raw_score: float | None = Field(
         None, description="model kind: the reward model's raw output (score is normalised)"
