@@ -58,6 +58,29 @@ class RewardMathConfig(Section):
     scores 0 instead of exhausting the host."""
 
 
+class RewardReasoningGymConfig(Section):
+    """reasoning-gym entries (``reasoning_gym`` items, data sources ``reasoning_gym/<task>``):
+    scored by the library's own ``score_answer`` in a pool of worker processes like the math
+    pool's, started at the first such item (a service that never sees one never imports the
+    library)."""
+
+    enabled: bool = True
+    """Serve ``reasoning_gym`` items when the reasoning-gym library is installed in the service's
+    environment (``pip install 'dynamo-rl[reasoning-gym]'``); otherwise they are refused with
+    422."""
+    workers: Annotated[int, Field(ge=1, le=256)] | None = None
+    """Worker processes. Unset: one per CPU this process may run on."""
+    batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
+    """Most items sent to a worker in one message."""
+    timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    """Hard per-item limit: a worker still busy after this is killed, replaced, and the item
+    scores 0 with reason ``timeout``."""
+    max_pending: Annotated[int, Field(ge=1)] = 4096
+    """Items admitted at once (running + waiting); beyond this a request gets 429."""
+    memory_mb: Annotated[int, Field(ge=256)] = 4096
+    """Address-space limit of each worker (MiB)."""
+
+
 class RewardCodeConfig(Section):
     """Code execution: every run is a fresh bubblewrap sandbox (see services/reward/sandbox.py)."""
 
@@ -416,6 +439,7 @@ class RewardConfig(Section):
     """``Retry-After`` seconds sent with 429 when a kind's queue is full."""
     math: RewardMathConfig = RewardMathConfig()
     code: RewardCodeConfig = RewardCodeConfig()
+    reasoning_gym: RewardReasoningGymConfig = RewardReasoningGymConfig()
     models: dict[str, RewardModelSpec] = {}
     """Reward models by name; enables the ``model`` kind."""
     judges: dict[str, JudgeSpec] = {}

@@ -7,10 +7,12 @@ from services.reward.code_scorer import CodeScorer
 from services.reward.judge_scorer import JudgeScorer
 from services.reward.math_scorer import MathScorer
 from services.reward.model_scorer import ModelScorer
+from services.reward.rg_scorer import ReasoningGymScorer
 
 SCORERS: dict[str, type[Scorer]] = {
     MathScorer.kind: MathScorer,
     CodeScorer.kind: CodeScorer,
     ModelScorer.kind: ModelScorer,
     JudgeScorer.kind: JudgeScorer,
+    ReasoningGymScorer.kind: ReasoningGymScorer,
 }
