@@ -20,6 +20,7 @@ from typing import Any
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.config.reward import VERIFIERS, RewardConfig, RouteTable
 from dynamo_rl.config.rollout import EnvConfig
+from dynamo_rl.contracts import rg_entry
 from dynamo_rl.notices import Notices
 from services.rollout import datasets
 from services.rollout.build import model_context, prepare_prompts
@@ -97,6 +98,8 @@ def scorer_of(reward: RewardConfig, data_source: str, kind: str) -> str:
     """How the reward service scores the rows of ``data_source`` (words for a summary)."""
     if data_source in reward.composite:
         return f"composite reward.composite.{data_source}"
+    if kind == "reasoning_gym":
+        return f"reasoning_gym, {data_source.removeprefix(rg_entry.PREFIX)}'s score_answer"
     if kind not in VERIFIERS:
         return kind
     found = RouteTable(reward.routes).find(data_source)

@@ -4,7 +4,9 @@ Row layouts (both file formats accept both):
 
 - verl: ``prompt`` as chat messages (``[{"role": "user", "content": ...}]``), ``data_source``,
   ``reward_model.ground_truth``, ``extra_info.index``, and ``ability`` (its value is the reward
-  kind when it is ``math`` or ``code``);
+  kind when it is ``math``, ``code`` or ``reasoning_gym``); a ``reasoning_gym`` row (``dynamo-rl
+  data reasoning-gym``) carries its entry and generator options as JSON in
+  ``extra_info.reasoning_gym`` (``{"task", "config", "entry"}``);
 - flat: ``prompt`` as text or messages, ``ground_truth`` (or ``answer``), optional ``id``,
   ``data_source``, ``kind`` (``math`` | ``code`` | ``model`` | ``judge``); code rows carry ``tests``
   (and ``language``); ``model`` and ``judge`` rows (scored by a reward model or an LLM judge) need no
@@ -45,6 +47,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.config.reward import unrouted
+from dynamo_rl.contracts import rg_entry
 from dynamo_rl.contracts.reward import KINDS, VerifyItem
 from dynamo_rl.prompts import render_prompt, uses_chat_template
 
@@ -170,7 +173,7 @@ def record_from_row(
     kind = str(
         row.get("kind")
         or _get(row, "extra_info.kind")
-        or (ability if ability in ("math", "code") else None)
+        or (ability if ability in ("math", "code", "reasoning_gym") else None)
         or default_kind
     )
     if kind not in KINDS:
@@ -195,6 +198,9 @@ def record_from_row(
         extra["tests"] = _stdio_layout(tests, where)
         extra["language"] = str(row.get("language") or _get(row, "extra_info.language") or "python")
         truth = truth if isinstance(truth, str) else ""
+    elif kind == "reasoning_gym":
+        extra.update(_reasoning_gym(row, where))
+        truth = "" if truth is None else truth  # the entry holds the answer (or none)
     elif truth is None and kind in ("model", "judge"):
         truth = ""
     elif truth is None:
@@ -228,6 +234,29 @@ def record_from_row(
             field = ".".join(str(p) for p in loc)
             raise DatasetError(f"{where}: code item field {field!r}: {err['msg']}") from None
     return record
+
+
+def _reasoning_gym(row: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A reasoning-gym row's entry and generator options (``extra_info.reasoning_gym``, JSON text
+    or an object), checked as the reward item will carry them."""
+    field = "extra_info.reasoning_gym"
+    value = _get(row, field)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise DatasetError(f"{where}: {field!r} is not JSON: {e}") from None
+    if not isinstance(value, Mapping) or not isinstance(value.get("entry"), Mapping):
+        raise DatasetError(f"{where}: reasoning_gym rows need {field!r} with the entry "
+                           "({'task', 'config', 'entry'}, as dynamo-rl data reasoning-gym writes)")  # fmt: skip
+    config = value.get("config") or {}
+    if not isinstance(config, Mapping):
+        raise DatasetError(f"{where}: {field}.config must be an object")
+    try:
+        rg_entry.decode_entry(value["entry"])
+    except ValueError as e:
+        raise DatasetError(f"{where}: {field}.entry: {e}") from None
+    return {"entry": dict(value["entry"]), "config": dict(config)}
 
 
 def _rows(path: Path, fmt: str) -> Iterator[Any]:
@@ -467,10 +496,20 @@ def check_routes(records: Sequence[PromptRecord], cfg: ExperimentConfig) -> None
     """Refuse a dataset with a math or code ``data_source`` the reward service has no route (of
     its kind) or composite spec for (``reward.routes``, ``reward.composite``: the same table the
     service scores by) — it would be scored by the default extraction, quite possibly 0 for every
-    sample. A ``*`` route or composite spec accepts every source. Raises ValueError naming them."""
+    sample. A ``*`` route or composite spec accepts every source. ``reasoning_gym`` rows need the
+    data source ``reasoning_gym/<task>`` with a task of the pinned reasoning-gym version (each
+    task is scored by its own ``score_answer``). Raises ValueError naming them."""
     sources: dict[str, str] = {}
     for r in records:
         sources.setdefault(r.data_source, r.kind)
+    unknown = sorted(s for s, k in sources.items()
+                     if k == "reasoning_gym" and rg_entry.task_of(s) is None)  # fmt: skip
+    if unknown:
+        raise ValueError(
+            f"{cfg.rollout.dataset}: no reasoning-gym task for data_source "
+            f"{', '.join(repr(s) for s in unknown)} (reasoning_gym): the form is "
+            f"{rg_entry.source_form()}"
+        )
     missing = unrouted(cfg.reward, sources)
     if not missing:
         return
