@@ -459,6 +459,14 @@ def write_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     return p
 
 
+REASONING_GYM_HELP = (
+    f"  {'reasoning-gym':<14}generated, not read: dynamo-rl data reasoning-gym --tasks A,B "
+    "[--weights 1,2] --size N --seed S --out FILE\n"
+    f"  {'':<14}writes data_source 'reasoning_gym/<task>', scored by the task's score_answer "
+    "(dynamo-rl data reasoning-gym --help)"
+)
+
+
 def formats_table() -> str:
     lines = []
     for f in FORMATS.values():
@@ -469,6 +477,11 @@ def formats_table() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["reasoning-gym"]:  # generated, not read from files: its own arguments
+        from tasks.reasoning_gym_data import main as reasoning_gym_main
+
+        return reasoning_gym_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="dynamo-rl data",
         description="Convert a published dataset's files (JSONL, JSON array or parquet, as you "
@@ -476,7 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "read: chat prompt with the instruction its scorer expects, data_source of a default "
         "route, reward_model.ground_truth, the source's ids kept.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="formats:\n" + formats_table() + "\n\nExample: dynamo-rl data gsm8k "
+        epilog="formats:\n" + formats_table() + "\n" + REASONING_GYM_HELP + "\n\nExample: "
+        "dynamo-rl data gsm8k "
         "gsm8k/train.jsonl --out data/gsm8k_train.parquet (docs/data.md).",
     )
     parser.add_argument("format", choices=list(FORMATS), metavar="FORMAT",
