@@ -99,7 +99,8 @@ def _check_options(task: str, options: Mapping[str, Any], given: Sequence[str]) 
 
     config_cls = DATASETS[task][1]
     names = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
-    args = {n: next(a for a in reversed(given) if a.startswith(f"{task}.{n}=")) for n in options}
+    args = {n: next((a for a in reversed(given) if a.startswith(f"{task}.{n}=")),
+                    f"{task}.{n}={json.dumps(v)}") for n, v in options.items()}  # fmt: skip
     for name, arg in args.items():
         if name not in names:
             raise ConvertError(f"--config {arg}: {task} has no option {name!r}; its options: "

@@ -20,7 +20,7 @@ CODE = {"id": 2, "kind": "code", "response": "print(1)",
 def test_healthz(reward: RewardServer) -> None:
     body = httpx.get(f"{reward.url}/healthz").json()
     assert body["status"] == "ok"
-    assert body["kinds"] == ["math", "code"]
+    assert body["kinds"] == ["math", "code", "reasoning_gym"]  # reasoning-gym is installed
     assert body["sandbox"] == "bwrap"
 
 

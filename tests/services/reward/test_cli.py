@@ -64,6 +64,7 @@ def test_math_only_server_needs_no_sandbox(tmp_path: Path) -> None:
         tmp_path,
         [
             "reward.code.enabled=false",
+            "reward.reasoning_gym.enabled=false",
             "reward.code.bwrap=/nonexistent/bwrap",
             "--math-workers",
             "1",
