@@ -69,7 +69,10 @@ class CompositeRouter:
         return self.cfg.composite_max_pending
 
     def route(self, item: ItemBase) -> tuple[str, RewardSpec] | None:
-        """``(spec key, spec)`` for the item, or ``None`` when it is scored by its kind alone."""
+        """``(spec key, spec)`` for the item, or ``None`` when it is scored by its kind alone (a
+        ``reasoning_gym`` item always is: no component scores it)."""
+        if getattr(item, "kind", None) not in SCORED_KINDS:
+            return None
         source = item.data_source
         if source is not None and source in self.cfg.composite:
             return source, self.cfg.composite[source]

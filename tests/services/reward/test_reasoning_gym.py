@@ -10,7 +10,11 @@ from typing import Any
 import httpx
 import reasoning_gym
 
+from dynamo_rl.config import load_config
+from dynamo_rl.contracts.reward import MathItem, ReasoningGymItem
 from dynamo_rl.contracts.rg_entry import encode_entry
+from services.reward.composite import CompositeRouter
+from services.reward.metrics import RewardMetrics
 from tests.services.reward.conftest import RewardServer, start_reward_server
 
 
@@ -67,3 +71,11 @@ def test_a_scorer_that_hangs_or_kills_its_worker_scores_timeout_and_the_next_ite
         server.assert_serving()
     finally:
         server.proc.stop()
+
+
+def test_a_catch_all_composite_spec_leaves_reasoning_gym_items_to_their_kind() -> None:
+    cfg = load_config(None, ["reward.composite.*.components=[{kind: math}]"], env={}).reward
+    router = CompositeRouter(cfg, {}, RewardMetrics())
+    assert router.route(ReasoningGymItem.model_validate(_item("chain_sum", "1"))) is None
+    math = {"id": 1, "kind": "math", "response": "1", "ground_truth": "1", "data_source": "s"}
+    assert router.route(MathItem.model_validate(math)) is not None
