@@ -22,7 +22,9 @@ Arms (each is one allocator setting; ``ds`` is the baseline every other is paire
 - ``grad-skip-hl64``  allocation method ``grad`` (each prompt's gradient spread, measured in the
                  learner step's own backward, weighed by the same half-life) with that rule;
 - ``rounds``     uniform n sampled in rounds of ``round_size`` (``rollout.round_size``,
-                 Reinforce-Ada): a prompt stops as soon as its group has a signal.
+                 Reinforce-Ada): a prompt stops as soon as its group has a signal;
+- ``rounds-skip-hl64``  both: ``skip-hl64``'s rule decides which prompts are sampled, rounds
+                 how many responses each gets.
 
 What runs is the product's code: the allocator's function (``allocator.algorithm.
 allocate_rollouts`` with ``AllocationParams``, the skip rule's draws included), the learner's step
@@ -85,6 +87,7 @@ ARMS = {
     "dra-skip-hl64": Arm(method="dra", skip=True, half_life=64.0),
     "grad-skip-hl64": Arm(method="grad", skip=True, half_life=64.0),
     "rounds": Arm(round_size=2),
+    "rounds-skip-hl64": Arm(skip=True, half_life=64.0, round_size=2),
 }
 BASELINE = "ds"
 
@@ -410,12 +413,12 @@ def print_table(summary: dict) -> None:
         f"{'none' if target is None else f'{100 * target:.1f}%'}; ratios and differences "
         f"paired with {BASELINE}, 95% intervals"
     )
-    print(f"{'arm':<10} {'reached':>8} {'tokens/target':>22} {'rollouts/target':>22} "
+    print(f"{'arm':<17} {'reached':>8} {'tokens/target':>22} {'rollouts/target':>22} "
           f"{'tokens/step':>22} {'final diff (pts)':>24}")  # fmt: skip
     for a, r in summary["arms"].items():
         n = len(r["seeds"])
         print(
-            f"{a:<10} {r['reached']:>4}/{n:<3} {ci(r['tokens_ratio']):>22} "
+            f"{a:<17} {r['reached']:>4}/{n:<3} {ci(r['tokens_ratio']):>22} "
             f"{ci(r['rollouts_ratio']):>22} {ci(r['tokens_per_step_ratio']):>22} "
             f"{ci(r['final_diff'], 100.0, '+.1f'):>24}"
         )

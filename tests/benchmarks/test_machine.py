@@ -97,6 +97,8 @@ NOT_RESULTS = {
     ("bench_push.py", "worker"): "a worker's pushes handed to the driver, which prints them",
     ("fleet.py", "serve_engines"): "the simulated engines' ports, read by the driver",
     ("fleet.py", "_write_json"): "the stream reader's running totals, read by the driver",
+    ("informative_batch.py", "run_one"): "one (arm, seed) run's cache file, its figures copied "
+    "into the result's runs",
     ("sample_efficiency.py", "run_one"): "one (method, seed) run's cache file, its figures "
     "copied into the result's runs",
     ("stability.py", "run_one"): "one (method, lr, seed) run's cache file, its figures copied "
