@@ -45,7 +45,10 @@ held-out set). Each (arm, seed) run is one child process writing one file into t
 so an interrupted benchmark resumes.
 
     .venv/bin/python benchmarks/informative_batch.py --quick           # smoke run, minutes
-    .venv/bin/python benchmarks/informative_batch.py --seeds 0-9 --jobs 2
+    .venv/bin/python benchmarks/informative_batch.py --seeds 0-9 --jobs 2   # the committed result
+    .venv/bin/python benchmarks/informative_batch.py --seeds 0-9 --jobs 2 --steps 120 \
+        --eval-every 20 --eval-subset 1000 --arms ds,grad-skip-hl64,rounds-skip-hl64 \
+        --out benchmarks/results/informative_batch_120           # the longer one
 """
 
 from __future__ import annotations
@@ -97,9 +100,9 @@ class Settings(se.Settings):
     """``sample_efficiency.Settings`` (task, model, warm start, learner) with this benchmark's
     RL loop."""
 
-    train_prompts: int = 1024
+    train_prompts: int = 512
     """RL pool; a run visits each prompt a few times, not enough to overfit it."""
-    steps: int = 40
+    steps: int = 60
     batch_size: int = 16
     """B: groups with a signal in every learner step."""
     draw: int = 16
@@ -114,7 +117,7 @@ class Settings(se.Settings):
     max_draws: int = 200
     """Draws one learner step may take before the run stops with an error (a pool left with no
     prompt that can give a signal would otherwise draw forever)."""
-    eval_every: int = 8
+    eval_every: int = 10
     eval_subset: int = 400
     alloc_agg: str = "prompt-mean"
     stats_decay: float = 1.0
