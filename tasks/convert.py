@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.rows import ConvertError, write_rows
+
 __all__ = ["FORMATS", "ConvertError", "Format", "convert_rows", "main", "read_rows", "write_rows"]
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -54,10 +56,6 @@ CALL_INSTRUCTION = (
 PYTHON3 = 3
 """CodeContests' language id of Python 3 solutions (0 unknown, 1 Python 2, 2 C++, 3 Python 3,
 4 Java)."""
-
-
-class ConvertError(ValueError):
-    """A file or row a converter cannot read; the message names the file, row and field."""
 
 
 class Skip(Exception):
@@ -441,22 +439,6 @@ def convert_rows(
             }
         )
     return out, skipped
-
-
-def write_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """``.parquet`` (verl's files) or JSON lines (anything else)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if p.suffix.lower() in (".parquet", ".pq"):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(list(rows)), p)
-    else:
-        with p.open("w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-    return p
 
 
 REASONING_GYM_HELP = (

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dynamo_rl.contracts import rg_entry
-from tasks.convert import ConvertError, write_rows
+from tasks.rows import ConvertError, write_rows
 
 __all__ = ["SYSTEM_PROMPT", "generate", "main", "parse_options", "rows_of", "system_prompt"]
 
