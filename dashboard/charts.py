@@ -198,6 +198,19 @@ CHARTS: tuple[Chart, ...] = (
         ),
     ),
     Chart(
+        "alloc_vs_uniform",
+        "Prompts per learner step by allocated count against uniform n (allocator.n_per_prompt; "
+        "the step's consumed groups), and prompts skipped (allocator: 0 responses)",
+        "allocation",
+        "prompts",
+        (
+            _learner("above uniform", "alloc_above"),
+            _learner("at uniform", "alloc_at"),
+            _learner("below uniform", "alloc_below"),
+            _learner("skipped", "alloc_skipped"),
+        ),
+    ),
+    Chart(
         "zero_advantage_share",
         "Share of responses in zero-advantage groups (rollout: all rewards equal, no signal)",
         "allocation",

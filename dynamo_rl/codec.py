@@ -72,7 +72,7 @@ def validate_group(group: TrajectoryGroup) -> TrajectoryGroup:
         raise TrajectoryDecodeError(f"group {group.prompt_id!r} has no responses")
     if any(t < 0 for t in group.prompt_token_ids):
         raise TrajectoryDecodeError("prompt_token_ids: negative token id")
-    for name in ("dropped_groups", "dropped_rollouts", "dropped_tokens"):
+    for name in ("dropped_groups", "dropped_rollouts", "dropped_tokens", "skipped_prompts"):
         if getattr(group, name) < 0:
             raise TrajectoryDecodeError(f"{name} is negative ({getattr(group, name)})")
     for i, r in enumerate(group.responses):

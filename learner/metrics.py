@@ -67,6 +67,12 @@ GAUGES: dict[str, str] = {
     "gen_rollouts_dropped": "rollouts (episodes) of the last step's dropped groups",
     "gen_tokens_kept": "generated tokens of the groups the last step trained on",
     "gen_tokens_dropped": "generated tokens of the last step's dropped groups",
+    "alloc_above": "prompts of the last step's consumed groups allocated above uniform n "
+    "(allocator.n_per_prompt)",
+    "alloc_at": "prompts of the last step's consumed groups allocated exactly uniform n",
+    "alloc_below": "prompts of the last step's consumed groups allocated below uniform n",
+    "alloc_skipped": "prompts the allocator skipped (0 responses), carried on the entries the "
+    "last step consumed",
 }
 LAG_PREFIX = "mismatch_kl_lag"
 """Step-record keys ``mismatch_kl_lag<k>`` feed ``dynamo_learner_mismatch_kl_by_lag{lag="<k>"}``."""

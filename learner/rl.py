@@ -74,6 +74,7 @@ class RLTrainer(Trainer):
             push=self.push,
             engines_behind=self.engines_behind,
             metrics=self.metrics,
+            uniform_n=self.cfg.allocator.n_per_prompt,
         )
 
     def on_commit(self) -> None:

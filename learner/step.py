@@ -43,6 +43,7 @@ from torch import nn
 from dynamo_rl.config.learner import LearnerConfig
 from dynamo_rl.contracts.generation import StepGeneration
 from dynamo_rl.contracts.gradstats import GradRecord
+from dynamo_rl.contracts.step_allocation import StepAllocation
 from learner import algorithms as A
 from learner.batch import (
     MicroBatch,
@@ -91,6 +92,9 @@ class RLBatch:
     generation: StepGeneration | None = None
     """What the batch's groups cost to generate, kept and dropped (the stream source fills it;
     an in-process benchmark that drops groups fills it itself); None: no ``gen_*`` fields."""
+    allocation: StepAllocation | None = None
+    """Its consumed groups above, at and below uniform n, and the skipped prompts they carried
+    (the stream source fills it); None: no ``alloc_*`` fields."""
 
     @property
     def groups(self) -> int:
@@ -402,6 +406,8 @@ class RLStep:
         record |= episode_stats(samples) | grad_fields
         if batch.generation is not None:
             record |= batch.generation.record()
+        if batch.allocation is not None:
+            record |= batch.allocation.record()
         if algo.kl.coef > 0:
             record["kl"] = totals["kl"] / tokens / epochs
         if self.kl_ctl.beta > 0:

@@ -22,7 +22,10 @@ steps that consumed it is on disk (:meth:`StreamSource.commit`): a crash replays
 The batch carries what its groups cost to generate (``RLBatch.generation``,
 :class:`dynamo_rl.contracts.generation.StepGeneration`): the kept groups' own cost, and as
 dropped the groups the filters skipped plus what the workers dropped before the stream, carried
-on the entries this step consumed — exact figures, each dropped group counted once.
+on the entries this step consumed — exact figures, each dropped group counted once. It carries
+too how its consumed groups were allocated against uniform n (``allocator.n_per_prompt``) and
+how many prompts the allocator skipped, carried on the same entries (``RLBatch.allocation``,
+:class:`dynamo_rl.contracts.step_allocation.StepAllocation`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 from dynamo_rl.codec import oldest_version
 from dynamo_rl.config.learner import LearnerConfig
 from dynamo_rl.contracts.generation import StepGeneration, uniform_group
+from dynamo_rl.contracts.step_allocation import StepAllocation
 from dynamo_rl.contracts.stream import TrajectoryReader
 from learner.batch import samples_from_groups
 from learner.dist import broadcast_object, world_size
@@ -56,7 +60,9 @@ class StreamSource:
     """Collective :meth:`next_batch` over the trajectory stream (``reader`` on rank 0, None on
     the others). ``weight_version`` is the learner's current version (staleness is counted from
     it); ``push`` is the collective weight push, ``engines_behind`` rank 0's list of engines
-    behind the last one; ``metrics`` (rank 0) counts the skipped groups."""
+    behind the last one; ``metrics`` (rank 0) counts the skipped groups; ``uniform_n`` is
+    ``allocator.n_per_prompt``, what each batch's allocation is told against (None: the
+    batches carry no allocation)."""
 
     lc: LearnerConfig
     reader: TrajectoryReader | None
@@ -64,6 +70,7 @@ class StreamSource:
     push: Callable[[], object]
     engines_behind: Callable[[], list[str]]
     metrics: Any = None
+    uniform_n: int | None = None
     uncommitted: list[str] = field(default_factory=list)
     """Stream ids consumed since the last checkpoint."""
     stopped: bool = False
@@ -168,5 +175,8 @@ class StreamSource:
             skipped=sum(skipped.values()),
             entry_ids=consumed,
             generation=StepGeneration.of(kept, left_out, groups_read),
+            allocation=None
+            if self.uniform_n is None
+            else StepAllocation.of(groups_read, self.uniform_n),
         )
         return {"kind": "batch", "batch": batch, "last": timed_out}

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from dynamo_rl import keys
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.contracts.step_allocation import StepAllocation
 from dynamo_rl.contracts.weight_control import WeightControlError, weight_protocol
 from dynamo_rl.notices import Notices
 from learner.adapter_push import AdapterPush
@@ -422,13 +423,15 @@ class Trainer:
         assert self.metrics is not None and self.steplog is not None
         self.metrics.record_step(record)
         self.steplog.write(record)
+        allocation = StepAllocation.from_record(record)  # RL steps from the stream only
         log.info(
-            "step %d loss %.5f reward %.3f grad_norm %.4f time %.2fs",
+            "step %d loss %.5f reward %.3f grad_norm %.4f time %.2fs%s",
             record["step"],
             record.get("loss", float("nan")),
             record.get("reward_mean", float("nan")),
             record.get("grad_norm", float("nan")),
             record.get("time_step", float("nan")),
+            f" {allocation.line()}" if allocation is not None else "",
         )
 
     def optimizer_step(self) -> float:

@@ -5,6 +5,8 @@ neither end can drift from the other.
 - ``generation``: which groups carry no signal (``uniform_group``, the rule the worker drops by
   and the learner skips by) and what generating them cost, as carried on the stream and summed
   per learner step;
+- ``step_allocation``: how a learner step's prompts were allocated against uniform n (above, at,
+  below) and how many the allocator skipped, as carried on the stream;
 - ``sampling``: the sampling settings (``SamplingParams``), one declaration for the config, the
   rollout clients, the engine and the learner, converted at the HTTP and protobuf edges only;
 - ``engine``: the engines' generation API (``/v1/completions``, ``/generate``) and their registry;

@@ -21,6 +21,12 @@ cleared only once that push has returned. A push lands whole and once — a retr
 reply finds the batch's marker and adds nothing — so each dropped group reaches the stream
 exactly once, and a batch left with nothing to push hands its carry on to the next. A worker that
 dies takes the carry since its last push with it, as it does the batch it was generating.
+
+**Skipped prompts ride along.** The prompts the allocator gave 0 responses (the skip rule) make no
+group, filter on or off; :meth:`Filler.split` counts them into :attr:`Filler.skipped`, and the
+same push writes that count on the same first group (``TrajectoryGroup.skipped_prompts``,
+:class:`~dynamo_rl.contracts.step_allocation.StepAllocation`), cleared the same way, so the
+learner counts each skipped prompt once too.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dynamo_rl.codec import TrajectoryGroup
 from dynamo_rl.contracts import gradstats
 from dynamo_rl.contracts.allocator import AllocationParams
 from dynamo_rl.contracts.generation import Spent, uniform_group
+from dynamo_rl.contracts.step_allocation import StepAllocation
 from services.rollout.metrics import WorkerMetrics
 
 __all__ = ["Filler"]
@@ -47,11 +54,15 @@ class Filler:
         self.metrics = metrics
         self.carry = Spent()
         """What the groups dropped since the last push that carried it cost."""
+        self.skipped = 0
+        """Prompts allocated 0 responses since the last push that carried the count."""
 
     def split(
-        self, groups: Sequence[TrajectoryGroup]
+        self, groups: Sequence[TrajectoryGroup], skipped: int = 0
     ) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
-        """``(kept, dropped)`` in order; the dropped ones counted and carried. Off: all kept."""
+        """``(kept, dropped)`` in order; the dropped ones counted and carried, and ``skipped``
+        (the batch's prompts allocated 0, which made no group) carried. Off: all kept."""
+        self.skipped += skipped
         if not self.enabled:
             return list(groups), []
         kept: list[TrajectoryGroup] = []
@@ -87,12 +98,14 @@ class Filler:
         return write
 
     async def push(self, push: Push, groups: Sequence[TrajectoryGroup], batch_id: str) -> list[str]:
-        """``push(groups, batch_id)`` with the carry on the first group, cleared once it landed
-        (``push`` must be at most once per ``batch_id``: ``TrajectoryWriter.push``). With no
-        group to push the carry waits for the next batch."""
+        """``push(groups, batch_id)`` with the carry and the skipped count on the first group,
+        cleared once it landed (``push`` must be at most once per ``batch_id``:
+        ``TrajectoryWriter.push``). With no group to push both wait for the next batch."""
         if not groups:
             return await push(groups, batch_id)
         self.carry.stamp(groups[0])
+        StepAllocation.stamp(self.skipped, groups[0])
         ids = await push(groups, batch_id)
         self.carry = Spent()
+        self.skipped = 0
         return ids

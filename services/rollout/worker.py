@@ -445,7 +445,7 @@ class RolloutWorker:
             timing=Timing(created_unix=time.time(), generate_s=generate_s, verify_s=verify_s),
             namespace=self.namespace, worker_id=self.worker_id, batch_id=batch_id,
         )  # fmt: skip
-        groups, dropped = self.filler.split(made.groups)
+        groups, dropped = self.filler.split(made.groups, skipped=counts.count(0))
         rewards, outcomes = made.rewards, made.outcomes
 
         t_push = time.monotonic()

@@ -16,6 +16,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from dashboard.charts import CHARTS
 from dynamo_rl.codec import Response, Timing, TrajectoryGroup, encode_entry
+from dynamo_rl.contracts.step_allocation import StepAllocation
 from dynamo_rl.keys import trajectory_stream, weight_version_key
 from dynamo_rl.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from tests.deploy.registry import METRIC_CLASSES, service_registry
@@ -101,6 +102,7 @@ def learner_record(step: int) -> dict[str, float]:
         "tokens": 2048,
         "gen_tokens_kept": 2048,
         "gen_tokens_dropped": rng.randrange(0, 1024),
+        **StepAllocation(above=3, at=2, below=3, skipped=rng.randrange(0, 3)).record(),
     }
 
 

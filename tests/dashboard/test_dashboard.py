@@ -24,6 +24,7 @@ from dashboard.sources import (
     parse_exposition,
 )
 from dynamo_rl.config import load_config
+from dynamo_rl.contracts.step_allocation import StepAllocation
 from dynamo_rl.metrics import ServiceMetrics
 from tests.dashboard.dashboard_data import write_metrics_log, write_stream
 from tests.deploy.registry import METRIC_CLASSES, service_of, service_registry
@@ -136,6 +137,36 @@ def test_staleness_chart_shows_the_version_spread_within_responses(tmp_path: Pat
     assert lines["spread in a response (max)"] == [[1.0, 0.0], [2.0, 2.0]]
     assert lines["spread in a response (mean)"] == [[1.0, 0.0], [2.0, 0.5]]
     assert lines["oldest token"] == [[1.0, 1.0], [2.0, 3.0]]
+
+
+def test_allocation_chart_draws_a_steps_allocation_from_its_record(tmp_path: Path) -> None:
+    """The chart of prompts above, at and below uniform n and skipped: from the learner's step
+    log when there is one, else from the learner's gauges the same record set."""
+    import learner.steplog as steplog
+    from learner.metrics import LearnerMetrics
+
+    steps = {1: StepAllocation(above=3, at=4, below=1, skipped=2), 2: StepAllocation(at=8)}
+    writer = steplog.StepLog(tmp_path / "metrics.jsonl")
+    for step, allocation in steps.items():
+        writer.write({"step": step, "loss": 0.1, **allocation.record()})
+    log = JsonlLog(tmp_path / "metrics.jsonl")
+    log.refresh()
+    (chart,) = [c for c in CHARTS if c.id == "alloc_vs_uniform"]
+    assert chart.group == "allocation" and chart.unit == "prompts"
+    lines = {ln["label"]: ln["points"] for ln in chart_data(chart, log, Scraper([]))["lines"]}
+    assert lines == {
+        "above uniform": [[1.0, 3.0], [2.0, 0.0]],
+        "at uniform": [[1.0, 4.0], [2.0, 8.0]],
+        "below uniform": [[1.0, 1.0], [2.0, 0.0]],
+        "skipped": [[1.0, 2.0], [2.0, 0.0]],
+    }
+    metrics = LearnerMetrics()
+    snaps = _snapshots(metrics.metrics, [(50.0, lambda: metrics.record_step(
+        {"step": 1, **steps[1].record()}))])  # fmt: skip
+    out = chart_data(chart, JsonlLog(None), _FixedScraper({"http://l:1/metrics": snaps}))
+    scraped = {ln["label"]: ln["points"] for ln in out["lines"]}
+    assert scraped == {"above uniform": [[50.0, 3.0]], "at uniform": [[50.0, 4.0]],
+                       "below uniform": [[50.0, 1.0]], "skipped": [[50.0, 2.0]]}  # fmt: skip
 
 
 def _snapshots(m: ServiceMetrics, steps: list[tuple[float, callable]]) -> list[Snapshot]:

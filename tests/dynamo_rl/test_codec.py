@@ -53,6 +53,7 @@ def test_roundtrip_through_real_redis_stream(redis_url: str) -> None:
         (lambda g: g.responses[1].logprobs.__setitem__(0, 0.5), "<= 0"),
         (lambda g: g.responses[0].weight_versions.extend([4]), "1 weight_versions for 2 tokens"),
         (lambda g: g.responses[1].weight_versions.extend([-1]), "negative weight version"),
+        (lambda g: setattr(g, "skipped_prompts", -1), "skipped_prompts is negative"),
     ],
 )
 def test_invalid_groups_are_refused(mutate, reason: str) -> None:

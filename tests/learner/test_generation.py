@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from dynamo_rl.codec import Response, TrajectoryGroup, Turn
 from dynamo_rl.config.learner import LearnerConfig
 from dynamo_rl.contracts.generation import RECORD_FIELDS, uniform_group
+from dynamo_rl.contracts.step_allocation import StepAllocation
 from dynamo_rl.contracts.stream import TrajectoryReader
 from learner.algorithms import dapo_keep_groups
 from learner.batch import episode_ids, response_episode
@@ -175,4 +176,8 @@ def test_the_learners_step_log_holds_the_streams_figures(redis_url: str, tmp_pat
             "gen_rollouts_dropped": sum(g.dropped_rollouts for g in consumed),
             "gen_tokens_dropped": sum(g.dropped_tokens for g in consumed),
         }
+        # The RL trainer tells the source uniform n: every step record holds its allocation too.
+        allocation = StepAllocation.from_record(record)
+        assert allocation is not None
+        assert allocation.above + allocation.at + allocation.below == len(consumed)
     assert sum(r["gen_groups_dropped"] for r in steps) == 1 + 3 + 5

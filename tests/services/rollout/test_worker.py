@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -25,11 +26,15 @@ from allocator.server import SERVICE_NAME
 from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.codec import Response, SamplingRecord, TrajectoryGroup
 from dynamo_rl.config import ExperimentConfig
+from dynamo_rl.config.learner import LearnerConfig
 from dynamo_rl.contracts.reward import ItemResult, MathItem, ModelItem
+from dynamo_rl.contracts.step_allocation import StepAllocation
+from dynamo_rl.contracts.stream import TrajectoryReader
 from dynamo_rl.contracts.weight_control import send
 from dynamo_rl.keys import engines_key, learner_group, trajectory_stream, weight_version_key
 from dynamo_rl.procs import ServiceProcess, free_port, grpc_healthy
 from dynamo_rl.service_table import SERVICES
+from learner.stream_source import StreamSource
 from services.rollout.engines import SGLangEngine
 from services.rollout.reward_client import RewardClient, RewardRequestError
 from services.rollout.worker import RolloutWorker, build_worker
@@ -510,3 +515,43 @@ def test_zero_advantage_responses_count_the_groups_with_equal_rewards():
     # All equal (3 + 2 responses) counts; mixed rewards and an empty group do not.
     groups = [group(1.0, 1.0, 1.0), group(0.0, 1.0), group(0.0, 0.0), group()]
     assert zero_advantage_responses(groups) == 5
+
+
+class SkippingAllocator:
+    """An allocator that answers fixed counts, zeros among them (the skip rule's verdict)."""
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        self.batches = list(batches)
+
+    async def aallocate(self, _ns: str, prompt_ids: list[str], **_params: int) -> object:
+        counts = self.batches.pop(0)
+        assert len(counts) == len(prompt_ids)
+        return SimpleNamespace(counts=counts, priorities=[0.1] * len(counts))
+
+    async def areport_outcomes(self, _ns: str, _outcomes: object) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def test_skipped_prompts_ride_on_the_next_push_and_reach_the_learners_step(make_worker, redis_url):
+    """Prompts allocated 0 make no group; the worker carries their count on the first group of
+    its next push (over a batch that pushed nothing), and the learner's step sums it with its
+    groups told against uniform n (rollout.n=4)."""
+    worker = make_worker("rollout.shuffle=false")
+    worker.allocator.close()
+    worker.allocator = SkippingAllocator([[0, 0, 0], [0, 4, 0], [5, 0, 3]])
+    assert asyncio.run(run_and_close(worker, 3)) == 3
+
+    entries = stream_groups(redis_url)
+    groups = [g for _eid, g in entries]
+    assert [(g.allocated_n, g.skipped_prompts) for g in groups] == [(4, 3 + 2), (5, 1), (3, 0)]
+    lc = LearnerConfig(train_batch_size=3, stream={"block_ms": 50})
+    reader = TrajectoryReader(redis.Redis.from_url(redis_url), NS)
+    reader.setup()
+    source = StreamSource(lc, reader, weight_version=lambda: 0, push=lambda: None,
+                          engines_behind=lambda: [], uniform_n=4)  # fmt: skip
+    batch = source.next_batch()
+    assert batch is not None and batch.entry_ids == [eid for eid, _g in entries]
+    assert batch.allocation == StepAllocation(above=1, at=1, below=1, skipped=6)

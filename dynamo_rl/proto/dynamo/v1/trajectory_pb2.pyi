@@ -110,7 +110,7 @@ class Timing(_message.Message):
     def __init__(self, created_unix: _Optional[float] = ..., generate_s: _Optional[float] = ..., verify_s: _Optional[float] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
-    __slots__ = ("prompt_id", "prompt_token_ids", "responses", "weight_version", "sampling", "data_source", "namespace", "prompt_text", "timing", "worker_id", "allocated_n", "priority", "batch_id", "dropped_groups", "dropped_rollouts", "dropped_tokens")
+    __slots__ = ("prompt_id", "prompt_token_ids", "responses", "weight_version", "sampling", "data_source", "namespace", "prompt_text", "timing", "worker_id", "allocated_n", "priority", "batch_id", "dropped_groups", "dropped_rollouts", "dropped_tokens", "skipped_prompts")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,7 @@ class TrajectoryGroup(_message.Message):
     DROPPED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     responses: _containers.RepeatedCompositeFieldContainer[Response]
@@ -143,4 +144,5 @@ class TrajectoryGroup(_message.Message):
     dropped_groups: int
     dropped_rollouts: int
     dropped_tokens: int
-    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., weight_version: _Optional[int] = ..., sampling: _Optional[_Union[SamplingRecord, _Mapping]] = ..., data_source: _Optional[str] = ..., namespace: _Optional[str] = ..., prompt_text: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., worker_id: _Optional[str] = ..., allocated_n: _Optional[int] = ..., priority: _Optional[float] = ..., batch_id: _Optional[str] = ..., dropped_groups: _Optional[int] = ..., dropped_rollouts: _Optional[int] = ..., dropped_tokens: _Optional[int] = ...) -> None: ...
+    skipped_prompts: int
+    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., weight_version: _Optional[int] = ..., sampling: _Optional[_Union[SamplingRecord, _Mapping]] = ..., data_source: _Optional[str] = ..., namespace: _Optional[str] = ..., prompt_text: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., worker_id: _Optional[str] = ..., allocated_n: _Optional[int] = ..., priority: _Optional[float] = ..., batch_id: _Optional[str] = ..., dropped_groups: _Optional[int] = ..., dropped_rollouts: _Optional[int] = ..., dropped_tokens: _Optional[int] = ..., skipped_prompts: _Optional[int] = ...) -> None: ...
