@@ -161,14 +161,28 @@ def test_a_turn_that_extends_the_episode_keeps_one_sample_with_the_env_tokens_ma
     assert seg.logprobs[1 : second.start] == [0.0] * (second.start - 1)
 
 
+async def play_each(
+    env: Any, row: dict[str, Any], rec: Recorded, samplings: list[dict[str, Any]], drops: Drops
+) -> list[VerifiersEpisode]:
+    """One episode of ``row`` with each sampling, in order, on one client."""
+    groups = [await play_verifiers_group(env, row, rec.client, "m", s, 1, drops) for s in samplings]
+    return [e for g in groups for e in g]
+
+
 def test_episodes_go_on_the_stream_and_come_back_whole(url: str, redis_url: str) -> None:
+    """A group with a forked episode and one that kept its environment's tokens (mask 0)."""
     env = load_verifiers_env(MULTI, {"max_turns": 2})
-    drops = Drops()
-    rec = Recorded(url)
     row = verifiers_rows(env)[1]
-    eps = asyncio.run(
-        play_verifiers_group(env, row, rec.client, "m", sampling_args(max_tokens=5), 2, drops)
-    )
+    for seed in range(60):
+        drops = Drops()
+        rec = Recorded(url)
+        sampling = [sampling_args(max_tokens=3), sampling_args(max_tokens=1, seed=seed)]
+
+        eps = asyncio.run(play_each(env, row, rec, sampling, drops))
+        if eps[0].forks and not eps[1].forks:
+            break
+    else:
+        pytest.fail("no seed gave a group with a forked and an unforked episode")
     assert len(eps) == 2 and drops.total == 0
     assert drops.forks == sum(e.forks for e in eps)
     group_prompt = eps[0].segments[0].prompt_ids
