@@ -115,7 +115,7 @@ def load_verifiers_env(module: str, args: Mapping[str, Any] | None = None) -> An
     name (an installed environment package) or the path of a ``.py`` file."""
     import verifiers as vf
 
-    where = "rollout.env.verifiers.module"
+    where = "module"
     try:
         if module.endswith(".py"):
             path = Path(module)
@@ -140,7 +140,7 @@ def load_verifiers_env(module: str, args: Mapping[str, Any] | None = None) -> An
         env = load(**dict(args or {}))
     except Exception as e:
         raise VerifiersConfigError(
-            "rollout.env.verifiers.args", f"load_environment({dict(args or {})!r}) raised {e!r}"
+            "args", f"load_environment({dict(args or {})!r}) raised {e!r}"
         ) from e
     if not isinstance(env, vf.Environment):
         raise VerifiersConfigError(
