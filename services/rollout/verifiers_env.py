@@ -279,12 +279,10 @@ class _RewardFunctionErrors(logging.Handler):
             errors.append(record.getMessage())
 
 
-_rubric_log = logging.getLogger("verifiers.rubrics.rubric")
-if not any(isinstance(h, _RewardFunctionErrors) for h in _rubric_log.handlers):
-    _rubric_log.addHandler(_RewardFunctionErrors())
-
-
 async def _score(env: Any, state: Any) -> None:
+    rubric_log = logging.getLogger("verifiers.rubrics.rubric")  # every Rubric's logs pass here
+    if not any(isinstance(h, _RewardFunctionErrors) for h in rubric_log.handlers):
+        rubric_log.addHandler(_RewardFunctionErrors())
     errors: list[str] = []
     token = _scoring.set(errors)
     try:
