@@ -157,6 +157,8 @@ def data_lines(s: dict[str, Any]) -> list[str]:
         done = "dropped" if s["policy"] == "drop" else "truncated"
         head += (f" ({over:,} longer than {s['limit']:,} tokens {done}, "
                  f"rollout.prompt_len_policy={s['policy']})")  # fmt: skip
+    if s.get("max_prompts") is not None and rows == s["max_prompts"]:
+        head += " (the file's first rows, rollout.max_prompts)"
     lines = [head]
     lines += [f"  data source {src['data_source']}: {int(src['rows']):,} rows, scored by "
               f"{src['scorer']}" for src in s["sources"]]  # fmt: skip

@@ -129,6 +129,11 @@ class RolloutConfig(Section):
     """What to do with a prompt longer than ``max_prompt_len``: leave it out (drop), keep its last
     (truncate_left) or first (truncate_right) ``max_prompt_len`` tokens, or refuse the dataset
     (error)."""
+    max_prompts: Annotated[int, Field(ge=1)] | None = None
+    """Train on the dataset's first ``max_prompts`` rows only (None: all of them): a pool small
+    enough that the run revisits its prompts, so the allocator has their statistics early (the
+    quickstart's 384 of 3,000 rows, each seen about ten times; the warm start still uses every
+    row). The cut comes before sharding and the length check."""
     shuffle: bool = True
     """Shuffle the prompts each epoch (seeded by run.seed and the epoch)."""
     num_workers: Annotated[int, Field(ge=1)] = 1

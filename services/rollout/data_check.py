@@ -1,6 +1,7 @@
 """A dataset as the rollout worker loads it, and what it will train on.
 
-- :func:`load_prompts` is the worker's one way in: the rows (``rollout.dataset``), refused when a
+- :func:`load_prompts` is the worker's one way in: the rows (``rollout.dataset``; its first
+  ``rollout.max_prompts`` when set), refused when a
   data source has no reward route (:func:`~services.rollout.datasets.check_routes`), rendered and
   checked against the length limit (:func:`~services.rollout.build.prepare_prompts`). Prompts the
   length policy dropped or truncated are a warning the user must act on (a notice,
@@ -83,6 +84,10 @@ def load_prompts(
     rc = cfg.rollout
     assert rc.dataset is not None
     records = datasets.load_records(rc.dataset, rc.dataset_format, rc.default_kind)
+    if rc.max_prompts is not None and len(records) > rc.max_prompts:
+        log.info("%s: the first %d of %d rows (rollout.max_prompts)", rc.dataset,
+                 rc.max_prompts, len(records))  # fmt: skip
+        records = records[: rc.max_prompts]
     datasets.check_routes(records, cfg)
     renderer, lengths, limits = prepare_prompts(cfg, records, tokenizer_dir)
     if lengths.over:
@@ -130,6 +135,7 @@ def data_summary(cfg: ExperimentConfig) -> dict[str, Any]:
         "context": model_context(tokenizer_dir),
         "max_tokens": rc.sampling.max_tokens,
         "max_prompt_len": rc.max_prompt_len,
+        "max_prompts": rc.max_prompts,
         "hint": length_hint(cfg, lengths, tokenizer_dir),
         "sources": [
             {"data_source": s, "kind": k, "rows": n, "scorer": scorer_of(cfg.reward, s, k)}

@@ -105,6 +105,10 @@ def test_the_data_summary_names_rows_sources_context_and_the_setting() -> None:
         "  model context 512 tokens, rollout.sampling.max_tokens 256: prompts up to 256 tokens",
         "  73% of the prompts are dropped: ...",
     ]
+    pool = summary | {"rows": 384, "kept": 384, "over": 0, "max_prompts": 384}
+    assert data_lines(pool)[0] == (
+        "training data d.parquet: 384 of 384 rows kept (the file's first rows, rollout.max_prompts)"
+    )
     whole = summary | {"kept": 7473, "over": 0, "hint": None, "context": None, "limit": None}
     assert data_lines(whole)[0] == "training data d.parquet: 7,473 of 7,473 rows kept"
     assert data_lines(whole)[-1] == (

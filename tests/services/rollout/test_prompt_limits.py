@@ -190,6 +190,15 @@ def test_worker_truncates_long_prompts_and_trains_on_them(
     assert list(groups["arith-4"].prompt_token_ids) == kept
 
 
+def test_max_prompts_trains_on_the_files_first_rows_only(make_worker, redis_url) -> None:
+    # The pool is cut before the length check: of the first five rows, the long one is dropped.
+    worker = make_worker("rollout.max_prompts=5")
+    assert metric(worker, "dynamo_rollout_prompts_over_length_total", {"action": "dropped"}) == 1
+    assert run(worker, 2) == 2
+    ids = [g.prompt_id for g in trained(redis_url)]
+    assert len(ids) == 8 and set(ids) == {"arith-0", "arith-1", "arith-2", "arith-3"}
+
+
 def test_worker_refuses_the_dataset_under_error(make_worker) -> None:
     with pytest.raises(DatasetError, match=rf"2 of 6 prompts exceed {LIMIT} tokens: refused"):
         make_worker("rollout.prompt_len_policy=error")
@@ -287,7 +296,7 @@ def test_the_data_check_says_what_the_worker_will_train_on(
         "dataset": str(dataset), "rows": 6, "kept": 4, "over": 2, "limit": LIMIT,
         "policy": "drop", "line": f"2 of 6 prompts exceed {LIMIT} tokens: dropped",
         "context": CONTEXT, "max_tokens": MAX_TOKENS, "max_prompt_len": None,
-        "hint": summary["hint"],
+        "max_prompts": None, "hint": summary["hint"],
         "sources": [{"data_source": "arith", "kind": "math", "rows": 6,
                      "scorer": "math, last_boxed (reward.routes.arith)"}],
     }  # fmt: skip
