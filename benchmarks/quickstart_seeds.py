@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import write_result  # noqa: E402 - the result file, with its machine
-from sample_efficiency import paired  # noqa: E402 - the seed-paired t interval, shared
+from sample_efficiency import paired, t_interval  # noqa: E402 - seed-paired t intervals, shared
 
 CONFIG = REPO / "configs" / "quickstart.yaml"
 METHODS = {
@@ -55,6 +55,16 @@ METHODS = {
     "dynamo-uniform": ["rollout.allocation=uniform"],
     # The quickstart with allocation method grad: n ∝ the gradient spread the learner reports.
     "dynamo-grad": ["allocator.method=grad"],
+    # The informative batch (docs/allocator.md, "When allocation pays"): every learner step trains
+    # on train_batch_size groups whose rewards differ, the worker dropping the all-equal ones.
+    # ds: DAPO's dynamic sampling, uniform n = 8 (modulation kept, as in every arm here).
+    "ds": ["rollout.allocation=uniform", "rollout.drop_uniform_groups=true"],
+    # ds's best arm in benchmarks/informative_batch.py: rounds of 2 that stop a prompt once its
+    # group has a signal, and the skip rule (half-life 64) whose skipped budget is not re-spent.
+    "ds-rounds-skip": [
+        "rollout.drop_uniform_groups=true", "rollout.round_size=2", "allocator.method=uniform",
+        "allocator.skip_after=1", "allocator.skip_budget=save", "allocator.grad_half_life=64",
+    ],
 }
 # Tiny settings for a smoke run: every stage runs, in a minute or two on an idle machine.
 QUICK = [
@@ -139,6 +149,33 @@ def start(
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
 
 
+def learner_steps(run_dir: Path) -> dict:
+    """What the RL steps spent and allocated, from the learner's step records (the run folder's
+    ``metrics.jsonl``): mean generated tokens, rollouts and groups per learner step (kept and
+    dropped groups), the allocation counts summed over the steps, and the first step whose
+    allocation differed from uniform n. Empty without the records."""
+    log = run_dir / "metrics.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    records = [r for r in map(json.loads, filter(str.strip, lines)) if "gen_tokens_kept" in r]
+    if not records:
+        return {}
+    n = len(records)
+    out: dict = {"steps": n}
+    for what in ("tokens", "rollouts", "groups"):
+        total = sum(r[f"gen_{what}_kept"] + r[f"gen_{what}_dropped"] for r in records)
+        out[f"gen_{what}_per_step"] = round(total / n, 1)
+    dropped = sum(r["gen_groups_dropped"] for r in records)
+    out["groups_dropped_share"] = round(dropped / max(1, sum(r["gen_groups_kept"] for r in records)
+                                                          + dropped), 4)  # fmt: skip
+    if "alloc_above" in records[0]:
+        for key in ("alloc_above", "alloc_at", "alloc_below", "alloc_skipped"):
+            out[key] = sum(r[key] for r in records)
+        off = [r["step"] for r in records
+               if r["alloc_above"] or r["alloc_below"] or r["alloc_skipped"]]  # fmt: skip
+        out["first_step_off_uniform"] = min(off) if off else None
+    return out
+
+
 def result_of(run_dir: Path, method: str, seed: int, load: list[float]) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     before, after = summary["accuracy_before"], summary["accuracy_after"]
@@ -154,6 +191,7 @@ def result_of(run_dir: Path, method: str, seed: int, load: list[float]) -> dict:
         "stages_s": stage_times(log),
         "warm_start": warm_start_check(run_dir),
         "restarts": summary.get("restarts", {}),
+        "learner": learner_steps(run_dir),
     }
     if load:
         out["load_average_1m"] = {"min": min(load), "max": max(load)}
@@ -215,6 +253,21 @@ def compare(doc: dict, other: dict, name: str) -> dict:
     """This sweep minus ``other`` (an earlier result file), paired by seed: the final held-out
     accuracy and the gain, in points, each with its 95% t interval; printed and returned."""
     out = {"against": name, "method": other.get("method")}
+    # Ratios, seed by seed: generation per learner step and the RL stage's wall time.
+    ratios = {
+        "gen_tokens_per_step": lambda r: r.get("learner", {}).get("gen_tokens_per_step"),
+        "rl_wall_s": lambda r: r.get("stages_s", {}).get("rl"),
+    }
+    for key, get in ratios.items():
+        mine, theirs = ({r["seed"]: get(r) for r in d["runs"]} for d in (doc, other))
+        ratio = {s: mine[s] / theirs[s] for s in mine if mine[s] and theirs.get(s)}
+        p = {**t_interval(list(ratio.values())), "seeds": sorted(ratio)}
+        if p["seeds"]:
+            out[f"{key}_ratio"] = {"mean": p["mean"], "ci95": p["ci"], "seeds": p["seeds"],
+                                   "per_seed": {s: round(v, 3) for s, v in ratio.items()}}  # fmt: skip
+            lo, hi = p["ci"]
+            print(f"{key} over {name}'s, seeds {p['seeds']}: {p['mean']:.3f}, "
+                  f"95% [{lo:.3f}, {hi:.3f}]")  # fmt: skip
     for key in ("accuracy_after", "gain_points"):
         scale = 100 if key == "accuracy_after" else 1
         mine, theirs = ({r["seed"]: scale * r[key] for r in d["runs"]} for d in (doc, other))

@@ -67,6 +67,10 @@ def test_quick_sweep_runs_up_and_writes_the_gains(qs, tmp_path: Path) -> None:
         "easy", "medium", "medium-rev", "medium-sub", "hard",
     }  # fmt: skip
     assert set(run["stages_s"]) == {"warm_start", "services", "eval_before", "rl", "eval_after"}
+    # The learner's two step records: what they generated (a 2-step run's first visits: n = 4).
+    learner = run["learner"]
+    assert learner["steps"] == 2 and learner["gen_rollouts_per_step"] == 32.0
+    assert learner["alloc_at"] == 16 and learner["first_step_off_uniform"] is None
     # A finished run is read back, not run again.
     mtime = (tmp_path / "runs" / "dynamo-seed3" / "summary.json").stat().st_mtime_ns
     assert qs.main(["--quick", "--seeds", "3", "--runs", str(tmp_path / "runs"),
@@ -84,11 +88,30 @@ def test_finished_runs_are_summed_up_and_plotted_or_the_plot_skipped(
         summary = {"accuracy_before": before, "accuracy_after": after, "wall_s": 300.0}
         (run_dir / "summary.json").write_text(json.dumps(summary))
         (run_dir / "up.log").write_text(LOG)
+        # Two learner steps: seed 0 spends 1,000 then 3,000 tokens, seed 1 twice as much; the
+        # second step's allocation is off uniform.
+        steps = [
+            {"step": k, "gen_groups_kept": 4, "gen_groups_dropped": k - 1,
+             "gen_rollouts_kept": 32, "gen_rollouts_dropped": 8 * (k - 1),
+             "gen_tokens_kept": (seed + 1) * 1000, "gen_tokens_dropped": (seed + 1) * 2000 * (k - 1),
+             "alloc_above": k - 1, "alloc_at": 4 - 2 * (k - 1), "alloc_below": k - 1,
+             "alloc_skipped": 0}
+            for k in (1, 2)
+        ]  # fmt: skip
+        lines = [json.dumps(r) for r in [{"step": 0, "kind": "eval"}, *steps]]
+        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "seeds.json"
     assert qs.main(["--seeds", "0,1", "--runs", str(runs), "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert [r["gain_points"] for r in doc["runs"]] == [15.0, 12.0]
     assert doc["gain_points"] == {"min": 12.0, "max": 15.0, "mean": 13.5}
+    assert doc["runs"][0]["learner"] == {
+        "steps": 2, "gen_tokens_per_step": 2000.0, "gen_rollouts_per_step": 36.0,
+        "gen_groups_per_step": 4.5, "groups_dropped_share": round(1 / 9, 4),
+        "alloc_above": 1, "alloc_at": 6, "alloc_below": 1, "alloc_skipped": 0,
+        "first_step_off_uniform": 2,
+    }  # fmt: skip
+    assert doc["runs"][1]["learner"]["gen_tokens_per_step"] == 4000.0
     assert out.with_suffix(".png").stat().st_size > 0
     # Without matplotlib (the main job's environment) the figures are written, the plot skipped.
     out.with_suffix(".png").unlink()
@@ -96,8 +119,10 @@ def test_finished_runs_are_summed_up_and_plotted_or_the_plot_skipped(
     # --compare: an earlier sweep (here GRPO's) subtracted seed by seed, with a t interval.
     grpo = tmp_path / "grpo.json"
     grpo.write_text(json.dumps({"method": "grpo", "runs": [
-        {"seed": 0, "accuracy_before": 0.3, "accuracy_after": 0.40, "gain_points": 10.0},
-        {"seed": 1, "accuracy_before": 0.4, "accuracy_after": 0.50, "gain_points": 10.0},
+        {"seed": 0, "accuracy_before": 0.3, "accuracy_after": 0.40, "gain_points": 10.0,
+         "learner": {"gen_tokens_per_step": 4000.0}, "stages_s": {"rl": 259.0}},
+        {"seed": 1, "accuracy_before": 0.4, "accuracy_after": 0.50, "gain_points": 10.0,
+         "learner": {"gen_tokens_per_step": 5000.0}, "stages_s": {"rl": 129.5}},
         {"seed": 7, "accuracy_before": 0.4, "accuracy_after": 0.90, "gain_points": 50.0},
     ]}))  # fmt: skip
     assert qs.main(["--seeds", "0,1", "--runs", str(runs), "--out", str(out),
@@ -115,6 +140,10 @@ def test_finished_runs_are_summed_up_and_plotted_or_the_plot_skipped(
     assert after["mean"] == pytest.approx(3.5)
     assert after["ci95"] == pytest.approx([3.5 - 19.059, 3.5 + 19.059], abs=1e-2)
     assert paired["gain_points"]["per_seed"] == {"0": 5.0, "1": 2.0}
+    # Ratios seed by seed: tokens per step 2000/4000 and 4000/5000, the RL stage 129.5/259 and 1.
+    tokens = paired["gen_tokens_per_step_ratio"]
+    assert tokens["per_seed"] == {"0": 0.5, "1": 0.8} and tokens["mean"] == pytest.approx(0.65)
+    assert paired["rl_wall_s_ratio"]["per_seed"] == {"0": 0.5, "1": 1.0}
 
 
 @pytest.mark.slow
