@@ -9,6 +9,9 @@ seed, through the real services, and its held-out accuracy before and after RL.
                                                  # DynaMO with learner.algorithm.agg=prompt-mean
     .venv/bin/python benchmarks/quickstart_seeds.py --method dynamo-grad
                                                  # allocator.method=grad (dynamo-uniform: n = 8)
+    .venv/bin/python benchmarks/quickstart_seeds.py --method ds-rounds-skip --compare ds.json
+                  # informative batches (every step 32 groups with a signal): rounds of 2 and the
+                  # skip rule against dynamic sampling at uniform n (--method ds wrote ds.json)
     .venv/bin/python benchmarks/quickstart_seeds.py --quick          # smoke run (tiny settings)
     .venv/bin/python benchmarks/quickstart_seeds.py --config configs/quickstart_lora.yaml \
         --seeds 0,1,2 --runs runs/quickstart-lora-seeds --out benchmarks/results/quickstart_lora_seeds.json
@@ -18,11 +21,21 @@ Each run goes to ``<runs>/<method>-seed<N>`` with ``up``'s output in ``up.log`` 
 ``summary.json`` exists is read, not run again (so an interrupted sweep continues). Written to
 ``--out`` (default ``benchmarks/results/quickstart_seeds.json``; with ``--quick``,
 ``/tmp/quickstart_seeds_quick.json``), with a plot beside it (same name, ``.png``; ``--compare
-FILE`` draws an earlier result file next to it): per seed the accuracies and the gain in points,
+FILE ...`` draws earlier result files next to it): per seed the accuracies and the gain in points,
 the warm start's steps and its per-tier check (greedy accuracy on held-out train rows), the wall
-time of the whole run and of its stages (from ``up``'s timestamps), and the load average while it
-ran; then the range of the gains, and with ``--compare`` this sweep minus the earlier one, paired
-by seed, with 95% t intervals. Runs through the services are not bit-reproducible: which rollouts
+time of the whole run and of its stages (from ``up``'s timestamps), the load average while it
+ran, and what the learner's steps generated and allocated (``metrics.jsonl``); then the range of
+the gains, and with ``--compare`` this sweep against each earlier one, paired by seed, with 95% t
+intervals (``paired_to_compare``: a list when several files are given): the differences in
+accuracy and gain, the ratios of generated tokens per step and of the RL stage's wall time.
+
+    .venv/bin/python benchmarks/quickstart_seeds.py --method grpo --out /tmp/grpo.json
+    .venv/bin/python benchmarks/quickstart_seeds.py --method dynamo-uniform --out /tmp/uni.json \
+        --compare /tmp/grpo.json                  # what modulation adds (allocation: uniform)
+    .venv/bin/python benchmarks/quickstart_seeds.py --compare /tmp/uni.json /tmp/grpo.json
+                                                 # what allocation adds, and both together
+
+ Runs through the services are not bit-reproducible: which rollouts
 form a batch depends on timing (workers, engine and learner run concurrently), so one seed run
 twice gives close but not identical figures.
 """
@@ -62,8 +75,12 @@ METHODS = {
     # ds's best arm in benchmarks/informative_batch.py: rounds of 2 that stop a prompt once its
     # group has a signal, and the skip rule (half-life 64) whose skipped budget is not re-spent.
     "ds-rounds-skip": [
-        "rollout.drop_uniform_groups=true", "rollout.round_size=2", "allocator.method=uniform",
-        "allocator.skip_after=1", "allocator.skip_budget=save", "allocator.grad_half_life=64",
+        "rollout.drop_uniform_groups=true",
+        "rollout.round_size=2",
+        "allocator.method=uniform",
+        "allocator.skip_after=1",
+        "allocator.skip_budget=save",
+        "allocator.grad_half_life=64",
     ],
 }
 # Tiny settings for a smoke run: every stage runs, in a minute or two on an idle machine.
@@ -291,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default="runs/quickstart-seeds", help="folder of the run folders")
     p.add_argument("--out", help="result JSON (see above for the default)")
     p.add_argument("--quick", action="store_true", help="tiny smoke settings")
-    p.add_argument("--compare", metavar="JSON",
-                   help="an earlier result file drawn beside this one in the plot")  # fmt: skip
+    p.add_argument("--compare", metavar="JSON", nargs="+", default=[],
+                   help="earlier result files, paired with this sweep by seed and drawn beside "
+                        "it in the plot")  # fmt: skip
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     default_out = "/tmp/quickstart_seeds_quick.json" if args.quick else (
@@ -322,14 +340,14 @@ def main(argv: list[str] | None = None) -> int:
                         "mean": round(sum(gains) / len(gains), 2)},
         "runs": results,
     }  # fmt: skip
-    if args.compare:
-        other = json.loads(Path(args.compare).read_text())
-        doc["paired_to_compare"] = compare(doc, other, args.compare)
+    others = [(name, json.loads(Path(name).read_text())) for name in args.compare]
+    if others:
+        pairs = [compare(doc, other, name) for name, other in others]
+        doc["paired_to_compare"] = pairs[0] if len(pairs) == 1 else pairs
     write_result(out, doc, indent=2)
     print(out)
     sets = [(out.stem, doc)]
-    if args.compare:
-        sets.append((Path(args.compare).stem, other))
+    sets += [(Path(name).stem, other) for name, other in others]
     try:
         plot(sets, out.with_suffix(".png"))
     except ModuleNotFoundError as e:  # the main job's environment has no matplotlib

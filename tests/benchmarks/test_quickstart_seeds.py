@@ -144,6 +144,17 @@ def test_finished_runs_are_summed_up_and_plotted_or_the_plot_skipped(
     tokens = paired["gen_tokens_per_step_ratio"]
     assert tokens["per_seed"] == {"0": 0.5, "1": 0.8} and tokens["mean"] == pytest.approx(0.65)
     assert paired["rl_wall_s_ratio"]["per_seed"] == {"0": 0.5, "1": 1.0}
+    # Several files: one comparison each, in the order given.
+    uniform = tmp_path / "uniform.json"
+    uniform.write_text(json.dumps({"method": "dynamo-uniform", "runs": [
+        {"seed": 0, "accuracy_before": 0.3, "accuracy_after": 0.46, "gain_points": 16.0},
+        {"seed": 1, "accuracy_before": 0.4, "accuracy_after": 0.53, "gain_points": 13.0},
+    ]}))  # fmt: skip
+    assert qs.main(["--seeds", "0,1", "--runs", str(runs), "--out", str(out),
+                    "--compare", str(uniform), str(grpo)]) == 0  # fmt: skip
+    both = json.loads(out.read_text())["paired_to_compare"]
+    assert [c["method"] for c in both] == ["dynamo-uniform", "grpo"]
+    assert both[0]["gain_points"]["per_seed"] == {"0": -1.0, "1": -1.0} and both[1] == paired
 
 
 @pytest.mark.slow
