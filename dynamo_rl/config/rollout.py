@@ -15,6 +15,17 @@ from dynamo_rl.contracts.sampling import SamplingParams
 Seconds = Annotated[float, Field(gt=0)]
 
 
+class VerifiersEnvConfig(Section):
+    """An environment of PyPI ``verifiers`` (its classic API, ``load_environment(**args)``)
+    played inside the rollout worker (``rollout.env.name: verifiers``; ``docs/agents.md``)."""
+
+    module: Annotated[str, Field(min_length=1)]
+    """An installed environment module (``import`` name), or the path of a ``.py`` file, that
+    defines ``load_environment``."""
+    args: dict[str, Any] = {}
+    """Keyword arguments of ``load_environment``."""
+
+
 class EnvConfig(Section):
     """The environment of each episode (``docs/agents.md``). ``single_turn``, the default, is
     one prompt -> one response; the others run multi-turn episodes. The name, tool parser and
@@ -23,7 +34,8 @@ class EnvConfig(Section):
 
     name: str = "single_turn"
     """Registered environment: single_turn, guess_number, code_interpreter, tools, or one that
-    ``import_module`` registers."""
+    ``import_module`` registers; or ``verifiers``: a ``verifiers`` environment (``verifiers``
+    below), played by the rollout worker only."""
     import_module: str | None = None
     """A Python module imported before ``name`` is looked up (registers your environments)."""
     max_turns: Annotated[int, Field(ge=1)] = 4
@@ -72,6 +84,9 @@ class EnvConfig(Section):
     """guess_number: smallest secret."""
     guess_high: int = 100
     """guess_number: largest secret."""
+    verifiers: VerifiersEnvConfig | None = None
+    """name verifiers: the environment module and its ``load_environment`` arguments; its
+    dataset gives the prompts (``rollout.dataset`` stays unset) and its rubric the rewards."""
 
     @model_validator(mode="after")
     def _shape(self) -> EnvConfig:
@@ -86,6 +101,12 @@ class EnvConfig(Section):
                 )
         if self.name == "tools" and not self.tools:
             raise ValueError("rollout.env.name 'tools' needs rollout.env.tools (function schemas)")
+        if (self.name == "verifiers") != (self.verifiers is not None):
+            raise ValueError(
+                "rollout.env.verifiers (module, args) goes with rollout.env.name 'verifiers' "
+                f"and only with it (got name {self.name!r}, verifiers "
+                f"{'set' if self.verifiers is not None else 'unset'})"
+            )
         if self.guess_low > self.guess_high:
             raise ValueError(
                 f"rollout.env.guess_low ({self.guess_low}) must be <= guess_high ({self.guess_high})"
@@ -262,6 +283,17 @@ class RolloutConfig(Section):
                 f"rollout.round_size ({self.round_size}) needs rollout.env.name single_turn "
                 f"(got {self.env.name!r}): sampling in rounds is built and tested for "
                 "single-turn episodes only (set rollout.round_size: 0 for multi-turn ones)"
+            )
+        if self.env.name == "verifiers" and self.dataset is not None:
+            raise ValueError(
+                f"rollout.dataset ({self.dataset!r}) must be unset with rollout.env.name "
+                "'verifiers': the prompts are the environment's own dataset's rows"
+            )
+        if self.env.name == "verifiers" and self.prompt_len_policy.startswith("truncate"):
+            raise ValueError(
+                f"rollout.prompt_len_policy must be 'drop' or 'error' with rollout.env.name "
+                f"'verifiers' (got {self.prompt_len_policy!r}): the environment sends its own "
+                "messages, which the worker cannot truncate"
             )
         if self.backoff_s > self.backoff_max_s:
             raise ValueError(

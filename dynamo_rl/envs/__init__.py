@@ -23,22 +23,35 @@ __all__ = [
     *base.__all__,
     "TOOL_FUNCTIONS",
     "TOOL_PARSERS",
+    "VERIFIERS",
     "check_env_config",
     "register_parser",
     "register_tool",
 ]
 
 
-def check_env_config(cfg: EnvConfig) -> None:
+VERIFIERS = "verifiers"
+"""``rollout.env.name`` of a ``verifiers`` environment (``rollout.env.verifiers``): not in the
+registry, since the library plays its own turns (``services.rollout.verifiers_env``); only the
+rollout worker plays it."""
+
+
+def check_env_config(cfg: EnvConfig, verifiers: bool = False) -> None:
     """Import ``rollout.env.import_module`` (it registers environments), then check the
-    environment name, the tool parser and the tools against what is registered. Raises ValueError
-    naming the field and the allowed values."""
+    environment name, the tool parser and the tools against what is registered; ``verifiers``:
+    the caller plays ``rollout.env.name`` :data:`VERIFIERS` too. Raises ValueError naming the
+    field and the allowed values."""
     if cfg.import_module:
         try:
             importlib.import_module(cfg.import_module)
         except ImportError as e:
             raise ValueError(f"rollout.env.import_module {cfg.import_module!r}: {e}") from None
-    names = env_names()
+    names = env_names() + ([VERIFIERS] if verifiers else [])
+    if cfg.name == VERIFIERS and not verifiers:
+        raise ValueError(
+            f"rollout.env.name {VERIFIERS!r} is played by the rollout worker only; here it must "
+            f"be one of {names}"
+        )
     if cfg.name not in names:
         raise ValueError(f"rollout.env.name must be one of {names}, got {cfg.name!r}")
     if cfg.tool_parser not in TOOL_PARSERS:

@@ -9,7 +9,8 @@
 - :func:`sampling_of` gives a request's sampling settings: ``rollout.sampling``, with eval's own
   temperature and seed;
 - :func:`make_engine_factory` builds an engine client from ``rollout``'s protocol settings;
-- :func:`make_sandbox` the ``/run_code`` client of environments that run code.
+- :func:`make_sandbox` the ``/run_code`` client of environments that run code;
+- :func:`short_error` a failure in one line (a gRPC error's code and details) for the logs.
 
 The generation itself is :mod:`services.rollout.pipeline`.
 """
@@ -26,7 +27,7 @@ from typing import Any
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.sampling import SamplingParams
-from dynamo_rl.envs import ENVIRONMENTS
+from dynamo_rl.envs import ENVIRONMENTS, VERIFIERS
 from dynamo_rl.envs.sandbox import SandboxClient
 from services.rollout.datasets import (
     LengthCheck,
@@ -45,6 +46,7 @@ __all__ = [
     "prepare_prompts",
     "prompt_limit",
     "sampling_of",
+    "short_error",
 ]
 
 
@@ -139,10 +141,11 @@ def make_engine_factory(cfg: ExperimentConfig) -> Callable[[str], Engine]:
 
 def make_sandbox(cfg: ExperimentConfig) -> SandboxClient | None:
     """The ``/run_code`` client shared by a process's episodes (``rollout.env.sandbox_url``, else
-    the reward service's); None for an environment of the single-turn shape, which runs no code.
-    ``rollout.env`` must have passed :func:`dynamo_rl.envs.check_env_config`."""
+    the reward service's); None for an environment of the single-turn shape, which runs no code,
+    and for a verifiers environment, which runs its own tools. ``rollout.env`` must have passed
+    :func:`dynamo_rl.envs.check_env_config`."""
     rc = cfg.rollout
-    if not getattr(ENVIRONMENTS[rc.env.name], "multi_turn", True):
+    if rc.env.name == VERIFIERS or not getattr(ENVIRONMENTS[rc.env.name], "multi_turn", True):
         return None
     return SandboxClient(
         rc.env.sandbox_url or cfg.endpoints.reward_url,
@@ -151,3 +154,14 @@ def make_sandbox(cfg: ExperimentConfig) -> SandboxClient | None:
         backoff_max_s=rc.backoff_max_s,
         max_wait_s=rc.env.sandbox_max_wait_s,
     )
+
+
+def short_error(e: BaseException) -> str:
+    """``e`` in one line: a gRPC error's code and details, else its type and message."""
+    details = getattr(e, "details", None)
+    if callable(details):
+        try:
+            return f"{e.code().name}: {details()}"  # type: ignore[attr-defined]
+        except Exception:
+            pass
+    return f"{type(e).__name__}: {e}"

@@ -62,10 +62,11 @@ def length_hint(cfg: ExperimentConfig, lengths: LengthCheck, tokenizer_dir: str)
     return f"{share} are truncated: to keep them whole, {limit}"
 
 
-def data_inputs(cfg: ExperimentConfig) -> tuple[str, str]:
-    """``rollout.dataset`` and the tokenizer directory (``rollout.tokenizer``, else
-    ``engine.model``); ValueError naming the setting that is missing."""
-    if not cfg.rollout.dataset:
+def data_inputs(cfg: ExperimentConfig) -> tuple[str | None, str]:
+    """``rollout.dataset`` (None with ``rollout.env.name: verifiers``, whose environment gives
+    the rows) and the tokenizer directory (``rollout.tokenizer``, else ``engine.model``);
+    ValueError naming the setting that is missing."""
+    if not cfg.rollout.dataset and cfg.rollout.env.name != "verifiers":
         raise ValueError("rollout.dataset is not set: give a JSONL or verl parquet file")
     tokenizer = cfg.rollout.tokenizer or cfg.engine.model
     if not tokenizer:
@@ -76,26 +77,36 @@ def data_inputs(cfg: ExperimentConfig) -> tuple[str, str]:
 
 
 def load_prompts(
-    cfg: ExperimentConfig, tokenizer_dir: str, notices: Notices
+    cfg: ExperimentConfig,
+    tokenizer_dir: str,
+    notices: Notices,
+    rows: tuple[str, list[PromptRecord]] | None = None,
 ) -> tuple[list[PromptRecord], PromptRenderer, LengthCheck, EnvConfig]:
     """The dataset's rows, the renderer, the prompts kept and ``rollout.env`` resolved (see the
     module's docstring); raises ValueError naming an unrouted data source, DatasetError for a bad
-    file or ``prompt_len_policy=error``."""
+    file or ``prompt_len_policy=error``. ``rows``: where the rows come from and the rows, instead
+    of ``rollout.dataset`` (a verifiers environment's, scored by its own rubric: no routes)."""
     rc = cfg.rollout
-    assert rc.dataset is not None
-    records = datasets.load_records(rc.dataset, rc.dataset_format, rc.default_kind)
+    if rows is None:
+        if rc.dataset is None:
+            raise ValueError("rollout.dataset is not set: give a JSONL or verl parquet file")
+        source = rc.dataset
+        records = datasets.load_records(rc.dataset, rc.dataset_format, rc.default_kind)
+    else:
+        source, records = rows
     if rc.max_prompts is not None and len(records) > rc.max_prompts:
-        log.info("%s: the first %d of %d rows (rollout.max_prompts)", rc.dataset,
+        log.info("%s: the first %d of %d rows (rollout.max_prompts)", source,
                  rc.max_prompts, len(records))  # fmt: skip
         records = records[: rc.max_prompts]
-    datasets.check_routes(records, cfg)
+    if rows is None:
+        datasets.check_routes(records, cfg)
     renderer, lengths, limits = prepare_prompts(cfg, records, tokenizer_dir)
     if lengths.over:
         hint = length_hint(cfg, lengths, tokenizer_dir)
-        message = f"{rc.dataset}: {lengths.line()}" + (f"; {hint}" if hint else "")
-        notices.warn(log, "prompts_over_length", message, about=rc.dataset)
+        message = f"{source}: {lengths.line()}" + (f"; {hint}" if hint else "")
+        notices.warn(log, "prompts_over_length", message, about=source)
     else:
-        log.info("%s: %s", rc.dataset, lengths.line())
+        log.info("%s: %s", source, lengths.line())
     return records, renderer, lengths, limits
 
 

@@ -110,6 +110,12 @@ class WorkerMetrics(MetricSet):
     episodes_dropped = counter(
         "episodes_dropped_total", "Episodes dropped because the sandbox stayed down"
     )
+    verifiers_dropped = counter(
+        "verifiers_episodes_dropped_total",
+        "verifiers episodes dropped (rollout.env.name verifiers), by reason (env_error, "
+        "rubric_error, no_token_ids)",
+        "reason",
+    )
     episode_turns = histogram(
         "episode_turns", "Model turns per episode", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32)
     )

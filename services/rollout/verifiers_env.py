@@ -7,7 +7,9 @@ another ``vf.Environment`` with a dataset and a ``vf.Rubric``) is loaded by
 the prompts (:func:`verifiers_rows`); its own protocol (``env.rollout``) plays the turns against
 our engine through the OpenAI-compatible ``POST /v1/chat/completions``, asked for vLLM's
 ``return_token_ids`` and log-probs (:func:`chat_client`, :func:`sampling_args`); its rubric gives
-the reward. The library's code runs as it is: nothing of it is re-implemented here.
+the reward. The library's code runs as it is: nothing of it is re-implemented here. The rollout
+worker plays it with ``rollout.env.name: verifiers`` (:mod:`services.rollout.verifiers_worker`:
+the prompts, the allocator's counts, the stream and the drop counter).
 
 The rules (:func:`assemble_segments`):
 
@@ -43,7 +45,7 @@ import logging
 import math
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,10 +102,13 @@ class Drops:
     counts: Counter[str] = field(default_factory=Counter)
     forks: int = 0
     """Samples started anew within kept episodes (rule 2)."""
+    about: str = ""
+    """What the episodes are of, for the log (the worker: ``prompt <id>``)."""
 
     def add(self, err: EpisodeDropped) -> None:
         self.counts[err.reason] += 1
-        log.warning("verifiers episode dropped (%s)", err)
+        of = f" of {self.about}" if self.about else ""
+        log.warning("verifiers episode%s dropped (%s)", of, err)
 
     @property
     def total(self) -> int:
@@ -349,12 +354,20 @@ async def play_verifiers_group(
     sampling: Mapping[str, Any],
     n: int,
     drops: Drops,
+    seed_of: Callable[[int], int | None] | None = None,
 ) -> list[VerifiersEpisode]:
-    """``n`` episodes of one row, concurrently; the dropped ones counted in ``drops``."""
+    """``n`` episodes of one row, concurrently; the dropped ones counted in ``drops``.
+    ``seed_of(j)``: episode ``j``'s sampling seed in place of ``sampling``'s (the same seed for
+    every episode would give every episode the same turns)."""
     import asyncio
 
+    def episode_sampling(j: int) -> Mapping[str, Any]:
+        if seed_of is None or (seed := seed_of(j)) is None:
+            return sampling
+        return {**sampling, "seed": seed}
+
     results = await asyncio.gather(
-        *(play_verifiers_episode(env, row, client, model, sampling) for _ in range(n)),
+        *(play_verifiers_episode(env, row, client, model, episode_sampling(j)) for j in range(n)),
         return_exceptions=True,
     )
     kept = []

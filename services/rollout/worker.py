@@ -13,7 +13,9 @@ One batch, in order:
    pipeline eval uses too (:mod:`services.rollout.pipeline`: first turns in requests of at most
    ``max_n_per_request`` samples over the replica pool, failures moved to another replica; all
    scored in one ``/v1/verify`` call, matched back by id; or in rounds, ``rollout.round_size``).
-   The reward service being down means wait and retry: nothing is pushed unscored.
+   The reward service being down means wait and retry: nothing is pushed unscored. A verifiers
+   environment (``rollout.env.name: verifiers``) plays and scores its own episodes instead
+   (:mod:`services.rollout.verifiers_worker`).
 4. **Push** one ``TrajectoryGroup`` per prompt with one Lua script, so a batch lands whole or not
    at all, and at most once (see :meth:`RolloutWorker.push`), then **report**
    ``(prompt_id, episodes, correct)`` to the allocator (kept and re-sent with the next batch if
@@ -64,13 +66,13 @@ from dynamo_rl.config.rollout import EnvConfig
 from dynamo_rl.contracts.allocator import AllocationParams
 from dynamo_rl.contracts.engine import alist_engines
 from dynamo_rl.contracts.stream import TrajectoryWriter
-from dynamo_rl.envs import EnvContext, check_env_config, make_env
+from dynamo_rl.envs import VERIFIERS, EnvContext, check_env_config, make_env
 from dynamo_rl.envs.sandbox import SandboxClient
 from dynamo_rl.keys import weight_version_key
 from dynamo_rl.notices import Notices
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
-from services.rollout.build import make_engine_factory, make_sandbox, sampling_of
+from services.rollout.build import make_engine_factory, make_sandbox, sampling_of, short_error
 from services.rollout.data_check import data_inputs, load_prompts
 from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, check_routes
 from services.rollout.engines import Engine, EnginePool, EngineRequestError
@@ -85,6 +87,7 @@ from services.rollout.pipeline import (
     split_count,
 )
 from services.rollout.reward_client import RewardClient
+from services.rollout.verifiers_worker import VerifiersPlayer, load_verifiers
 
 __all__ = ["BatchResult", "RolloutWorker", "build_worker", "check_routes", "split_count"]
 
@@ -127,6 +130,7 @@ class RolloutWorker:
         limits: EnvConfig | None = None,
         notices: Notices | None = None,
         allocation: AllocationParams | None = None,
+        verifiers: VerifiersPlayer | None = None,
     ) -> None:
         self.cfg = cfg
         # The run's budget and bounds (the config's allocator section), sent with every Allocate.
@@ -160,6 +164,7 @@ class RolloutWorker:
         self.sandbox = sandbox  # the /run_code client of multi-turn environments (rollout.env)
         # rollout.env with its token budget resolved (services.rollout.build.episode_limits).
         self.limits = limits or cfg.env
+        self.verifiers = verifiers  # plays the batches of rollout.env.name verifiers
 
     @functools.cached_property
     def conversation(self) -> Conversation:
@@ -270,9 +275,8 @@ class RolloutWorker:
                 n_max=a.n_max,
             )
         except Exception as e:  # grpc.RpcError above all; any failure means "use uniform n"
-            log.warning(
-                "allocator unavailable (%s); uniform n=%d for this batch", _short(e), a.n_per_prompt
-            )
+            log.warning("allocator unavailable (%s); uniform n=%d for this batch",
+                        short_error(e), a.n_per_prompt)  # fmt: skip
             self.metrics.allocator_fallbacks.inc()
             await self._reset_allocator()
             return *uniform, True
@@ -309,7 +313,7 @@ class RolloutWorker:
         except Exception as e:
             log.warning(
                 "ReportOutcomes failed (%s); %d prompts kept for the next batch",
-                _short(e),
+                short_error(e),
                 len(batch),
             )
             self.metrics.report_failures.inc()
@@ -432,10 +436,14 @@ class RolloutWorker:
             self.metrics.allocation.observe(c)
 
         t_gen = time.monotonic()  # generate and verify, at once or in rounds (rollout.round_size)
-        played = await play_batch(
-            self.reward, records, counts, round_size=self.cfg.round_size, item_prefix=f"{batch_index}",
-            generate=lambda p, n, rnd: self._generate(records[p], rendered[p], n, batch_index, rnd),
-        )  # fmt: skip
+        if self.verifiers is not None:  # the environment's rubric scores: no verify call
+            played = await self.verifiers.play_batch(self.pool, records, counts, self.sampling.seed,
+                                                     (self.worker_id, batch_index))  # fmt: skip
+        else:
+            played = await play_batch(
+                self.reward, records, counts, round_size=self.cfg.round_size, item_prefix=f"{batch_index}",
+                generate=lambda p, n, rnd: self._generate(records[p], rendered[p], n, batch_index, rnd),
+            )  # fmt: skip
         episodes, verdicts = played.episodes, played.verdicts
         generate_s, verify_s = played.generate_s, played.verify_s
 
@@ -501,23 +509,13 @@ class RolloutWorker:
             await asyncio.to_thread(self.allocator.close)
 
 
-def _short(e: BaseException) -> str:
-    details = getattr(e, "details", None)
-    if callable(details):
-        try:
-            return f"{e.code().name}: {details()}"  # type: ignore[attr-defined]
-        except Exception:
-            pass
-    return f"{type(e).__name__}: {e}"
-
-
 def build_worker(
     cfg: ExperimentConfig, metrics: WorkerMetrics | None = None, notices: Notices | None = None
 ) -> RolloutWorker:
     """A worker wired to the endpoints of ``cfg`` (raises ValueError naming a missing setting);
     its warnings for the user go to ``notices`` (default: its log only)."""
     rc = cfg.rollout
-    check_env_config(rc.env)
+    check_env_config(rc.env, verifiers=True)
     _dataset, tokenizer_path = data_inputs(cfg)
     if not cfg.endpoints.engine_urls and not rc.discover_engines:
         raise ValueError(
@@ -526,7 +524,8 @@ def build_worker(
         )
     metrics = metrics or WorkerMetrics()
     notices = notices or Notices(None, "rollout")
-    _records, renderer, lengths, limits = load_prompts(cfg, tokenizer_path, notices)
+    player, rows = load_verifiers(cfg, metrics) if rc.env.name == VERIFIERS else (None, None)
+    _records, renderer, lengths, limits = load_prompts(cfg, tokenizer_path, notices, rows)
     if lengths.over:
         action = "truncated" if rc.prompt_len_policy.startswith("truncate") else "dropped"
         metrics.prompts_over_length.labels(action).inc(lengths.over)
@@ -594,6 +593,7 @@ def build_worker(
         limits=limits,
         notices=notices,
         allocation=cfg.allocator,
+        verifiers=player,
     )
     pool.admit = worker.fresh  # a replica back from a failure serves once within max_staleness
     return worker
