@@ -9,6 +9,12 @@ No torch.
 - ``POST /v1/completions`` (OpenAI, the subset an RL rollout uses plus vLLM's extensions):
   :class:`CompletionRequest` -> :class:`CompletionResponse` (:class:`CompletionChoice`,
   :class:`CompletionLogprobs`, :class:`CompletionUsage`).
+- Scoring (on-policy distillation's teacher): the same ``POST /v1/completions`` with vLLM's
+  ``prompt_logprobs: 0`` and the prompt and response as one token-id prompt
+  (:func:`score_request`): each choice's ``prompt_logprobs`` holds, at every prompt position
+  after the first, the log-probability of that position's token under the served model, unscaled
+  by any temperature (:class:`PromptLogprob`; :func:`scored_logprobs` reads the response's).
+  vLLM serves it; the embedded engine serves ``prompt_logprobs`` 0 only (no alternatives).
 - ``POST /v1/chat/completions``: :mod:`dynamo_rl.contracts.chat` (the same request base and
   sampling fields).
 - ``POST /generate`` (SGLang's native API): :class:`GenerateRequest` (its ``sampling_params``,
@@ -75,6 +81,7 @@ __all__ = [
     "GenerateRequest",
     "LogprobEntry",
     "PromptInput",
+    "PromptLogprob",
     "SGLangSampling",
     "SamplingKnobs",
     "alist_engines",
@@ -82,6 +89,8 @@ __all__ = [
     "parse_registry",
     "registry_value",
     "sampling_knobs",
+    "score_request",
+    "scored_logprobs",
 ]
 
 ABORTED = "abort"
@@ -229,6 +238,9 @@ class CompletionRequest(SamplingKnobs):
     """Top log-probs per token; 0 returns only the sampled token's (``token_logprobs``)."""
     return_token_ids: bool | None = None
     """vLLM's extension: each choice carries ``token_ids`` and ``prompt_token_ids``."""
+    prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
+    """vLLM's extension: each choice carries ``prompt_logprobs``, the prompt tokens' own
+    log-probabilities (plus this many alternatives; the embedded engine serves 0 only)."""
     stream: Literal[False] = False
     echo: Literal[False] = False
     user: str | None = None
@@ -247,6 +259,15 @@ class CompletionLogprobs(EngineAnswer):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(EngineAnswer):
+    """vLLM's ``Logprob``: a token's log-probability at one prompt position."""
+
+    logprob: float
+    rank: int | None = None
+    """1 + how many tokens the model found more likely there."""
+    decoded_token: str | None = None
+
+
 class CompletionChoice(EngineAnswer):
     index: int = 0
     text: str | None = None
@@ -262,6 +283,10 @@ class CompletionChoice(EngineAnswer):
     weight_versions: list[int] | None = None
     """The embedded engine's extension: the weight version that sampled each token (one per
     token id; two or more values when the choice spans an interruptible update)."""
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+    """vLLM's extension, asked for with ``prompt_logprobs``: one entry per prompt token, None
+    for the first (nothing precedes it), else the token's log-probability keyed by its id (and
+    the alternatives asked for)."""
 
 
 class CompletionUsage(EngineAnswer):
@@ -279,6 +304,37 @@ class CompletionResponse(EngineAnswer):
     usage: CompletionUsage | None = None
     weight_version: AnsweredVersion = None
     """The embedded engine's extension: the oldest version that sampled any choice."""
+
+
+def score_request(
+    model: str | None, prompt_token_ids: list[int], response_token_ids: list[int]
+) -> CompletionRequest:
+    """The request that scores ``response_token_ids`` after ``prompt_token_ids``: both as one
+    token-id prompt with ``prompt_logprobs: 0``, one greedy token sampled (vLLM samples at least
+    one; its prompt log-probs ignore the temperature)."""
+    return CompletionRequest(
+        model=model, prompt=prompt_token_ids + response_token_ids, max_tokens=1,
+        temperature=0.0, prompt_logprobs=0,
+    )  # fmt: skip
+
+
+def scored_logprobs(choice: CompletionChoice, ids: list[int], start: int) -> list[float]:
+    """The log-probabilities of ``ids[start:]`` (``start`` >= 1) in a choice that scored the
+    prompt ``ids`` (:func:`score_request`); ValueError when the choice does not hold one for
+    each of them."""
+    entries = choice.prompt_logprobs
+    if entries is None:
+        raise ValueError("the choice has no prompt_logprobs (the engine must support them)")
+    if len(entries) != len(ids):
+        raise ValueError(f"{len(entries)} prompt_logprobs entries for a {len(ids)}-token prompt")
+    out = []
+    for i in range(start, len(ids)):
+        entry = entries[i]
+        found = None if entry is None else entry.get(str(ids[i]))
+        if found is None:
+            raise ValueError(f"prompt_logprobs entry {i} has no log-prob of token {ids[i]}")
+        out.append(found.logprob)
+    return out
 
 
 # ---- POST /generate -------------------------------------------------------------------------

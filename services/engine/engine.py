@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,28 @@ class Engine:
                 own = None if seed is None else sample_seed(seed, k)
                 params.append(dataclasses.replace(sampling, seed=own))
         return seqs, params
+
+    def score_prompts(
+        self, prompts: list[list[int]], adapter: str | None
+    ) -> Future[list[list[tuple[float, int]]]]:
+        """``prompt_logprobs``: for each prompt, (log-prob, rank) of every token after its first
+        under the model (``adapter``'s), from one uncached forward pass per prompt and the raw
+        logits (no temperature, as vLLM's prompt log-probs). Runs in the scheduler thread between
+        batches, as the weight updates do, so it never interleaves with a decoding step."""
+
+        def run() -> list[list[tuple[float, int]]]:
+            self.adapters.select(adapter)
+            out = []
+            with torch.inference_mode():
+                for ids in prompts:
+                    x = torch.tensor([ids], device=self.generator.device)
+                    logp = torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), -1)
+                    own = logp.gather(1, x[0, 1:, None])
+                    ranks = (logp > own).sum(1) + 1
+                    out.append(list(zip(own[:, 0].tolist(), ranks.tolist(), strict=True)))
+            return out
+
+        return self.generator.run_exclusive(run)
 
     def decode_text(self, ids: list[int], matched: int | str | None, skip_special: bool) -> str:
         text = self.tokenizer.decode(ids, skip_special_tokens=skip_special)

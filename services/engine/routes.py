@@ -54,6 +54,7 @@ from dynamo_rl.contracts.engine import (
     GenerateItem,
     GenerateMetaInfo,
     GenerateRequest,
+    PromptLogprob,
 )
 from dynamo_rl.contracts.weight_control import (
     PAUSE_MODES,
@@ -185,8 +186,27 @@ async def _sample(
     return _Sampled(adapter, prompts, seqs, results)
 
 
+def _prompt_logprobs(
+    engine: Engine, ids: list[int], scored: list[tuple[float, int]]
+) -> list[dict[str, PromptLogprob] | None]:
+    """vLLM's ``prompt_logprobs`` of one prompt: None for its first token, then each token's."""
+    decode = engine.tokenizer.decode
+    entries: list[dict[str, PromptLogprob] | None] = [None]
+    for t, (lp, rank) in zip(ids[1:], scored, strict=True):
+        entries.append({str(t): PromptLogprob(logprob=lp, rank=rank, decoded_token=decode([t]))})
+    return entries
+
+
 async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]:
+    if req.prompt_logprobs:
+        raise InvalidRequest(
+            "prompt_logprobs", f"this engine returns the prompt tokens' own log-probs only (0), "
+            f"no alternatives; got {req.prompt_logprobs}"
+        )  # fmt: skip
     out = await _sample(engine, req)
+    scores = None
+    if req.prompt_logprobs is not None:
+        scores = await asyncio.wrap_future(engine.score_prompts(out.prompts, out.adapter))
     choices = []
     for k, (ids, res) in enumerate(zip(out.seqs, out.results, strict=True)):
         choice = CompletionChoice(
@@ -200,6 +220,8 @@ async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]
         if req.return_token_ids:
             choice.token_ids = res.token_ids
             choice.prompt_token_ids = ids
+        if scores is not None:
+            choice.prompt_logprobs = _prompt_logprobs(engine, ids, scores[k // req.n])
         choices.append(choice)
     return CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}",

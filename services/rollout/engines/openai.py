@@ -22,6 +22,11 @@ log-prob entry names its token as ``"token_id:<id>"``: the sampled ids are read 
 (one entry per token, its log-prob beside it) and checked against the choice's ``token_ids``;
 the rendered prompt's ids are the response's ``prompt_token_ids``. One parser for both servers.
 A chat choice a pause cut is retried whole (a chat turn is not continued).
+
+Scoring (:meth:`OpenAICompletionsEngine.score`, on-policy distillation's teacher): the prompt and
+response go as one token-id prompt with vLLM's ``prompt_logprobs: 0``
+(:func:`~dynamo_rl.contracts.engine.score_request`); the response tokens' entries are read back
+(:func:`parse_scores`). vLLM and the embedded engine answer it alike.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from dynamo_rl.contracts.engine import (
     CompletionResponse,
     EngineRequest,
     sampling_knobs,
+    score_request,
+    scored_logprobs,
 )
 from dynamo_rl.contracts.sampling import SamplingParams
 from dynamo_rl.contracts.weight_control import weight_protocol
@@ -67,6 +74,7 @@ __all__ = [
     "completion_request",
     "parse_chat",
     "parse_choices",
+    "parse_scores",
 ]
 
 _RESPONSE = TypeAdapter(CompletionResponse)
@@ -129,6 +137,20 @@ def parse_choices(body: Any, url: str, n: int, keep_aborted: bool = False) -> li
             )
         )
     return samples
+
+
+def parse_scores(
+    body: Any, url: str, prompt: Sequence[int], response: Sequence[int]
+) -> list[float]:
+    """The log-prob of each ``response`` token after ``prompt`` from a scoring answer
+    (:func:`~dynamo_rl.contracts.engine.score_request`)."""
+    answer = parse_answer(_RESPONSE, body, f"{url}/v1/completions")
+    if len(answer.choices) != 1:
+        raise EngineProtocolError(f"{url}: a scoring request got {len(answer.choices)} choices")
+    try:
+        return scored_logprobs(answer.choices[0], [*prompt, *response], len(prompt))
+    except ValueError as e:
+        raise EngineProtocolError(f"{url}: {e}") from None
 
 
 def chat_request(
@@ -249,6 +271,15 @@ class OpenAICompletionsEngine(ReplicaClient):
         body, version = await self._post("/v1/completions", build)
         samples = parse_choices(body, self.url, n, keep_aborted=self.continue_aborted)
         return _stamped(samples, version)
+
+    async def score(self, prompt: Sequence[int], response: Sequence[int]) -> list[float]:
+        """The served model's log-prob of each ``response`` token after ``prompt`` (no weight
+        version is read: a teacher's weights do not change)."""
+        url = f"{self.url}/v1/completions"
+        model = await self._model_name()
+        request = build_request(url, lambda: score_request(model, list(prompt), list(response)))
+        body = await self.http.request("POST", "/v1/completions", request.body())
+        return parse_scores(body, self.url, prompt, response)
 
     async def chat(
         self, messages: Sequence[Mapping[str, Any]], n: int, sampling: SamplingParams
