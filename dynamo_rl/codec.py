@@ -7,7 +7,7 @@ Wire format of a stream entry (a Redis hash of fields):
   serialised.
 
 :func:`decode_group` validates what the learner relies on (at least one response, one log-prob per
-token, finite values, one weight version per token or none; a multi-turn response's loss mask 1
+token, finite values, teacher log-probs one per token or none, one weight version per token or none; a multi-turn response's loss mask 1
 exactly on its turns' model tokens) and
 raises :class:`TrajectoryDecodeError` with the reason otherwise, so a poison entry goes to the
 dead-letter stream instead of crashing the learner.
@@ -86,6 +86,13 @@ def validate_group(group: TrajectoryGroup) -> TrajectoryGroup:
             raise TrajectoryDecodeError(f"response {i}: log-probs must be finite and <= 0")
         if any(t < 0 for t in r.token_ids):
             raise TrajectoryDecodeError(f"response {i}: negative token id")
+        if r.teacher_logprobs and len(r.teacher_logprobs) != len(r.token_ids):
+            raise TrajectoryDecodeError(
+                f"response {i}: {len(r.teacher_logprobs)} teacher_logprobs for "
+                f"{len(r.token_ids)} tokens (one per token, or none)"
+            )
+        if any(not math.isfinite(x) or x > 0 for x in r.teacher_logprobs):
+            raise TrajectoryDecodeError(f"response {i}: teacher log-probs must be finite and <= 0")
         if r.weight_versions and len(r.weight_versions) != len(r.token_ids):
             raise TrajectoryDecodeError(
                 f"response {i}: {len(r.weight_versions)} weight_versions for "

@@ -54,6 +54,8 @@ def test_roundtrip_through_real_redis_stream(redis_url: str) -> None:
         (lambda g: g.responses[0].weight_versions.extend([4]), "1 weight_versions for 2 tokens"),
         (lambda g: g.responses[1].weight_versions.extend([-1]), "negative weight version"),
         (lambda g: setattr(g, "skipped_prompts", -1), "skipped_prompts is negative"),
+        (lambda g: g.responses[0].teacher_logprobs.extend([-1.0]), "1 teacher_logprobs for 2"),
+        (lambda g: g.responses[1].teacher_logprobs.extend([0.25]), "teacher log-probs must be"),
     ],
 )
 def test_invalid_groups_are_refused(mutate, reason: str) -> None:
@@ -61,6 +63,14 @@ def test_invalid_groups_are_refused(mutate, reason: str) -> None:
     mutate(group)
     with pytest.raises(TrajectoryDecodeError, match=reason):
         decode_group(group.SerializeToString())
+
+
+def test_teacher_logprobs_roundtrip() -> None:
+    group = _group()
+    group.responses[0].teacher_logprobs.extend([-0.25, -3.0])
+    back = decode_entry({k.decode(): v for k, v in encode_entry(group).items()})
+    assert list(back.responses[0].teacher_logprobs) == [-0.25, -3.0]
+    assert not back.responses[1].teacher_logprobs
 
 
 def test_oldest_version_is_the_oldest_token() -> None:

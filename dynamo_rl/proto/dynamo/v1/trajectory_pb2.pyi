@@ -21,7 +21,7 @@ class SamplingRecord(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "reward", "correct", "format_ok", "reason", "finish_reason", "reward_components", "text", "loss_mask", "turns", "prompt_token_ids", "episode", "segment", "end_reason", "weight_versions")
+    __slots__ = ("token_ids", "logprobs", "reward", "correct", "format_ok", "reason", "finish_reason", "reward_components", "text", "loss_mask", "turns", "prompt_token_ids", "episode", "segment", "end_reason", "weight_versions", "teacher_logprobs")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class Response(_message.Message):
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TEACHER_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     reward: float
@@ -61,7 +62,8 @@ class Response(_message.Message):
     segment: int
     end_reason: str
     weight_versions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., correct: _Optional[bool] = ..., format_ok: _Optional[bool] = ..., reason: _Optional[str] = ..., finish_reason: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., episode: _Optional[int] = ..., segment: _Optional[int] = ..., end_reason: _Optional[str] = ..., weight_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+    teacher_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., correct: _Optional[bool] = ..., format_ok: _Optional[bool] = ..., reason: _Optional[str] = ..., finish_reason: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., episode: _Optional[int] = ..., segment: _Optional[int] = ..., end_reason: _Optional[str] = ..., weight_versions: _Optional[_Iterable[int]] = ..., teacher_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("name", "arguments", "error", "latency_s", "malformed")
