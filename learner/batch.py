@@ -55,6 +55,9 @@ class Sample:
     """Multi-turn episodes: tool calls made in this sample's turns."""
     tool_errors: int = 0
     """Multi-turn episodes: those of the calls that failed or were malformed."""
+    teacher_logprobs: list[float] | None = None
+    """On-policy distillation: the teacher's log-prob of each response token
+    (``rollout.teacher``; None: no teacher scored it)."""
     observations_trained: bool = False
     """The mask ablation (``learner.algorithm.train_observations``): the observation tokens
     (loss mask 0) are trained too."""
@@ -138,6 +141,7 @@ def samples_from_groups(
                     tool_calls=sum(len(t.tool_calls) for t in r.turns),
                     tool_errors=sum(1 for t in r.turns for c in t.tool_calls if c.error),
                     observations_trained=train_observations,
+                    teacher_logprobs=list(r.teacher_logprobs) or None,
                 )
             )
     return out

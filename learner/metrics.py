@@ -46,6 +46,8 @@ GAUGES: dict[str, str] = {
     "version_spread_mean": "mean newest minus oldest weight version within a response",
     "version_spread_max": "largest newest minus oldest weight version within a response",
     "value_loss": "critic value loss (PPO with GAE)",
+    "opd_reverse_kl": "on-policy distillation: mean per-token log π_student − log π_teacher "
+    "over trained tokens (rollout.teacher)",
     "push_seconds": "seconds of the last weight push",
     "push_gb_per_s": "throughput of the last weight push in GB/s",
     "push_bytes": "bytes the last weight push moved (a LoRA policy: its adapters alone)",

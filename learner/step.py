@@ -14,7 +14,8 @@ pools. The step does not know where a batch came from. One step:
    ``algorithm.is_mode`` and the mismatch figures (``learner/mismatch.py``);
 3. **advantages** over the whole batch (:func:`batch_advantages`: rewards, DAPO's overlong
    shaping, ``ADVANTAGE_ESTIMATORS``; group statistics over episodes, a forked episode counted
-   once; values and KL-in-reward gathered from the ranks first);
+   once; values and KL-in-reward gathered from the ranks first; on-policy distillation's
+   per-token advantage mixed in, ``learner/opd.py``);
 4. **updates**: ``ppo_epochs`` × mini-batches × micro-batches of forward → ``rl_objective``
    (IS weights, DynaMO modulation, policy loss with the mini-batch's normaliser, KL, entropy,
    value loss) → backward, gradients accumulated; per mini-batch one clipped AdamW step. With
@@ -69,6 +70,7 @@ from learner.objective import (
     kl_shaped_token_rewards,
     rl_objective,
 )
+from learner.opd import mix_opd, opd_record
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +287,8 @@ def batch_advantages(
         values=values_full,
         **kwargs,
     )
+    if algo.opd.weight > 0:  # on-policy distillation's per-token advantage, mixed in
+        advantages = mix_opd(samples, mask, advantages, algo.opd)
     if device is not None:
         advantages, returns = advantages.to(device), returns.to(device)
     for mbs in plan:
@@ -403,7 +407,7 @@ class RLStep:
             "time_backward": t_bwd,
             "time_optimizer": t_opt,
         }
-        record |= episode_stats(samples) | grad_fields
+        record |= episode_stats(samples) | grad_fields | opd_record(samples)
         if batch.generation is not None:
             record |= batch.generation.record()
         if batch.allocation is not None:

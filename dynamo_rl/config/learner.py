@@ -178,6 +178,29 @@ class DapoConfig(Section):
     """Maximum response length the engine was asked for (needed by overlong shaping)."""
 
 
+class OpdConfig(Section):
+    """On-policy distillation (``docs/learner.md``): the per-token advantage
+    −(log π_student − log π_teacher) on the student's own samples, the sampling log-prob standing
+    for the student's and the teacher's log-probs scored by ``rollout.teacher``, mixed into the
+    outcome advantage: ``outcome_weight · A_outcome + weight · A_opd`` per token."""
+
+    weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    """Weight of the distillation advantage; 0: off. On, every trained response must carry the
+    teacher's log-probs (``rollout.teacher``)."""
+    outcome_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    """Weight of the outcome advantage (``advantage.type``'s) in the mix; 0: pure distillation.
+    Only used with ``weight`` > 0."""
+
+    @model_validator(mode="after")
+    def _check(self) -> OpdConfig:
+        if self.weight == 0 and self.outcome_weight != 1.0:
+            raise ValueError(
+                f"learner.algorithm.opd.outcome_weight ({self.outcome_weight}) is only used with "
+                "learner.algorithm.opd.weight > 0"
+            )
+        return self
+
+
 class AlgorithmConfig(Section):
     """Which advantage estimator, policy loss and extras the learner uses."""
 
@@ -196,6 +219,7 @@ class AlgorithmConfig(Section):
     """Entropy bonus weight (subtracted from the loss)."""
     modulation: ModulationConfig = ModulationConfig()
     dapo: DapoConfig = DapoConfig()
+    opd: OpdConfig = OpdConfig()
     is_cap: Annotated[float, Field(ge=1)] | None = 2.0
     """Cap of the importance weight built from r = exp(logp_old − logp_sampling) that corrects the
     engine/learner mismatch and staleness (the upper edge of the band in the masked modes); null:

@@ -295,6 +295,19 @@ def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return out.scatter(1, last.clamp(min=0)[:, None], torch.where(last >= 0, r, 0.0)[:, None])
 
 
+def opd_advantages(
+    sampling_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """On-policy distillation's per-token advantage ``−(log π_student − log π_teacher)`` on the
+    student's own samples, the sampling log-prob standing for the student's: minimising the
+    policy loss with it lowers the per-token reverse KL(π_student ‖ π_teacher). ``[B, T]``,
+    zero at masked positions."""
+    _check_bt("sampling_logprobs", sampling_logprobs, mask)
+    _check_bt("teacher_logprobs", teacher_logprobs, mask)
+    diff = _float(teacher_logprobs) - _float(sampling_logprobs)
+    return torch.where(mask.bool(), diff, torch.zeros((), dtype=diff.dtype, device=diff.device))
+
+
 def dapo_keep_groups(
     rewards: torch.Tensor, group_ids: GroupIds, *, episode_ids: GroupIds | None = None
 ) -> torch.Tensor:
