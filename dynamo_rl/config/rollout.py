@@ -114,6 +114,28 @@ class EnvConfig(Section):
         return self
 
 
+class TeacherConfig(Section):
+    """On-policy distillation's teacher (``docs/learner.md``): after sampling, every response's
+    tokens are scored under a teacher model and its log-probs travel on the stream beside the
+    sampling log-probs (``learner.algorithm.opd`` trains on them). The teacher's engines answer
+    ``/v1/completions`` with vLLM's ``prompt_logprobs`` (vLLM, the embedded engine)."""
+
+    engine_urls: Annotated[list[str], Field(min_length=1)]
+    """Base URLs of the engines serving the teacher model, used in turn."""
+    tokenizer: Annotated[str, Field(min_length=1)]
+    """The teacher model's tokenizer directory: the worker refuses to start unless it equals the
+    student's (``rollout.tokenizer``, else ``engine.model``), token for token."""
+    model_name: str | None = None
+    """The 'model' field of the scoring requests (None: the first id of GET /v1/models)."""
+    request_timeout_s: Seconds = 120.0
+    """Deadline of one scoring request."""
+    max_wait_s: Annotated[float, Field(ge=0)] = 0.0
+    """How long an unreachable teacher is retried (with ``rollout.backoff_s`` .. ``backoff_max_s``)
+    before the batch fails (0: forever); nothing is pushed unscored either way."""
+    max_concurrency: Annotated[int, Field(ge=1)] = 32
+    """Most scoring requests in flight at once."""
+
+
 class RolloutConfig(Section):
     metrics_port: Port = 9102
     """Prometheus /metrics port (0: a free port)."""
@@ -264,6 +286,8 @@ class RolloutConfig(Section):
     declaration of the sampling settings, ``dynamo_rl.contracts.sampling``)."""
     env: EnvConfig = EnvConfig()
     """The episodes' environment and limits (default single_turn: one prompt, one response)."""
+    teacher: TeacherConfig | None = None
+    """On-policy distillation: the teacher that scores every sampled token (None: none)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutConfig:

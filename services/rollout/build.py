@@ -10,6 +10,7 @@
   temperature and seed;
 - :func:`make_engine_factory` builds an engine client from ``rollout``'s protocol settings;
 - :func:`make_sandbox` the ``/run_code`` client of environments that run code;
+- :func:`make_reward_client` the reward service's client, its retries counted;
 - :func:`short_error` a failure in one line (a gRPC error's code and details) for the logs.
 
 The generation itself is :mod:`services.rollout.pipeline`.
@@ -36,11 +37,14 @@ from services.rollout.datasets import (
     check_prompt_lengths,
 )
 from services.rollout.engines import Engine, make_engine
+from services.rollout.metrics import WorkerMetrics
+from services.rollout.reward_client import RewardClient
 
 __all__ = [
     "episode_limits",
     "load_tokenizer",
     "make_engine_factory",
+    "make_reward_client",
     "make_sandbox",
     "model_context",
     "prepare_prompts",
@@ -137,6 +141,26 @@ def make_engine_factory(cfg: ExperimentConfig) -> Callable[[str], Engine]:
         adapter=lora.name if lora.enabled else None,
         continue_aborted=rc.update_mode == "interrupt",
     )  # fmt: skip
+
+
+def make_reward_client(cfg: ExperimentConfig, metrics: WorkerMetrics) -> RewardClient:
+    """The reward service's client (``endpoints.reward_url``), each retry counted in
+    ``metrics`` (``reward_retries`` and the ``reward`` wait)."""
+    rc = cfg.rollout
+
+    def reward_retried(_reason: str, seconds: float) -> None:
+        metrics.reward_retries.inc()
+        metrics.waited("reward", seconds)
+
+    return RewardClient(
+        cfg.endpoints.reward_url,
+        timeout_s=rc.reward_timeout_s,
+        batch_items=rc.reward_batch_items,
+        backoff_s=rc.backoff_s,
+        backoff_max_s=rc.backoff_max_s,
+        max_wait_s=rc.reward_max_wait_s,
+        on_retry=reward_retried,
+    )
 
 
 def make_sandbox(cfg: ExperimentConfig) -> SandboxClient | None:

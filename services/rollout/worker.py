@@ -72,7 +72,13 @@ from dynamo_rl.keys import weight_version_key
 from dynamo_rl.notices import Notices
 from dynamo_rl.redis_client import async_client
 from dynamo_rl.retry import Backoff, Retrying, aretry_call
-from services.rollout.build import make_engine_factory, make_sandbox, sampling_of, short_error
+from services.rollout.build import (
+    make_engine_factory,
+    make_reward_client,
+    make_sandbox,
+    sampling_of,
+    short_error,
+)
 from services.rollout.data_check import data_inputs, load_prompts
 from services.rollout.datasets import PromptRecord, PromptRenderer, PromptSampler, check_routes
 from services.rollout.engines import Engine, EnginePool, EngineRequestError
@@ -87,6 +93,7 @@ from services.rollout.pipeline import (
     split_count,
 )
 from services.rollout.reward_client import RewardClient
+from services.rollout.teacher import TeacherStage, build_teacher
 from services.rollout.verifiers_worker import VerifiersPlayer, load_verifiers
 
 __all__ = ["BatchResult", "RolloutWorker", "build_worker", "check_routes", "split_count"]
@@ -165,6 +172,7 @@ class RolloutWorker:
         # rollout.env with its token budget resolved (services.rollout.build.episode_limits).
         self.limits = limits or cfg.env
         self.verifiers = verifiers  # plays the batches of rollout.env.name verifiers
+        self.teacher: TeacherStage | None = None  # rollout.teacher's scoring, set by build_worker
 
     @functools.cached_property
     def conversation(self) -> Conversation:
@@ -453,6 +461,8 @@ class RolloutWorker:
             timing=Timing(created_unix=time.time(), generate_s=generate_s, verify_s=verify_s),
             namespace=self.namespace, worker_id=self.worker_id, batch_id=batch_id,
         )  # fmt: skip
+        if self.teacher is not None:  # on-policy distillation: the teacher's log-probs
+            await self.teacher.score(made.groups)
         groups, dropped = self.filler.split(made.groups, skipped=counts.count(0))
         rewards, outcomes = made.rewards, made.outcomes
 
@@ -501,6 +511,8 @@ class RolloutWorker:
 
     async def aclose(self) -> None:
         await self.pool.aclose()
+        if self.teacher is not None:
+            await self.teacher.aclose()
         if self.sandbox is not None:
             await self.sandbox.aclose()
         await self.reward.aclose()
@@ -550,19 +562,7 @@ def build_worker(
         on_wait=lambda seconds: metrics.waited("engine", seconds),
     )
 
-    def reward_retried(_reason: str, seconds: float) -> None:
-        metrics.reward_retries.inc()
-        metrics.waited("reward", seconds)
-
-    reward = RewardClient(
-        cfg.endpoints.reward_url,
-        timeout_s=rc.reward_timeout_s,
-        batch_items=rc.reward_batch_items,
-        backoff_s=rc.backoff_s,
-        backoff_max_s=rc.backoff_max_s,
-        max_wait_s=rc.reward_max_wait_s,
-        on_retry=reward_retried,
-    )
+    reward = make_reward_client(cfg, metrics)
     from dynamo_rl.clients.allocator import AllocatorClient
 
     def allocator_factory() -> AllocatorClient:
@@ -596,4 +596,5 @@ def build_worker(
         verifiers=player,
     )
     pool.admit = worker.fresh  # a replica back from a failure serves once within max_staleness
+    worker.teacher = build_teacher(cfg, tokenizer_path, metrics)
     return worker
