@@ -184,6 +184,18 @@ class ExperimentConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _distillation_needs_a_teacher(self) -> ExperimentConfig:
+        """``learner.algorithm.opd`` trains on the teacher log-probs that ``rollout.teacher``
+        writes; without a teacher every batch would be refused."""
+        weight = self.learner.algorithm.opd.weight
+        if weight > 0 and self.rollout.teacher is None:
+            raise ValueError(
+                f"learner.algorithm.opd.weight ({weight}) needs rollout.teacher (engine_urls, "
+                "tokenizer): the distillation advantage needs the teacher's log-probs"
+            )
+        return self
+
 
 # Environment variable -> dotted key. Addresses and secrets come from the environment in
 # containers and clusters; an explicit command-line override still wins.

@@ -256,3 +256,20 @@ def test_drop_uniform_groups_is_refused_where_it_contradicts_the_config() -> Non
             env={},
         )  # fmt: skip
         assert cfg.rollout.drop_uniform_groups
+
+
+def test_distillation_needs_a_teacher() -> None:
+    """``learner.algorithm.opd`` trains on the teacher's log-probs: refused without
+    ``rollout.teacher``, loaded with one (its required fields named when missing)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["learner.algorithm.opd.weight=0.5"], env={})
+    assert "learner.algorithm.opd.weight (0.5) needs rollout.teacher" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.teacher.engine_urls=[http://t:8000]"], env={})
+    assert "rollout.teacher.tokenizer" in str(err.value)
+    cfg = load_config(
+        None, ["learner.algorithm.opd.weight=0.5", "rollout.teacher.engine_urls=[http://t:8000]",
+               "rollout.teacher.tokenizer=/models/t"], env={},
+    )  # fmt: skip
+    assert cfg.rollout.teacher is not None and cfg.rollout.teacher.engine_urls == ["http://t:8000"]
+    assert cfg.learner.algorithm.opd.weight == 0.5 and cfg.learner.algorithm.opd.outcome_weight == 1

@@ -555,3 +555,19 @@ def test_skipped_prompts_ride_on_the_next_push_and_reach_the_learners_step(make_
     batch = source.next_batch()
     assert batch is not None and batch.entry_ids == [eid for eid, _g in entries]
     assert batch.allocation == StepAllocation(above=1, at=1, below=1, skipped=6)
+
+
+def test_a_teacher_scores_every_pushed_token(make_worker, redis_url, engine, model):
+    """``rollout.teacher`` on the student's own engine (on-policy distillation's plumbing): every
+    pushed token carries the teacher's log-prob, which is then the sampling one (temperature 1)."""
+    worker = make_worker(
+        f"rollout.teacher.engine_urls=[{engine}]", f"rollout.teacher.tokenizer={model}"
+    )
+    assert asyncio.run(run_and_close(worker, 1)) == 1
+    groups = [g for _eid, g in stream_groups(redis_url)]
+    assert groups
+    for g in groups:
+        for r in g.responses:
+            assert len(r.teacher_logprobs) == len(r.token_ids) > 0
+            diff = torch.tensor(list(r.teacher_logprobs)) - torch.tensor(list(r.logprobs))
+            assert diff.abs().max().item() < 1e-3
