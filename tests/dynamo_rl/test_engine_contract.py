@@ -12,9 +12,12 @@ import pytest
 from pydantic import ValidationError
 
 from dynamo_rl.contracts.engine import (
+    CompletionChoice,
     CompletionRequest,
     EngineRequest,
     GenerateRequest,
+    score_request,
+    scored_logprobs,
 )
 from dynamo_rl.contracts.weight_control import (
     InitWeightsUpdateGroupRequest,
@@ -85,3 +88,32 @@ def test_answers_and_bodies_keep_their_shapes() -> None:
     assert CompletionRequest.model_validate({"prompt": [1], "top_k": None}).top_k is None
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate({"prompt": [1], "top_k": -2})
+
+
+def test_a_scoring_request_and_a_vllm_shaped_answer() -> None:
+    """The teacher's scoring request is vLLM's (prompt and response as one token-id prompt,
+    ``prompt_logprobs: 0``, one token); an answer shaped as vLLM writes it (ids as string keys,
+    ``rank`` and ``decoded_token`` beside the log-prob, alternatives among them) gives the
+    response tokens' log-probs, and one that misses a token is refused."""
+    req = score_request("m", [1, 2], [3, 4])
+    assert req.body() == {
+        "model": "m", "prompt": [1, 2, 3, 4], "max_tokens": 1, "temperature": 0.0,
+        "prompt_logprobs": 0,
+    }  # fmt: skip
+    entries = [
+        None,
+        {"2": {"logprob": -0.5, "rank": 1, "decoded_token": "b"}},
+        {"3": {"logprob": -2.5, "rank": 4, "decoded_token": "c"},
+         "9": {"logprob": -0.1, "rank": 1, "decoded_token": "x"}},
+        {"4": {"logprob": -1.25, "rank": 2, "decoded_token": "d"}},
+    ]  # fmt: skip
+    choice = CompletionChoice.model_validate({"index": 0, "text": "z", "prompt_logprobs": entries})
+    assert scored_logprobs(choice, [1, 2, 3, 4], 2) == [-2.5, -1.25]
+    entries[3] = {"7": {"logprob": -0.2, "rank": 1}}
+    choice = CompletionChoice.model_validate({"index": 0, "prompt_logprobs": entries})
+    with pytest.raises(ValueError, match="entry 3 has no log-prob of token 4"):
+        scored_logprobs(choice, [1, 2, 3, 4], 2)
+    with pytest.raises(ValueError, match="4 prompt_logprobs entries for a 3-token prompt"):
+        scored_logprobs(choice, [1, 2, 3], 2)
+    with pytest.raises(ValueError, match="no prompt_logprobs"):
+        scored_logprobs(CompletionChoice(index=0), [1, 2], 1)
