@@ -2,7 +2,9 @@
 
 - :data:`generation` — OpenAI ``POST /v1/completions`` and ``POST /v1/chat/completions`` (its
   messages rendered by the model's chat template, then the completion path: one generation
-  path) and SGLang ``POST /generate``. They are ``async`` and only wait on the scheduler's
+  path) and SGLang ``POST /generate``; ``/v1/completions`` also answers vLLM's
+  ``prompt_logprobs: 0`` (the prompt tokens' log-probs, :meth:`~.engine.Engine.score_prompts`:
+  on-policy distillation's teacher scoring). They are ``async`` and only wait on the scheduler's
   future. Requests are validated with, and answers built from, the models of
   :mod:`dynamo_rl.contracts.engine` and :mod:`dynamo_rl.contracts.chat`.
 - :data:`control` — both weight-control protocols of :mod:`dynamo_rl.contracts.weight_control`
@@ -200,7 +202,7 @@ def _prompt_logprobs(
 async def _completions(engine: Engine, req: CompletionRequest) -> dict[str, Any]:
     if req.prompt_logprobs:
         raise InvalidRequest(
-            "prompt_logprobs", f"this engine returns the prompt tokens' own log-probs only (0), "
+            "prompt_logprobs", "this engine returns the prompt tokens' own log-probs only (0), "
             f"no alternatives; got {req.prompt_logprobs}"
         )  # fmt: skip
     out = await _sample(engine, req)
