@@ -13,11 +13,14 @@ import pytest
 import torch
 
 from dynamo_rl.codec import Response, TrajectoryGroup
+from dynamo_rl.config import load_config
 from dynamo_rl.config.rollout import TeacherConfig
 from dynamo_rl.procs import free_port
 from dynamo_rl.service_table import SERVICES
 from learner.tiny_model import build_char_tokenizer, build_tiny_model
-from services.rollout.teacher import TeacherStage, check_tokenizers
+from services.rollout.engines import EngineUnavailable
+from services.rollout.metrics import WorkerMetrics
+from services.rollout.teacher import TeacherStage, build_teacher, check_tokenizers
 from tests.conftest import REPO
 from tests.services.engine.engine_util import load_reference, reference_logprobs
 
@@ -101,3 +104,41 @@ def test_a_teacher_with_another_tokenizer_is_refused(teacher_dir: Path, tmp_path
     assert message.startswith("rollout.teacher.tokenizer: the teacher's tokenizer")
     assert f"({tmp_path / 'other'})" in message and f"({student})" in message
     assert f"{len(other) - 1} tokens against {len(other)}" in message
+
+
+def test_a_teacher_down_past_max_wait_fails_the_batch_unscored(teacher_dir: Path) -> None:
+    cfg = TeacherConfig(
+        engine_urls=[f"http://127.0.0.1:{free_port()}"], tokenizer=str(teacher_dir), max_wait_s=0.6
+    )
+    stage = TeacherStage(cfg, backoff_s=0.1, backoff_max_s=0.2)
+    batch = groups()
+
+    async def run() -> None:
+        try:
+            await stage.score(batch)
+        finally:
+            await stage.aclose()
+
+    with pytest.raises(EngineUnavailable):
+        asyncio.run(run())
+    assert not any(r.teacher_logprobs for g in batch for r in g.responses)
+
+
+def test_the_worker_builds_its_teacher_after_the_tokenizer_check(
+    teacher_dir: Path, tmp_path: Path
+) -> None:
+    other = build_char_tokenizer()
+    other.add_special_tokens({"additional_special_tokens": ["<|teacher|>"]})
+    other.save_pretrained(tmp_path / "other")
+
+    def config(tokenizer: Path):
+        return load_config(
+            None, ["rollout.teacher.engine_urls=[http://127.0.0.1:1]",
+                   f"rollout.teacher.tokenizer={tokenizer}"], env={},
+        )  # fmt: skip
+
+    assert build_teacher(load_config(None, [], env={}), teacher_dir, WorkerMetrics()) is None
+    stage = build_teacher(config(teacher_dir), teacher_dir, WorkerMetrics())
+    assert isinstance(stage, TeacherStage) and len(stage.engines) == 1
+    with pytest.raises(ValueError, match=r"rollout\.teacher\.tokenizer: the teacher's tokenizer"):
+        build_teacher(config(tmp_path / "other"), teacher_dir, WorkerMetrics())
