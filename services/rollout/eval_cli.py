@@ -361,6 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     if cfg.rollout.env.name == "verifiers":  # the environment's datasets, named as given
+        from services.rollout.verifiers_eval import SPLITS
+
+        if not set(args.data) <= set(SPLITS):
+            parser.error(f"--data: with rollout.env.name 'verifiers' it names the environment's "
+                         f"datasets, each one of {list(SPLITS)} (eval: its eval_dataset; train: "
+                         f"its training rows), got {args.data}")  # fmt: skip
         benchmarks = {d: d for d in args.data}
     from dynamo_rl.envs import check_env_config
 

@@ -69,6 +69,11 @@ async def evaluate_verifiers(
     from services.rollout.verifiers_worker import VerifiersPlayer, load_env_of, verifiers_records
 
     rc = cfg.rollout
+    if cfg.learner.lora.enabled:
+        raise ValueError(
+            "learner.lora.enabled must be false with rollout.env.name 'verifiers': the "
+            "environment's chat requests do not name the learner's adapter"
+        )
     env, label = load_env_of(cfg)
     assert rc.env.verifiers is not None  # load_env_of refuses it unset
     rows = split_rows(env, split, rc.env.verifiers.module)

@@ -83,7 +83,7 @@ def test_eval_of_the_multi_turn_recipe_env_plays_both_turns(
     assert {s["reward"] for s in samples} <= {0.0, 0.5, 1.0}
 
 
-def test_eval_takes_the_training_rows_only_when_named_and_refuses_other_names(
+def test_eval_refuses_a_missing_eval_dataset_other_names_and_lora(
     chat_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # No engine is reached: each is refused before any episode is played.
@@ -91,9 +91,14 @@ def test_eval_takes_the_training_rows_only_when_named_and_refuses_other_names(
     assert rc == 1
     err = capsys.readouterr().err
     assert "--data eval" in err and "has no eval_dataset" in err and "--data train" in err
-    rc, _, _ = run_eval(tmp_path, [*overrides(chat_model, MULTI), "--data", "test.jsonl"])
-    assert rc == 1
+    with pytest.raises(SystemExit) as exit_:  # refused as a usage error, before anything starts
+        run_eval(tmp_path, [*overrides(chat_model, MULTI), "--data", "test.jsonl"])
+    assert exit_.value.code == 2
     assert "one of ['eval', 'train']" in capsys.readouterr().err
+    rc, _, _ = run_eval(tmp_path, [*overrides(chat_model, MULTI), "learner.lora.enabled=true",
+                                   "--data", "train"])  # fmt: skip
+    assert rc == 1
+    assert "learner.lora.enabled must be false" in capsys.readouterr().err
 
 
 def test_eval_of_the_training_rows_when_named(
