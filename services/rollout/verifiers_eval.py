@@ -3,8 +3,8 @@
 The benchmark is one of the environment's own datasets, named by ``--data``
 (:data:`SPLITS`): ``eval``, its ``eval_dataset`` (refused when the environment has none: nothing
 falls back silently), or ``train``, its training ``dataset`` -- only when asked for by that name,
-since those rows are not held out. The first ``--limit`` rows (those the worker's length
-policy keeps) are played ``--n`` times by the worker's own
+since those rows are not held out. The first ``--limit`` rows (less any the worker's length
+policy drops) are played ``--n`` times by the worker's own
 :class:`~services.rollout.verifiers_worker.VerifiersPlayer` on the engines, each episode seeded
 from ``run.seed``, ``"eval"`` and the prompt id; the rubric's reward scores it, and a sample is
 correct when its reward is above 0 (the allocator's success in the worker). A dropped episode
