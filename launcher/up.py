@@ -2,12 +2,17 @@
 
 What it does, in order (everything lands in the run folder, ``run.dir``):
 
-1. **Data.** Without ``rollout.dataset`` it writes the built-in task (``up.task``) to ``data/``.
+1. **Data.** Without ``rollout.dataset`` it writes the built-in task (``up.task``) to ``data/``;
+   with ``rollout.env.name: verifiers`` nothing: the environment's dataset is the training data
+   and its ``eval_dataset`` the held-out one (``dynamo-rl eval --data eval``).
 2. **Model.** Without ``engine.model``/``learner.model`` it builds a tiny Qwen2 model
    (``dynamo-rl init-model``) and warm-starts it on the task's reference answers
    (``dynamo-rl sft``, the learner's supervised mode) so that RL starts from a model that solves
    some problems but not all; with ``rollout.dataset`` set, on that dataset's reference responses
-   (``extra_info.answer``, which ``dynamo-rl data`` writes). On the built-in tasks, with
+   (``extra_info.answer``, which ``dynamo-rl data`` writes); with a verifiers environment, on its
+   rows' ``answer`` as the reply to their prompt (``dynamo-rl rollout --write-answers``; for a
+   multi-turn environment, its first turn), the tiny model then built with a chat template. On
+   the built-in tasks, with
    ``up.warm_start.check_rows``, the warm start is checked per tier on train rows it never saw and
    extended while a tier stays below ``min_tier_accuracy``, at most ``max_extensions`` times, then
    the run stops with an error (:mod:`launcher.warm_start`: the recipes and the one loop); its
@@ -135,7 +140,11 @@ class Launcher:
 
     # -- stages --------------------------------------------------------------------------------
 
-    def prepare_data(self) -> tuple[str, str | None]:
+    def prepare_data(self) -> tuple[str | None, str | None]:
+        """The training data and the held-out benchmark ``eval`` reads (``eval``: a verifiers
+        environment's eval_dataset; its rows train, no file)."""
+        if self.cfg.rollout.env.name == "verifiers":
+            return None, "eval"
         if self.cfg.rollout.dataset:
             return self.cfg.rollout.dataset, None
         data = self.run_dir / "data"
@@ -156,7 +165,7 @@ class Launcher:
                 write_task(data, up.task_train, up.task_test, seed=self.cfg.run.seed)
         return str(data / "train.parquet"), str(data / "test.parquet")
 
-    def prepare_model(self, dataset: str) -> str:
+    def prepare_model(self, dataset: str | None) -> str:
         """The model RL starts from (built and warm-started unless given); on the way, what the
         run will train on is checked and printed (:meth:`check_data`)."""
         given = self.cfg.learner.model or self.cfg.engine.model
@@ -172,7 +181,9 @@ class Launcher:
                 "init-model",
                 cli_argv("init-model", "--out", str(init), "--hidden-size", str(tm.hidden_size),
                          "--layers", str(tm.num_layers), "--heads", str(tm.num_heads),
-                         "--kv-heads", str(tm.num_kv_heads), "--seed", str(self.cfg.run.seed)),
+                         "--kv-heads", str(tm.num_kv_heads), "--seed", str(self.cfg.run.seed),
+                         # The environment's chat requests are rendered by the engine.
+                         *(["--chat-template"] if dataset is None else [])),
             )  # fmt: skip
         self.check_data(dataset, str(init))
         if up.warm_start.steps == 0:
@@ -182,13 +193,13 @@ class Launcher:
             WarmStart(self.cfg, self.run_dir, self.run_step, self.say).run(init, sft)
         return str(sft)
 
-    def check_data(self, dataset: str, model: str) -> None:
+    def check_data(self, dataset: str | None, model: str) -> None:
         """Print what the run will train on: the rows the rollout worker keeps and drops, the data
         sources and their scorers, the model's context and ``max_tokens`` (``dynamo-rl rollout
         --check-data``: the worker's own loading, with ``model``'s tokenizer). An unrouted data
         source stops the run here, before any training."""
         out = self.run_dir / "data_check.json"
-        self.write_config([f"rollout.dataset={dataset}", f"engine.model={model}",
+        self.write_config([*dataset_override(dataset), f"engine.model={model}",
                            f"learner.model={model}", f"run.dir={self.run_dir}"])  # fmt: skip
         self.run_step(
             "data-check", cli_argv("rollout", *self.config_args(), "--check-data", str(out))
@@ -196,7 +207,7 @@ class Launcher:
         for line in data_lines(json.loads(out.read_text())):
             self.say(line)
 
-    def resolve(self, dataset: str, model: str) -> ExperimentConfig:
+    def resolve(self, dataset: str | None, model: str) -> ExperimentConfig:
         """Pick free ports and write the one config every child reads."""
         cfg = self.cfg
         engine_ports = [free_port() for _ in range(cfg.up.engines)]
@@ -213,7 +224,7 @@ class Launcher:
             # Metrics on free ports: two runs on one machine must not collide on the defaults.
             *table["rollout"].port_overrides(0),
             *table["learner"].port_overrides(0),
-            f"rollout.dataset={dataset}",
+            *dataset_override(dataset),
             f"rollout.num_workers={cfg.up.rollout_workers}",
             f"engine.model={model}",
             f"learner.model={model}",
@@ -399,6 +410,11 @@ class Launcher:
         (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
 
 
+def dataset_override(dataset: str | None) -> list[str]:
+    """``rollout.dataset`` as an override; none for a verifiers environment (its rows)."""
+    return [] if dataset is None else [f"rollout.dataset={dataset}"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = service_parser("up", __doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("--steps", dest="learner.max_steps", metavar="N",
@@ -416,6 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not cfg.learner.max_steps:
         print("dynamo-rl up: learner.max_steps: required (e.g. --steps 50)", file=sys.stderr)
+        return 2
+    if cfg.rollout.env.name == "verifiers" and cfg.up.sft_control:
+        print("dynamo-rl up: up.sft_control must be false with rollout.env.name 'verifiers' (the "
+              "control trains on a built-in task's demonstrations)", file=sys.stderr)  # fmt: skip
         return 2
     try:
         engine_service(cfg.engine.kind)

@@ -5,6 +5,9 @@ Three recipes feed one loop:
 
 - **A user's dataset** (``rollout.dataset``): one sft run of ``up.warm_start.steps`` on its rows'
   reference responses (``extra_info.answer``, as ``dynamo-rl data`` writes them). Not checked.
+- **A verifiers environment** (``rollout.env.name: verifiers``): the same, on the environment's
+  rows with their ``answer`` as the reply (:meth:`WarmStart.verifiers_answers`; a multi-turn
+  environment's first turn only). Not checked.
 - **The built-in arithmetic task** (``up.task: arith``): the train rows of ``up.warm_start.tiers``.
   With ``check_rows``, that many train rows per tier are held out and checked; an extension trains
   on a mix that gives the tiers not yet learned ``FOCUS_SHARE`` of each batch.
@@ -118,6 +121,9 @@ class WarmStart:
         if self.cfg.rollout.dataset:
             self.sft(init, sft, self.cfg.rollout.dataset, self.ws.steps)
             return
+        if self.cfg.rollout.env.name == "verifiers":
+            self.sft(init, sft, self.verifiers_answers(init), self.ws.steps)
+            return
         demos = self.cfg.up.task in ("products", "when")
         check = self.products(init, sft) if demos else self.task(init, sft)
         if check is not None:
@@ -153,6 +159,19 @@ class WarmStart:
         )  # fmt: skip
 
     # -- recipes: each trains unchecked itself, or returns the Check the loop runs ---------------
+
+    def verifiers_answers(self, init: Path) -> str:
+        """A verifiers environment's rows with their ``answer`` as the reply, written by the
+        rollout worker's program (``dynamo-rl rollout --write-answers``; ``init``'s tokenizer)."""
+        self.data.mkdir(parents=True, exist_ok=True)
+        out = self.data / "warm_start_verifiers.parquet"
+        self.run_step(
+            "write-answers",
+            cli_argv("rollout", "--config", str(self.data.parent / "config.yaml"),
+                     "--write-answers", str(out), f"rollout.tokenizer={init}"),
+            lambda: None,
+        )  # fmt: skip
+        return str(out)
 
     def task(self, init: Path, sft: Path) -> Check | None:
         """The arithmetic task: the rows of ``up.warm_start.tiers``, ``check_rows`` per tier held

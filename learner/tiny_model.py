@@ -52,6 +52,14 @@ def build_char_tokenizer():
     )
 
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""``init-model --chat-template``'s chat template (roles as ``<|role|>`` markers): what an engine's
+``/v1/chat/completions`` renders with, as the verifiers environments need."""
+
+
 def build_tiny_model(
     out_dir: str | Path,
     *,
@@ -110,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
+    parser.add_argument("--chat-template", action="store_true",
+                        help="save a chat template with the tokenizer (CHAT_TEMPLATE; none "
+                        "otherwise), for chat requests to the engine")  # fmt: skip
     args = parser.parse_args(argv)
     if args.hidden_size % args.heads or args.heads % args.kv_heads:
         parser.error("--heads must divide --hidden-size and --kv-heads must divide --heads")
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         num_heads=args.heads,
         num_kv_heads=args.kv_heads,
         seed=args.seed,
+        chat_template=CHAT_TEMPLATE if args.chat_template else None,
     )
     print(out)
     return 0

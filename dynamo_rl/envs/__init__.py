@@ -49,8 +49,8 @@ def check_env_config(cfg: EnvConfig, verifiers: bool = False) -> None:
     names = env_names() + ([VERIFIERS] if verifiers else [])
     if cfg.name == VERIFIERS and not verifiers:
         raise ValueError(
-            f"rollout.env.name {VERIFIERS!r} is played by the rollout worker only; here it must "
-            f"be one of {names}"
+            f"rollout.env.name {VERIFIERS!r} is played by the rollout worker and eval only; here "
+            f"it must be one of {names}"
         )
     if cfg.name not in names:
         raise ValueError(f"rollout.env.name must be one of {names}, got {cfg.name!r}")

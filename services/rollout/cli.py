@@ -1,5 +1,7 @@
 """``dynamo-rl rollout``: run one rollout worker (dataset → allocator → engines → reward → stream);
-with ``--check-data FILE``, only load the dataset and write what the worker would train on.
+with ``--check-data FILE``, only load the dataset and write what the worker would train on; with
+``--write-answers FILE`` (``rollout.env.name: verifiers``), only write the environment's rows with
+their answers as supervised rows (``dynamo-rl up``'s warm start).
 
 The config is parsed before anything heavy is imported, so ``--help`` and config mistakes answer at
 once. SIGTERM/SIGINT stop the worker between or inside a batch; a batch is pushed atomically
@@ -67,7 +69,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="load the dataset as the worker would, write what it will train on (rows kept and "
         "dropped, data sources and their scorers, context, max_tokens) as JSON to FILE, and exit",
     )  # fmt: skip
+    parser.add_argument(
+        "--write-answers", metavar="FILE",
+        help="rollout.env.name verifiers: write the environment's rows (prompt, extra_info.answer: "
+        "its answer) as parquet to FILE, what `dynamo-rl sft` trains on, and exit",
+    )  # fmt: skip
     return parser
+
+
+def write_answers(cfg: ExperimentConfig, out: str) -> int:
+    """``--write-answers``: :func:`services.rollout.verifiers_worker.answer_rows` as parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if cfg.rollout.env.name != "verifiers":
+        print("dynamo-rl rollout: --write-answers needs rollout.env.name 'verifiers'; "
+              f"got {cfg.rollout.env.name!r}", file=sys.stderr)  # fmt: skip
+        return 2
+    from services.rollout.verifiers_worker import answer_rows
+
+    try:
+        rows = answer_rows(cfg)
+    except ValueError as e:
+        print(f"dynamo-rl rollout: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("dynamo-rl rollout: the verifiers environment's rows have no answer to write",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return 0
 
 
 def check_data(cfg: ExperimentConfig, out: str) -> int:
@@ -100,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = logging.getLogger("services.rollout.cli")
     if args.check_data:
         return check_data(cfg, args.check_data)
+    if args.write_answers:
+        return write_answers(cfg, args.write_answers)
 
     from dynamo_rl.notices import Notices
     from services.rollout.datasets import DatasetError

@@ -9,7 +9,9 @@
   :data:`HINT_SHARE` of the rows.
 - :func:`data_summary` is what ``dynamo-rl rollout --check-data FILE`` writes (and ``dynamo-rl
   up`` prints before training): rows kept and dropped, the data sources and their scorers, the
-  model's context and ``max_tokens``, that hint.
+  model's context and ``max_tokens``, that hint. With ``rollout.env.name: verifiers`` the rows
+  are the environment's dataset's (``dataset``: ``rollout.env.verifiers <module>``; one data
+  source, the environment's label, scored by ``verifiers rubric``).
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def load_prompts(
 
 def scorer_of(reward: RewardConfig, data_source: str, kind: str) -> str:
     """How the reward service scores the rows of ``data_source`` (words for a summary)."""
+    if kind == "verifiers":  # a verifiers environment's rows (services.rollout.verifiers_worker)
+        return "verifiers rubric"
     if data_source in reward.composite:
         return f"composite reward.composite.{data_source}"
     if kind == "reasoning_gym":
@@ -131,12 +135,17 @@ def data_summary(cfg: ExperimentConfig) -> dict[str, Any]:
     :func:`data_inputs` and :func:`load_prompts` raise."""
     rc = cfg.rollout
     _dataset, tokenizer_dir = data_inputs(cfg)
+    given = None
+    if rc.env.name == "verifiers":  # the environment's rows, as the worker loads them
+        from services.rollout.verifiers_worker import source_of, verifiers_prompts
+
+        given = (source_of(cfg), verifiers_prompts(cfg)[2])
     records, _renderer, lengths, _limits = load_prompts(
-        cfg, tokenizer_dir, Notices(None, "rollout")
+        cfg, tokenizer_dir, Notices(None, "rollout"), given
     )
     rows = Counter((r.data_source, r.kind) for r in records)
     return {
-        "dataset": rc.dataset,
+        "dataset": rc.dataset if given is None else given[0],
         "rows": lengths.total,
         "kept": len(lengths.records),
         "over": lengths.over,

@@ -18,6 +18,11 @@ settings and the prompt template they were measured under. With ``--temperature 
 it is greedy pass@1. Each prompt is sampled with a seed of its own derived from ``run.seed`` and
 its id (reproducible, independent across prompts); ``--samples FILE`` writes every sample with its
 verdict as JSONL.
+
+With ``rollout.env.name: verifiers`` each ``--data`` names one of the environment's own datasets,
+``eval`` (its ``eval_dataset``) or ``train`` (its training rows, only when named), played by the
+worker's verifiers player and scored by the environment's rubric, no reward service involved
+(:mod:`services.rollout.verifiers_eval`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = service_parser("eval", __doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("--data", required=True, nargs="+", metavar="FILE",
                         help="benchmarks: held-out prompts (JSONL or verl parquet), one file each, "
-                        "optionally named NAME=FILE")  # fmt: skip
+                        "optionally named NAME=FILE; with rollout.env.name verifiers: eval or train, "
+                        "the environment's own datasets")  # fmt: skip
     parser.add_argument("--model", metavar="DIR",
                         help="evaluate this model on engine and reward processes of its own")  # fmt: skip
     parser.add_argument("--n", type=int, default=4, help="samples per prompt (default 4)")
@@ -98,7 +104,15 @@ async def evaluate(
     from services.rollout.reward_client import RewardClient
 
     rc = cfg.rollout
-    check_env_config(rc.env)
+    check_env_config(rc.env, verifiers=True)
+    if rc.env.name == "verifiers":  # the environment's own dataset, played by its protocol
+        from services.rollout.verifiers_eval import evaluate_verifiers
+
+        return await evaluate_verifiers(
+            cfg, data, n=n, limit=limit, temperature=temperature, concurrency=concurrency,
+            tokenizer_dir=tokenizer_dir, samples_path=samples_path, ks=ks, bootstrap=bootstrap,
+            benchmark=benchmark,
+        )  # fmt: skip
     records = load_records(data, rc.dataset_format, rc.default_kind)
     if limit:
         records = records[:limit]
@@ -346,10 +360,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         benchmarks = benchmark_files(args.data)
     except ValueError as e:
         parser.error(str(e))
+    if cfg.rollout.env.name == "verifiers":  # the environment's datasets, named as given
+        from services.rollout.verifiers_eval import SPLITS
+
+        if not set(args.data) <= set(SPLITS):
+            parser.error(f"--data: with rollout.env.name 'verifiers' it names the environment's "
+                         f"datasets, each one of {list(SPLITS)} (eval: its eval_dataset; train: "
+                         f"its training rows), got {args.data}")  # fmt: skip
+        benchmarks = {d: d for d in args.data}
     from dynamo_rl.envs import check_env_config
 
     try:
-        check_env_config(cfg.rollout.env)
+        check_env_config(cfg.rollout.env, verifiers=True)
     except ValueError as e:  # a config error, refused before any process starts
         print(f"dynamo-rl eval: {e}", file=sys.stderr)
         return 2

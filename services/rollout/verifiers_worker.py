@@ -49,7 +49,17 @@ from services.rollout.verifiers_env import (
     verifiers_rows,
 )
 
-__all__ = ["VerifiersPlayer", "load_verifiers", "to_episode", "verdict", "verifiers_records"]
+__all__ = [
+    "VerifiersPlayer",
+    "answer_rows",
+    "load_env_of",
+    "load_verifiers",
+    "source_of",
+    "to_episode",
+    "verdict",
+    "verifiers_prompts",
+    "verifiers_records",
+]
 
 KIND = "verifiers"
 """The records' reward kind: scored by the environment's rubric, never routed."""
@@ -173,26 +183,59 @@ class VerifiersPlayer:
         )
 
 
+def load_env_of(cfg: ExperimentConfig) -> tuple[Any, str]:
+    """``rollout.env.verifiers``'s environment and its label (:func:`env_label`); ValueError
+    naming the setting at fault."""
+    vc = cfg.rollout.env.verifiers
+    if vc is None:
+        raise ValueError("rollout.env.verifiers (module, args) is not set")
+    try:
+        env = load_verifiers_env(vc.module, vc.args)
+    except VerifiersConfigError as e:
+        raise ValueError(f"rollout.env.verifiers.{e}") from None
+    return env, env_label(vc.module)
+
+
+def source_of(cfg: ExperimentConfig) -> str:
+    """Where a verifiers environment's rows come from, in words (the data check's ``dataset``)."""
+    vc = cfg.rollout.env.verifiers
+    return f"rollout.env.verifiers {vc.module if vc else '?'}"
+
+
+def verifiers_prompts(
+    cfg: ExperimentConfig,
+) -> tuple[Any, list[dict[str, Any]], list[PromptRecord]]:
+    """``rollout.env.verifiers``'s environment, its dataset's rows and those rows as prompts
+    (:func:`verifiers_records`); ValueError naming the setting at fault."""
+    env, label = load_env_of(cfg)
+    rows = verifiers_rows(env)
+    return env, rows, verifiers_records(rows, label)
+
+
+def answer_rows(cfg: ExperimentConfig) -> list[dict[str, Any]]:
+    """The environment's rows as supervised rows (``up``'s warm start): its chat ``prompt`` and
+    its ``answer`` as the reply (``extra_info.answer``, which ``dynamo-rl sft`` reads) -- for a
+    multi-turn environment, the reply to its first turn. Rows without an answer are left out."""
+    _env, _rows, records = verifiers_prompts(cfg)
+    return [
+        {"prompt": r.prompt, "data_source": r.data_source, "extra_info": {"answer": r.ground_truth}}
+        for r in records
+        if r.ground_truth
+    ]
+
+
 def load_verifiers(
     cfg: ExperimentConfig, metrics: WorkerMetrics
 ) -> tuple[VerifiersPlayer, tuple[str, list[PromptRecord]]]:
     """The player of ``rollout.env.verifiers`` and its rows as the worker's prompts (where they
     come from, the records); ValueError naming the setting at fault."""
     rc = cfg.rollout
-    vc = rc.env.verifiers
-    assert vc is not None  # the config's check: name verifiers comes with its section
     if cfg.learner.lora.enabled:
         raise ValueError(
             "learner.lora.enabled must be false with rollout.env.name 'verifiers': the "
             "environment's chat requests do not name the learner's adapter"
         )
-    try:
-        env = load_verifiers_env(vc.module, vc.args)
-    except VerifiersConfigError as e:
-        raise ValueError(f"rollout.env.verifiers.{e}") from None
-    label = env_label(vc.module)
-    rows = verifiers_rows(env)
-    records = verifiers_records(rows, label)
+    env, rows, records = verifiers_prompts(cfg)
     player = VerifiersPlayer(
         env,
         {r.prompt_id: row for r, row in zip(records, rows, strict=True)},
@@ -200,4 +243,4 @@ def load_verifiers(
         metrics,
         model=rc.model_name,
     )
-    return player, (f"rollout.env.verifiers {vc.module}", records)
+    return player, (source_of(cfg), records)

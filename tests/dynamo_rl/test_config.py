@@ -148,6 +148,7 @@ SHIPPED_ALLOCATION = {
     "configs/quickstart.yaml": (8, 2, 16),
     "configs/quickstart_lora.yaml": (8, 2, 16),
     "configs/quickstart_vllm.yaml": (8, 2, 16),
+    "configs/verifiers_multi_turn.yaml": (8, 2, 16),
     "deploy/compose/quickstart.yaml": (8, 2, 16),
     "deploy/k8s/base/experiment.yaml": (8, 2, 16),
 }

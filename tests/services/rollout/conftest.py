@@ -1,5 +1,6 @@
 """Fixtures shared by the rollout worker's tests: the tiny model, an embedded engine on it, an
-allocator, a reward service, and a small dataset of sums."""
+allocator, a reward service, and a small dataset of sums; a tiny model with a chat template and
+an engine on it (the verifiers tests)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from dynamo_rl.service_table import SERVICES
 from learner.tiny_model import build_tiny_model
 from tests.conftest import REPO
-from tests.services.engine.engine_util import start_engine
+from tests.services.engine.engine_util import CHAT_TEMPLATE, start_engine
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,24 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """An embedded engine on ``model``; its URL."""
     proc, url = start_engine(model, tmp_path_factory.mktemp("engine"))
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model with a chat template (the engine's /v1/chat/completions renders with it)."""
+    return build_tiny_model(
+        tmp_path_factory.mktemp("vfw") / "m", hidden_size=32, num_layers=2, num_heads=2,
+        num_kv_heads=1, max_positions=512, chat_template=CHAT_TEMPLATE,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chat_engine(chat_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, url = start_engine(chat_model, tmp_path_factory.mktemp("engine"))
     try:
         yield url
     finally:

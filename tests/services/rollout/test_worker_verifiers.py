@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,32 +22,12 @@ from dynamo_rl.clients.allocator import AllocatorClient
 from dynamo_rl.config import ExperimentConfig, load_config
 from dynamo_rl.contracts.stream import StreamEntry, TrajectoryReader
 from learner.batch import Sample, samples_from_groups
-from learner.tiny_model import build_tiny_model
 from services.rollout.worker import RolloutWorker, build_worker
-from tests.services.engine.engine_util import CHAT_TEMPLATE, start_engine
 from tests.services.rollout.helpers import run_worker
 from tests.services.rollout.test_verifiers_env import MULTI, SINGLE, Recorded
 
 UNREACHABLE = "http://127.0.0.1:9"
 """The reward service's URL: nothing listens there."""
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny model with a chat template (the engine's /v1/chat/completions renders with it)."""
-    return build_tiny_model(
-        tmp_path_factory.mktemp("vfw") / "m", hidden_size=32, num_layers=2, num_heads=2,
-        num_kv_heads=1, max_positions=512, chat_template=CHAT_TEMPLATE,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def chat_engine(chat_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_engine(chat_model, tmp_path_factory.mktemp("engine"))
-    try:
-        yield url
-    finally:
-        proc.stop()
 
 
 def config(ns: str, redis_url: str, engine: str, allocator: str, model: Path, *extra: str):
@@ -266,8 +245,8 @@ def test_config_selects_verifiers_and_refuses_what_does_not_go_with_it(tmp_path:
     assert cfg.rollout.env.verifiers is not None
     assert cfg.rollout.env.verifiers.args == {"n": 3}
     check_env_config(cfg.rollout.env, verifiers=True)
-    with pytest.raises(ValueError, match="played by the rollout worker only"):
-        check_env_config(cfg.rollout.env)  # eval and the task generators do not play it
+    with pytest.raises(ValueError, match="played by the rollout worker and eval only"):
+        check_env_config(cfg.rollout.env)  # the task generators do not play it
     refused = {
         "rollout.env.verifiers": ["rollout.env.name=verifiers"],
         "name 'single_turn'": [module],
