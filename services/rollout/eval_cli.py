@@ -40,6 +40,7 @@ from typing import Any
 from dynamo_rl.cli import parse_config, service_parser
 from dynamo_rl.config import ExperimentConfig
 from dynamo_rl.contracts.reward import ItemResult
+from services.rollout.eval_metrics import episode_summary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,22 +242,6 @@ async def evaluate(
         },
         "metrics": summarize(outcomes, ks, resamples=bootstrap, seed=cfg.run.seed)["metrics"],
         "example_prompt": lengths.rendered[records[0].prompt_id][0],  # as sent
-    }
-
-
-def episode_summary(stats: list[dict[str, Any]], env: str) -> dict[str, Any]:
-    """What the evaluated episodes did: turns per episode, the share that called a tool, tool
-    calls per episode, the share of calls that failed, episodes dropped."""
-    count = max(len(stats), 1)
-    calls = sum(s["tool_calls"] for s in stats)
-    return {
-        "env": env,
-        "episodes": len(stats),
-        "turns_mean": sum(s["turns"] for s in stats) / count,
-        "tool_call_rate": sum(1 for s in stats if s["tool_calls"]) / count,
-        "tool_calls_mean": calls / count,
-        "tool_error_rate": sum(s["tool_errors"] for s in stats) / calls if calls else 0.0,
-        "dropped": sum(1 for s in stats if s["dropped"]),
     }
 
 

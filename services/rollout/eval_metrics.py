@@ -14,7 +14,8 @@ For one prompt with ``n`` samples of which ``c`` are correct:
 
 A benchmark's figure is the mean over its prompts; its 95% interval is a percentile bootstrap over
 prompts (``resamples`` draws of the prompts with replacement, seeded, the same draws for every
-metric). Torch-free and numpy-only, so ``dynamo-rl eval`` and ``up`` share it.
+metric). Torch-free and numpy-only, so ``dynamo-rl eval`` and ``up`` share it. The episodes of
+multi-turn environments are summed up by :func:`episode_summary` (turns, tool calls, drops).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 __all__ = [
     "PromptOutcome",
     "default_ks",
+    "episode_summary",
     "majority_correct",
     "normalise_answer",
     "pass_at_k",
@@ -164,3 +166,19 @@ def format_table(benchmarks: dict[str, dict[str, Any]]) -> str:
              for r in [header, *rows]]  # fmt: skip
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def episode_summary(stats: list[dict[str, Any]], env: str) -> dict[str, Any]:
+    """What the evaluated episodes did: turns per episode, the share that called a tool, tool
+    calls per episode, the share of calls that failed, episodes dropped."""
+    count = max(len(stats), 1)
+    calls = sum(s["tool_calls"] for s in stats)
+    return {
+        "env": env,
+        "episodes": len(stats),
+        "turns_mean": sum(s["turns"] for s in stats) / count,
+        "tool_call_rate": sum(1 for s in stats if s["tool_calls"]) / count,
+        "tool_calls_mean": calls / count,
+        "tool_error_rate": sum(s["tool_errors"] for s in stats) / calls if calls else 0.0,
+        "dropped": sum(1 for s in stats if s["dropped"]),
+    }

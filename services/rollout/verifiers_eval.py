@@ -62,8 +62,7 @@ async def evaluate_verifiers(
 
     from services.rollout.build import make_engine_factory, prepare_prompts, sampling_of
     from services.rollout.engines import EnginePool
-    from services.rollout.eval_cli import episode_summary
-    from services.rollout.eval_metrics import PromptOutcome, summarize
+    from services.rollout.eval_metrics import PromptOutcome, episode_summary, summarize
     from services.rollout.metrics import WorkerMetrics
     from services.rollout.pipeline import Seeds
     from services.rollout.verifiers_worker import VerifiersPlayer, load_env_of, verifiers_records

@@ -192,7 +192,7 @@ def test_eval_plays_episodes_when_an_environment_is_set(tmp_path: Path) -> None:
 
 
 def test_episode_summary_counts_calls_errors_and_turns() -> None:
-    from services.rollout.eval_cli import episode_summary
+    from services.rollout.eval_metrics import episode_summary
 
     stats = [
         {"turns": 2, "tool_calls": 1, "tool_errors": 0, "dropped": False},
