@@ -14,7 +14,7 @@ import pytest
 from dynamo_rl.service_table import SERVICES
 from learner.tiny_model import build_tiny_model
 from tests.conftest import REPO
-from tests.services.engine.engine_util import CHAT_TEMPLATE, start_engine
+from tests.services.engine.engine_util import CHAT_TEMPLATE, running_engine
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +26,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """An embedded engine on ``model``; its URL."""
-    proc, url = start_engine(model, tmp_path_factory.mktemp("engine"))
-    try:
+    with running_engine(model, tmp_path_factory.mktemp("engine")) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +41,8 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def chat_engine(chat_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_engine(chat_model, tmp_path_factory.mktemp("engine"))
-    try:
+    with running_engine(chat_model, tmp_path_factory.mktemp("engine")) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
