@@ -155,11 +155,13 @@ def run_dir_of(runs: Path, method: str, seed: int) -> Path:
 
 
 def start(
-    run_dir: Path, method: str, seed: int, quick: bool, config: Path = CONFIG
+    run_dir: Path, overrides: list[str], seed: int, quick: bool, config: Path = CONFIG
 ) -> subprocess.Popen:
+    """``dynamo-rl up`` of ``config`` with ``overrides`` into ``run_dir`` (its output in
+    ``up.log`` there), in the background."""
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "dynamo_rl.cli", "up", "--config", str(config),
-            f"run.seed={seed}", f"run.dir={run_dir}", *METHODS[method],
+            f"run.seed={seed}", f"run.dir={run_dir}", *overrides,
             *(QUICK if quick else [])]  # fmt: skip
     log = open(run_dir / "up.log", "w")  # noqa: SIM115 - closed with the process
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -225,7 +227,9 @@ def sweep(
         while todo and len(running) < jobs:
             seed = todo.pop(0)
             print(f"seed {seed}: starting {run_dir_of(runs, method, seed)}", flush=True)
-            running[seed] = start(run_dir_of(runs, method, seed), method, seed, quick, config)
+            running[seed] = start(
+                run_dir_of(runs, method, seed), METHODS[method], seed, quick, config
+            )
         for seed, proc in list(running.items()):
             load[seed].append(round(os.getloadavg()[0], 1))
             if proc.poll() is not None:

@@ -2,8 +2,8 @@
 files the children write — never from their free-text logs:
 
 - :class:`StepProgress`: one line per learner step from the learner's ``metrics.jsonl`` (step,
-  rollouts used, reward, train accuracy, tokens/s, ETA); a step whose rewards were all equal is
-  marked ``no signal``;
+  rollouts used, reward, train accuracy, the reverse KL to a distillation teacher, tokens/s,
+  ETA); a step whose rewards were all equal is marked ``no signal`` unless a teacher scored it;
 - :class:`WarmStartProgress`: the warm start's steps from its sft run's ``metrics.jsonl`` (step,
   loss, steps/s, ETA) — the first, every tenth of the run, any after :data:`QUIET_S` seconds
   without a line, and the last — and each check's exact match when the run evaluates;
@@ -63,6 +63,7 @@ class StepProgress:
         parts = [f"step {step}" + (f"/{self.max_steps}" if self.max_steps else "")]
         parts.append(f"rollouts {self.rollouts}")
         for key, label in (("reward_mean", "reward"), ("accuracy_mean", "acc"),
+                           ("opd_reverse_kl", "kl to teacher"),
                            ("tokens_per_second", "tok/s")):  # fmt: skip
             if key in r:
                 parts.append(f"{label} {r[key]:.3g}")
@@ -70,7 +71,7 @@ class StepProgress:
         if self.max_steps and done > 0:
             per_step = (now - self.started) / done
             parts.append(f"ETA {per_step * (self.max_steps - step):.0f}s")
-        if r.get("rewards_all_equal"):
+        if r.get("rewards_all_equal") and "opd_reverse_kl" not in r:  # the teacher's is a signal
             parts.append("no signal (every reward equal)")
         self.say("  ".join(parts))
 

@@ -28,7 +28,8 @@ What it does, in order (everything lands in the run folder, ``run.dir``):
    ``up.engines`` engines of ``engine.kind`` — embedded engines, or vLLM servers from the vLLM
    environment (``dynamo-rl vllm-server``, ``engine.vllm``; SGLang servers are not started here:
    ``up`` refuses ``engine.kind=sglang``) — each on a free port, each waited for until its health
-   check answers. One resolved config (``config.yaml``) is what every child reads (its Redis URL
+   check answers. With ``up.teacher``, its engines too, serving the teacher model (on-policy
+   distillation; ``rollout.teacher`` then names them). One resolved config (``config.yaml``) is what every child reads (its Redis URL
    without the password: the children take the real one from ``REDIS_URL``).
 4. **Held-out accuracy before RL** (``dynamo-rl eval``), unless ``up.eval.prompts=0``.
 5. **Training.** The learner under ``torchrun`` (``up.learner_procs`` ranks) and
@@ -213,8 +214,15 @@ class Launcher:
         engine_ports = [free_port() for _ in range(cfg.up.engines)]
         allocator_port, reward_port = free_port(), free_port()
         self.engine_ports = engine_ports
+        self.teacher_ports = (
+            [free_port() for _ in range(cfg.up.teacher.engines)] if cfg.up.teacher else []
+        )
         table = SERVICES
         engine = engine_service(cfg.engine.kind)
+        teacher = [
+            "rollout.teacher.engine_urls=[" + ",".join(engine.address(p) for p in self.teacher_ports) + "]",
+            f"rollout.teacher.tokenizer={cfg.up.teacher.model}",
+        ] if cfg.up.teacher else []  # fmt: skip
         self.overrides = [
             f"endpoints.allocator_addr={table['allocator'].address(allocator_port)}",
             f"endpoints.reward_url={table['reward'].address(reward_port)}",
@@ -229,6 +237,7 @@ class Launcher:
             f"engine.model={model}",
             f"learner.model={model}",
             f"run.dir={self.run_dir}",
+            *teacher,
         ]
         resolved = self.write_config(self.overrides)
         # A Redis password reaches the children through the environment, never the run folder.
@@ -271,11 +280,20 @@ class Launcher:
         for i, port in enumerate(self.engine_ports):
             argv = engine.argv(*self.config_args(), *engine.port_overrides(port))
             engines.append(sup.spawn_supervised(f"engine{i}", argv))
+        if cfg.up.teacher:  # its own model, out of the Redis registry: no push, no rollouts
+            for i, port in enumerate(self.teacher_ports):
+                argv = engine.argv(*self.config_args(), *engine.port_overrides(port),
+                                   f"engine.model={cfg.up.teacher.model}",
+                                   "engine.register_in_redis=false")  # fmt: skip
+                engines.append(sup.spawn_supervised(f"teacher{i}", argv))
+        urls = [
+            *cfg.endpoints.engine_urls,
+            *(cfg.rollout.teacher.engine_urls if cfg.up.teacher else []),
+        ]
         waits = [
             ("allocator", allocator, cfg.endpoints.allocator_addr),
             ("reward", reward, cfg.endpoints.reward_url),
-            *((engine.name, proc, url) for proc, url in zip(engines, cfg.endpoints.engine_urls,
-                                                            strict=True)),
+            *((engine.name, proc, url) for proc, url in zip(engines, urls, strict=True)),
         ]  # fmt: skip
         for kind, proc, address in waits:
             table[kind].wait_ready(proc, address, timeout)

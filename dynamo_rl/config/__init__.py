@@ -187,12 +187,13 @@ class ExperimentConfig(Section):
     @model_validator(mode="after")
     def _distillation_needs_a_teacher(self) -> ExperimentConfig:
         """``learner.algorithm.opd`` trains on the teacher log-probs that ``rollout.teacher``
-        writes; without a teacher every batch would be refused."""
+        writes (``up.teacher`` fills it in); without a teacher every batch would be refused."""
         weight = self.learner.algorithm.opd.weight
-        if weight > 0 and self.rollout.teacher is None:
+        if weight > 0 and self.rollout.teacher is None and self.up.teacher is None:
             raise ValueError(
                 f"learner.algorithm.opd.weight ({weight}) needs rollout.teacher (engine_urls, "
-                "tokenizer): the distillation advantage needs the teacher's log-probs"
+                "tokenizer) or, under dynamo-rl up, up.teacher.model: the distillation advantage "
+                "needs the teacher's log-probs"
             )
         return self
 

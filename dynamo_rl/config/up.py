@@ -106,6 +106,19 @@ class EvalConfig(Section):
     """Sampling temperature of the evaluation (the policy's own, as RL trains it)."""
 
 
+class UpTeacherConfig(Section):
+    """On-policy distillation's teacher, served by ``up`` (``docs/learner.md``): ``engines``
+    engines of ``engine.kind`` load ``model`` on free ports, are supervised like the student's, and
+    ``rollout.teacher`` is filled in with their URLs and ``model`` as the tokenizer to compare.
+    They receive no weight pushes."""
+
+    model: Annotated[str, Field(min_length=1)]
+    """The teacher's Hugging Face folder (e.g. an earlier run's ``export/final``); its tokenizer
+    must equal the student's."""
+    engines: Count = 1
+    """Teacher engine replicas."""
+
+
 class RestartConfig(Section):
     """How ``up`` restarts a crashed service (like a compose ``restart: always`` policy); the
     delays are :class:`dynamo_rl.retry.Backoff`'s with ``base_s=backoff_s``,
@@ -152,6 +165,9 @@ class UpConfig(Section):
     health_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     """How long each service may take to answer its health check."""
     restart: RestartConfig = RestartConfig()
+    teacher: UpTeacherConfig | None = None
+    """A teacher for on-policy distillation, started beside the engines (None: none; a
+    ``rollout.teacher`` given in the config is then used as it is)."""
     sft_control: bool = False
     """The SFT-continuation control instead of RL: after the evaluation before, ``up`` goes on
     with supervised training on the warm start's own demonstrations for the same compute as the

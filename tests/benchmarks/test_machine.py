@@ -220,7 +220,7 @@ def test_the_scripts_that_write_results_use_the_writer() -> None:
     call the writer (agent_code.py and agent_when.py through agent_recipe.write_doc)."""
     users = {p.name for p in BENCHMARKS.glob("*.py") if "write_result(" in p.read_text()}
     assert users >= {
-        "agent_recipe.py", "bench_tools.py", "fleet.py", "grad_variance.py",
+        "agent_recipe.py", "bench_tools.py", "distill.py", "fleet.py", "grad_variance.py",
         "longtail_updates.py", "quickstart_seeds.py", "sample_efficiency.py", "stability.py",
     }  # fmt: skip
     for name in ("agent_code.py", "agent_when.py"):

@@ -141,6 +141,7 @@ SHIPPED_ALLOCATION = {
     "configs/agent_tools.yaml": (8, 2, 16),
     "configs/agent_when.yaml": (8, 2, 16),
     "configs/dapo.yaml": (16, 2, 16),
+    "configs/distill.yaml": (8, 2, 16),
     "configs/dynamo_grpo.yaml": (16, 8, 24),
     "configs/grpo.yaml": (8, 2, 16),
     "configs/gspo.yaml": (8, 2, 16),
@@ -273,4 +274,8 @@ def test_distillation_needs_a_teacher() -> None:
                "rollout.teacher.tokenizer=/models/t"], env={},
     )  # fmt: skip
     assert cfg.rollout.teacher is not None and cfg.rollout.teacher.engine_urls == ["http://t:8000"]
+    # Under `up`, up.teacher stands for it: up starts the teacher's engines and fills it in.
+    cfg = load_config(None, ["learner.algorithm.opd.weight=0.5", "up.teacher.model=/models/t"],
+                      env={})  # fmt: skip
+    assert cfg.up.teacher is not None and cfg.up.teacher.engines == 1
     assert cfg.learner.algorithm.opd.weight == 0.5 and cfg.learner.algorithm.opd.outcome_weight == 1

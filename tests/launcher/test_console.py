@@ -67,6 +67,16 @@ def test_a_step_without_learning_signal_is_marked(tmp_path: Path) -> None:
     assert "no signal" not in lines[1] and progress.last == 2
 
 
+def test_a_step_a_teacher_scored_shows_its_kl_and_has_a_signal(tmp_path: Path) -> None:
+    """Distillation trains on the teacher's per-token log-probs even when every reward is equal."""
+    log = tmp_path / "metrics.jsonl"
+    lines: list[str] = []
+    _append(log, {"step": 1, "responses": 8, "reward_mean": 0.0, "rewards_all_equal": True,
+                  "opd_reverse_kl": 0.4321})  # fmt: skip
+    StepProgress(log, 1, lines.append).poll()
+    assert lines == ["step 1/1  rollouts 8  reward 0  kl to teacher 0.432"]
+
+
 def test_each_warning_is_shown_once_naming_the_service_and_its_log(tmp_path: Path) -> None:
     run, sft, logs = tmp_path / "run", tmp_path / "run" / "model" / "sft.run", tmp_path / "logs"
     sft.mkdir(parents=True)

@@ -34,7 +34,12 @@ def test_shipped_config_trains(
         prompt_token_ids=[5, 6, 7],
         responses=[Response(token_ids=[8, 9], logprobs=[-5.5, -5.5], reward=1.0)] * 3,
     )
-    write_groups(redis_url, name, [uniform, *make_groups(4)])
+    groups = [uniform, *make_groups(4)]
+    if config == "distill":  # its teacher's log-probs, as the rollout's teacher stage writes them
+        for g in groups:
+            for r in g.responses:
+                r.teacher_logprobs.extend(lp - 0.5 for lp in r.logprobs)
+    write_groups(redis_url, name, groups)
     overrides = [
         *base_overrides(tiny_model, tmp_path / "run", redis_url, name),
         "learner.train_batch_size=2",
@@ -60,6 +65,8 @@ def test_shipped_config_trains(
         assert sum(r["groups"] for r in records) == 4  # the uniform group is trained on too
     if config == "ppo":
         assert all("value_loss" in r and "kl_beta" in r for r in records)
+    if config == "distill":
+        assert all(abs(r["opd_reverse_kl"] - 0.5) < 1e-6 for r in records)
     if config == "dynamo_grpo":
         assert all(0 < r["beta_stab_mean"] <= 1 for r in records)
 

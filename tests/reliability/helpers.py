@@ -107,15 +107,21 @@ class UpRun:
     """A small ``dynamo-rl up`` run as a child process, and what it writes.
 
     With ``redis_url`` it uses that Redis (the test can inspect it afterwards); without, ``up``
-    embeds its own."""
+    embeds its own. ``config``: the shipped experiment (``configs/<config>.yaml``)."""
 
     def __init__(
-        self, run_dir: Path, name: str, steps: int, *overrides: str, redis_url: str | None = None
+        self,
+        run_dir: Path,
+        name: str,
+        steps: int,
+        *overrides: str,
+        redis_url: str | None = None,
+        config: str = "quickstart",
     ) -> None:
         self.run_dir = run_dir
         self.stdout = run_dir.parent / "up.out"
         argv = dynamo_rl_argv(
-            "up", "--config", str(REPO / "configs" / "quickstart.yaml"), "--steps", str(steps),
+            "up", "--config", str(REPO / "configs" / f"{config}.yaml"), "--steps", str(steps),
             f"run.dir={run_dir}", f"run.name={name}", *SMALL_UP, *overrides,
         )  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
@@ -197,3 +203,14 @@ class UpRun:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=60)
+
+
+def kill_until_the_worker_meets_it(run: UpRun, service: str, line: str, what: str) -> None:
+    """Kill ``service`` with ``up`` frozen until rollout worker 0 logs ``line`` once more (it met
+    the outage: ``what``), then wait for ``up`` to restart it and for one more train step."""
+    seen = run.log("rollout0").count(line)
+    with run.supervisor_frozen():
+        os.kill(run.pid(service), signal.SIGKILL)
+        run.wait(what, lambda: run.log("rollout0").count(line) > seen)
+    run.wait_restart(service)
+    run.wait_steps(1)

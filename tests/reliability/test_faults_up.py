@@ -33,7 +33,7 @@ import redis
 
 from dynamo_rl import keys
 from dynamo_rl.codec import decode_entry
-from tests.reliability.helpers import UpRun, frozen, process_tree
+from tests.reliability.helpers import UpRun, frozen, kill_until_the_worker_meets_it, process_tree
 
 STEPS = 24
 NS = "faults"
@@ -68,17 +68,6 @@ def _freeze_holding_a_lease(run: UpRun, redis_url: str, timeout: float = 60.0) -
         client.close()
 
 
-def _kill_until_the_worker_meets_it(run: UpRun, service: str, line: str, what: str) -> None:
-    """Kill ``service`` with ``up`` frozen until rollout worker 0 logs ``line`` once more (it met
-    the outage: ``what``), then wait for ``up`` to restart it and for one more train step."""
-    seen = run.log("rollout0").count(line)
-    with run.supervisor_frozen():
-        os.kill(run.pid(service), signal.SIGKILL)
-        run.wait(what, lambda: run.log("rollout0").count(line) > seen)
-    run.wait_restart(service)
-    run.wait_steps(1)
-
-
 def _last_record_per_step(records: list[dict]) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for r in records:  # a step redone after a restart replaces the lost one
@@ -110,11 +99,11 @@ def test_up_survives_learner_allocator_reward_and_worker_kills(tmp_path: Path, r
         run.wait_steps(2)
         # 2. The allocator. ``up`` is frozen while it is down, so it comes back only once the
         # worker has met the outage (a worker waiting for room could otherwise miss it whole).
-        _kill_until_the_worker_meets_it(
+        kill_until_the_worker_meets_it(
             run, "allocator", "allocator unavailable", "the worker's uniform fallback"
         )
         # 3. The reward service, down (``up`` frozen) until the worker has retried against it.
-        _kill_until_the_worker_meets_it(
+        kill_until_the_worker_meets_it(
             run, "reward", "reward service ", "the worker's reward retry"
         )
         # 4. A rollout worker mid-batch: frozen first so its lease can be read, then killed.
