@@ -110,7 +110,12 @@ CHARTS: tuple[Chart, ...] = (
         "KL",
         "training",
         "nats",
-        (_learner("KL to reference", "kl"), _learner("approx KL to old policy", "approx_kl")),
+        (
+            _learner("KL to reference", "kl"),
+            _learner("approx KL to old policy", "approx_kl"),
+            # On-policy distillation: KL(student || teacher) per token on the student's samples.
+            _learner("reverse KL to teacher", "opd_reverse_kl"),
+        ),
     ),
     Chart("entropy", "Token entropy", "training", "nats", (_learner("entropy", "entropy"),)),
     Chart(

@@ -76,6 +76,7 @@ def learner_record(step: int) -> dict[str, float]:
         "policy_loss": 0.4 * math.exp(-step / 20),
         "kl": 0.001 * step,
         "approx_kl": 0.0005 * step + 0.0002 * rng.random(),
+        "opd_reverse_kl": 0.5 / step,
         "entropy": 1.2 - 0.01 * step,
         "beta_stab_mean": 0.9 + 0.05 * math.sin(step / 3),
         "beta_comp_mean": 1.05 + 0.03 * math.cos(step / 4),

@@ -375,6 +375,9 @@ def test_api_charts_has_log_lines_and_stream_allocation(dashboard_url: str) -> N
     assert [line["label"] for line in reward] == ["reward mean", "accuracy"]
     assert [p[0] for p in reward[0]["points"]] == [float(s) for s in range(1, 11)]
     assert charts["step_split"]["lines"][0]["x"] == "step"
+    # A distilling run's reverse KL to its teacher, beside the other KLs.
+    (teacher_kl,) = [ln for ln in charts["kl"]["lines"] if ln["label"] == "reverse KL to teacher"]
+    assert [p[1] for p in teacher_kl["points"]] == [0.5 / s for s in range(1, 11)]
     # 12 groups with counts 4, 8, 12, 16 in turn.
     assert charts["stream_alloc"]["bars"] == [
         {"label": str(n), "value": 3.0} for n in (4, 8, 12, 16)
