@@ -221,7 +221,8 @@ def test_the_scripts_that_write_results_use_the_writer() -> None:
     users = {p.name for p in BENCHMARKS.glob("*.py") if "write_result(" in p.read_text()}
     assert users >= {
         "agent_recipe.py", "bench_tools.py", "distill.py", "fleet.py", "grad_variance.py",
-        "longtail_updates.py", "quickstart_seeds.py", "sample_efficiency.py", "stability.py",
+        "longtail_updates.py", "quickstart_seeds.py", "recipes.py", "sample_efficiency.py",
+        "stability.py",
     }  # fmt: skip
     for name in ("agent_code.py", "agent_when.py"):
         assert "write_doc(" in (BENCHMARKS / name).read_text()
