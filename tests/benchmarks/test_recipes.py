@@ -199,3 +199,30 @@ def test_runs_get_their_modes_settings_and_a_failed_run_exits_1(
     # Full mode reads the recipe's own committed file (none in this results folder).
     out = capsys.readouterr().out
     assert "(+10.0 points); no committed range: quickstart_pool384_dynamo.json is missing" in out
+
+
+@pytest.mark.slow
+def test_one_recipe_runs_through_up_and_is_reported(
+    rc, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The quickstart through ``dynamo-rl up`` with the smoke settings of
+    ``quickstart_seeds.QUICK`` given last (they override the recipe's quick ones): one line, the
+    run's figures from its ``summary.json``, and no range for the settings (none is committed in
+    this results folder)."""
+    qs = bench_module("quickstart_seeds")
+    out = tmp_path / "report.json"
+    runs = tmp_path / "runs"
+    monkeypatch.setattr(rc, "RESULTS", tmp_path / "results")
+    code = rc.main(["--only", "quickstart", "--runs", str(runs), "--out", str(out), *qs.QUICK])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    [run] = doc["recipes"]["quickstart"]["runs"]
+    summary = json.loads((runs / "quickstart-quick-seed0" / "summary.json").read_text())
+    assert run["gain_points"] == round(
+        100 * (summary["accuracy_after"] - summary["accuracy_before"]), 2
+    )
+    assert run["warm_start"]["steps"] == 20 and run["verdict"] == rc.NO_QUICK_RANGE
+    assert doc["overrides"] == qs.QUICK and doc["machine"]["cpu_model"]
+    assert (
+        f"quickstart seed 0: {100 * summary['accuracy_before']:.1f}% -> " in capsys.readouterr().out
+    )
