@@ -160,8 +160,10 @@ def verdict(gain: float, span: dict | str) -> str:
 
 def line(name: str, run: dict, span: dict | str) -> str:
     """One run's report line."""
-    where = (f"committed {span['min']:+.1f}..{span['max']:+.1f} ({span['seeds']} seed{'s' * (span['seeds'] != 1)}, "
-             f"{span['file']}): " if isinstance(span, dict) else "")  # fmt: skip
+    where = ""
+    if isinstance(span, dict):
+        seeds = f"{span['seeds']} seed{'s' if span['seeds'] != 1 else ''}"
+        where = f"committed {span['min']:+.1f}..{span['max']:+.1f} ({seeds}, {span['file']}): "
     return (f"{name} seed {run['seed']}: {100 * run['accuracy_before']:.1f}% -> "
             f"{100 * run['accuracy_after']:.1f}% ({run['gain_points']:+.1f} points); "
             f"{where}{verdict(run['gain_points'], span)}; {run['wall_s']:.0f} s")  # fmt: skip
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in RECIPES]
     if unknown:
         p.error(f"--only: unknown {', '.join(unknown)}; allowed: {', '.join(RECIPES)}")
+    if args.record and args.overrides:
+        p.error("--record: no overrides (the recorded ranges are for the mode's settings alone)")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     mode = "full" if args.full else "quick"
     runs = Path(args.runs).resolve()

@@ -139,6 +139,12 @@ def test_record_writes_the_quick_ranges_and_a_later_check_reads_them(
     assert "(+12.0 points); " + span + ": in range" in capsys.readouterr().out
 
 
+def test_record_takes_no_overrides(rc, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as e:
+        rc.main(["--record", "--only", "quickstart", "--runs", str(tmp_path), "learner.lr=1"])
+    assert e.value.code == 2 and not (tmp_path / "quickstart-quick-seed0").exists()
+
+
 def test_a_range_recorded_with_other_quick_settings_is_not_used(rc, tmp_path: Path) -> None:
     recorded = {"recipes": {"quickstart": {"overrides": ["learner.max_steps=99"],
                                            "runs": [{"gain_points": 5.0}]}}}  # fmt: skip
