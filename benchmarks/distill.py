@@ -9,18 +9,16 @@ arm generated.
 
 The arms (``ARMS``): ``rl``, the reward alone (``opd.weight`` 0, ``outcome_weight`` 1; the teacher
 still scores, so its reverse KL is recorded); ``opd``, distillation alone (the config as shipped:
-``weight`` 1, ``outcome_weight`` 0); ``mixed``, both (``outcome_weight`` 1); ``opd-x4``,
-distillation alone at ``weight`` 4 (its per-token advantage is a fraction of a nat, the outcome's
-about one). ``--arms`` picks some (``rl`` always). Each seed's ``rl`` run warm-starts the student;
-the other arms copy its ``model/`` folder (the same student
+``weight`` 1, ``outcome_weight`` 0); ``mixed``, both (``outcome_weight`` 1). Each seed's ``rl``
+run warm-starts the student; the other two arms copy its ``model/`` folder (the same student
 start, so their held-out accuracy before is the same figure) once its evaluation before RL is
 written. Every run exports the policy every 20 steps (``learner.checkpoint.export_every``); each
 export is then evaluated like ``up``'s own evaluation (``dynamo-rl eval --model``, the same
 prompts, samples and temperature). A run's curve is held-out accuracy against the generated
 tokens the learner's step records count up to that step (kept and dropped).
 
-What it reports, per seed and over seeds: each arm's accuracy before and after; for each arm but
-``rl``, the generated tokens at the first export whose accuracy reaches the ``rl`` arm's final
+What it reports, per seed and over seeds: each arm's accuracy before and after; for ``opd`` and
+``mixed``, the generated tokens at the first export whose accuracy reaches the ``rl`` arm's final
 accuracy, as a share of all the tokens ``rl`` generated (null when never reached: the aim is at
 most 1/3); the final accuracy minus ``rl``'s with a 95% t interval. Runs go to
 ``<runs>/<arm>-seed<N>``; a finished run (``summary.json``) or evaluation is read, not redone.
@@ -52,9 +50,6 @@ ARMS = {
     "rl": ["learner.algorithm.opd.weight=0", "learner.algorithm.opd.outcome_weight=1"],
     "opd": [],
     "mixed": ["learner.algorithm.opd.outcome_weight=1"],
-    # Distillation's advantage, -(log p_student - log p_teacher), is a fraction of a nat per token
-    # where the outcome's (GRPO, normalised) is about one: the same update at 4x its weight.
-    "opd-x4": ["learner.algorithm.opd.weight=4"],
 }
 
 
@@ -125,17 +120,9 @@ def reverse_kl(run_dir: Path) -> dict:
 class Plan:
     """The runs and evaluations still to do, each started when it can be and a slot is free."""
 
-    def __init__(
-        self,
-        runs: Path,
-        seeds: list[int],
-        teacher: Path,
-        quick: bool,
-        arms: list[str] | None = None,
-    ) -> None:
+    def __init__(self, runs: Path, seeds: list[int], teacher: Path, quick: bool) -> None:
         self.runs, self.teacher, self.quick = runs, teacher, quick
-        self.arms = arms or list(ARMS)
-        self.todo = [(arm, s) for s in seeds for arm in self.arms]
+        self.todo = [(arm, s) for s in seeds for arm in ARMS]
         self.evals: list[tuple[Path, Path, Path]] = []  # (run dir, model, result file)
 
     def run_dir(self, arm: str, seed: int) -> Path:
@@ -223,7 +210,7 @@ def summarise(runs: list[dict]) -> dict:
     by = {(r["arm"], r["seed"]): r for r in runs}
     seeds = sorted({r["seed"] for r in runs if r["arm"] == "rl"})
     out: dict = {}
-    for arm in sorted({r["arm"] for r in runs} - {"rl"}):
+    for arm in ("opd", "mixed"):
         share: dict[int, float | None] = {}
         for s in seeds:
             rl, other = by.get(("rl", s)), by.get((arm, s))
@@ -254,7 +241,7 @@ def plot(runs: list[dict], path: Path) -> None:
     seeds = sorted({r["seed"] for r in runs})
     fig, axes = plt.subplots(1, len(seeds), figsize=(4 * len(seeds), 3.6), squeeze=False)
     for ax, seed in zip(axes[0], seeds, strict=True):
-        for j, arm in enumerate(ARMS):  # one colour per arm, whichever ran
+        for j, arm in enumerate(ARMS):
             r = next((r for r in runs if r["arm"] == arm and r["seed"] == seed), None)
             if r is None:
                 continue
@@ -276,7 +263,6 @@ def plot(runs: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", default="0,1,2", help="run.seed values (default 0,1,2)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"arms to run (default {','.join(ARMS)})")
     p.add_argument("--teacher", help="the teacher's HF folder (default: train one, see above)")
     p.add_argument("--jobs", type=int, default=2, help="runs and evaluations at once (default 2)")
     p.add_argument("--runs", default="runs/distill", help="folder of the run folders")
@@ -284,16 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny smoke settings")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    arms = [a for a in args.arms.split(",") if a.strip()]
-    if "rl" not in arms or set(arms) - set(ARMS):
-        p.error(f"--arms: rl and any of {', '.join(ARMS)}, got {args.arms}")
     out = Path(args.out or ("/tmp/distill_quick.json" if args.quick else
                             REPO / "benchmarks" / "results" / "distill.json"))  # fmt: skip
     runs_dir = Path(args.runs).resolve()
     teacher = Path(args.teacher).resolve() if args.teacher else ensure_teacher(runs_dir, args.quick)
     if not (teacher / "config.json").exists():
         raise SystemExit(f"--teacher {teacher}: not a Hugging Face model folder")
-    plan = Plan(runs_dir, seeds, teacher, args.quick, arms)
+    plan = Plan(runs_dir, seeds, teacher, args.quick)
     plan.execute(max(1, args.jobs))
     teacher_eval = runs_dir / "teacher_eval.json"
     if not teacher_eval.exists():
@@ -302,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                        stdout=subprocess.DEVNULL)  # fmt: skip
     runs = []
     for seed in seeds:
-        for arm in arms:
+        for arm in ARMS:
             run_dir = plan.run_dir(arm, seed)
             r = {"arm": arm, **result_of(run_dir, arm, seed, [])}
             r.pop("method")
@@ -314,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "command": "dynamo-rl up --config configs/distill.yaml run.seed=N up.teacher.model=T "
                    "<arm's overrides>",
-        "arms": {arm: ARMS[arm] for arm in arms},
+        "arms": ARMS,
         "teacher": {"model": str(teacher),
                     "accuracy": json.loads(teacher_eval.read_text())["accuracy"]},
         "quick": args.quick,
