@@ -40,8 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import write_result  # noqa: E402 - the result file, with its machine
-from quickstart_seeds import result_of, start  # noqa: E402 - one way to run up
+from quickstart_seeds import result_of, start, write_with_plot  # noqa: E402 - one way to run up
 from sample_efficiency import paired  # noqa: E402 - seed-paired t intervals, shared
 
 CONFIG = REPO / "configs" / "distill.yaml"
@@ -311,14 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{arm}: tokens to reach rl's final accuracy, share of rl's: "
               f"{s['tokens_to_rl_final_share']}; final accuracy minus rl: {acc['mean']:+.2f} "
               f"points, 95% {acc['ci95']}")  # fmt: skip
-    write_result(out, doc, indent=2)
-    print(out)
-    try:
-        plot(runs, out.with_suffix(".png"))
-    except ModuleNotFoundError as e:
-        print(f"no plot: {e.name} is not installed (bash scripts/setup.sh --dev installs it)")
-    else:
-        print(out.with_suffix(".png"))
+    write_with_plot(out, doc, lambda png: plot(runs, png))
     return 0
 
 

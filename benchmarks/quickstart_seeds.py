@@ -50,6 +50,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -348,17 +349,23 @@ def main(argv: list[str] | None = None) -> int:
     if others:
         pairs = [compare(doc, other, name) for name, other in others]
         doc["paired_to_compare"] = pairs[0] if len(pairs) == 1 else pairs
-    write_result(out, doc, indent=2)
-    print(out)
     sets = [(out.stem, doc)]
     sets += [(Path(name).stem, other) for name, other in others]
+    write_with_plot(out, doc, lambda png: plot(sets, png))
+    return 0
+
+
+def write_with_plot(out: Path, doc: dict, draw: Callable[[Path], None]) -> None:
+    """``doc`` to ``out`` (with the machine record), then ``draw`` its plot beside it (``.png``);
+    without matplotlib (the main job's environment) the plot is skipped, saying why."""
+    write_result(out, doc, indent=2)
+    print(out)
     try:
-        plot(sets, out.with_suffix(".png"))
-    except ModuleNotFoundError as e:  # the main job's environment has no matplotlib
+        draw(out.with_suffix(".png"))
+    except ModuleNotFoundError as e:
         print(f"no plot: {e.name} is not installed (bash scripts/setup.sh --dev installs it)")
     else:
         print(out.with_suffix(".png"))
-    return 0
 
 
 if __name__ == "__main__":

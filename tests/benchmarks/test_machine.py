@@ -217,12 +217,16 @@ def test_no_benchmark_writes_its_result_json_around_the_writer() -> None:
 
 def test_the_scripts_that_write_results_use_the_writer() -> None:
     """The scripts whose result files are under ``benchmarks/results`` (or ``--out``/``--json``)
-    call the writer (agent_code.py and agent_when.py through agent_recipe.write_doc)."""
+    call the writer (agent_code.py and agent_when.py through agent_recipe.write_doc, distill.py
+    through quickstart_seeds.write_with_plot)."""
     users = {p.name for p in BENCHMARKS.glob("*.py") if "write_result(" in p.read_text()}
     assert users >= {
-        "agent_recipe.py", "bench_tools.py", "distill.py", "fleet.py", "grad_variance.py",
+        "agent_recipe.py", "bench_tools.py", "fleet.py", "grad_variance.py",
         "longtail_updates.py", "quickstart_seeds.py", "recipes.py", "sample_efficiency.py",
         "stability.py",
     }  # fmt: skip
     for name in ("agent_code.py", "agent_when.py"):
         assert "write_doc(" in (BENCHMARKS / name).read_text()
+    assert "write_with_plot(" in (BENCHMARKS / "distill.py").read_text()
+    qs = (BENCHMARKS / "quickstart_seeds.py").read_text()
+    assert "def write_with_plot(" in qs and "    write_result(out, doc" in qs
